@@ -1,0 +1,163 @@
+"""Token acceptors: decide which drafted tokens the target keeps, and add the target's own token.
+
+Call shape is transformers-neuronx's `TokenAcceptor`, so an acceptor written for one works with the
+other: `acceptor(draft_ids (1, m), draft_scores (1, m, V), target_scores (1, m+1, V))`. Ours return
+the committed tokens `(1, n)`, 1 <= n <= m+1: the first n-1 drafted tokens plus one from the target.
+Acceptors that follow the library's own convention (a zero-padded `(bs, k)` tensor whose length is
+counted with `count_nonzero`) are wrapped by `ZeroPaddedAcceptor` when loaded as plug-ins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import torch
+
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
+
+
+class TokenAcceptor:
+    """Base class of our acceptors: results are variable-length `(1, n)`, never zero-padded."""
+
+    lossless = True
+
+    def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None):
+        self.sampling = sampling or SamplingParams()
+        self.generator = generator
+
+    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
+                 target_scores: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class ProbabilisticAcceptor(TokenAcceptor):
+    """Leviathan et al. / Chen et al. rejection sampling with residual resampling.
+
+    Keeps draft token d with probability min(1, p(d)/q(d)); on the first rejection draws from
+    norm(max(0, p - q)); if all are kept, draws a bonus token from the target's last row. The output
+    is distributed exactly as the target's, for any temperature/top-k/top-p applied to both p and q.
+    """
+
+    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
+                 target_scores: torch.Tensor) -> torch.Tensor:
+        ids = draft_ids[0]
+        m = ids.shape[0]
+        p = logits_to_probs(target_scores[0], self.sampling)
+        kept = m
+        if m:
+            q = logits_to_probs(draft_scores[0], self.sampling)
+            rows = torch.arange(m)
+            p_d, q_d = p[rows, ids], q[rows, ids]
+            u = torch.rand(m, generator=self.generator)
+            rejected = (u * q_d >= p_d).nonzero()
+            if rejected.numel():
+                kept = int(rejected[0])
+                residual = (p[kept] - q[kept]).clamp_min(0.0)
+                total = residual.sum()
+                last_row = residual / total if total > 0 else p[kept]
+                return torch.cat([ids[:kept], sample(last_row, self.generator).view(1)]).view(1, -1)
+        return torch.cat([ids[:kept], sample(p[kept], self.generator).view(1)]).view(1, -1)
+
+
+class GreedyAcceptor(TokenAcceptor):
+    """Keep drafted tokens while they equal the target's argmax: output == plain greedy decoding."""
+
+    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
+                 target_scores: torch.Tensor) -> torch.Tensor:
+        ids = draft_ids[0]
+        best = target_scores[0].argmax(-1)
+        m = ids.shape[0]
+        mismatch = (ids != best[:m]).nonzero()
+        kept = int(mismatch[0]) if mismatch.numel() else m
+        return torch.cat([ids[:kept], best[kept:kept + 1]]).view(1, -1)
+
+
+class TypicalAcceptor(TokenAcceptor):
+    """Medusa-style typical acceptance: LOSSY, opt-in.
+
+    Keeps d when p(d) > min(threshold, alpha * exp(-H(p))): plausible tokens pass even when the draft
+    over-weights them, so acceptance rises but the output distribution is no longer the target's.
+    """
+
+    lossless = False
+
+    def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None,
+                 threshold: float = 0.09, alpha: float = 0.3):
+        super().__init__(sampling, generator)
+        self.threshold = threshold
+        self.alpha = alpha
+
+    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
+                 target_scores: torch.Tensor) -> torch.Tensor:
+        ids = draft_ids[0]
+        m = ids.shape[0]
+        raw = target_scores[0].float().softmax(-1)
+        entropy = -(raw * raw.clamp_min(1e-30).log()).sum(-1)
+        bar = torch.minimum(torch.full_like(entropy, self.threshold), self.alpha * torch.exp(-entropy))
+        fails = (raw[torch.arange(m), ids] <= bar[:m]).nonzero()
+        kept = int(fails[0]) if fails.numel() else m
+        last = sample(logits_to_probs(target_scores[0, kept], self.sampling), self.generator)
+        return torch.cat([ids[:kept], last.view(1)]).view(1, -1)
+
+
+class ZeroPaddedAcceptor(TokenAcceptor):
+    """Adapts an acceptor that returns transformers-neuronx's zero-padded `(bs, k)` result."""
+
+    def __init__(self, inner: Any):
+        super().__init__()
+        self.inner = inner
+        self.lossless = getattr(inner, "lossless", True)
+
+    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
+                 target_scores: torch.Tensor) -> torch.Tensor:
+        out = torch.as_tensor(self.inner(draft_ids, draft_scores, target_scores)).view(1, -1)
+        if out.shape[1] < target_scores.shape[1]:
+            return out  # already variable-length (e.g. the library's ReferenceTokenAcceptor)
+        return out[:, : int(torch.count_nonzero(out[0]))]
+
+
+BUILTIN: dict[str, type[TokenAcceptor]] = {
+    "probabilistic": ProbabilisticAcceptor,
+    "greedy": GreedyAcceptor,
+    "typical": TypicalAcceptor,
+}
+
+
+def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generator | None) -> TokenAcceptor:
+    """A built-in name or a `module:Class` plug-in -> a ready acceptor."""
+    if spec in BUILTIN:
+        return BUILTIN[spec](sampling, generator)
+    if ":" not in spec:
+        raise UsageError(Problem("speculation.acceptor", spec, "unknown acceptor",
+                                 f"use one of {sorted(BUILTIN)} or a plug-in as 'module:Class'"))
+    cls = _import_plugin(spec)
+    params = inspect.signature(cls).parameters
+    kwargs = {name: value for name, value in (("sampling", sampling), ("generator", generator)) if name in params}
+    try:
+        acceptor = cls(**kwargs)
+    except TypeError as exc:
+        raise UsageError(Problem("speculation.acceptor", spec, f"the class cannot be built: {exc}",
+                                 "give it an __init__ whose arguments are optional, or only "
+                                 "`sampling` and `generator`")) from None
+    return acceptor if isinstance(acceptor, TokenAcceptor) else ZeroPaddedAcceptor(acceptor)
+
+
+def _import_plugin(spec: str) -> type:
+    module_name, _, class_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure is the plug-in's, reported as such
+        raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' does not import "
+                                 f"({type(exc).__name__}: {exc})",
+                                 "install the module or run from the directory that contains it")) from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' has no '{class_name}'",
+                                 "check the class name after the ':'"))
+    if not isinstance(cls, type) or not any("__call__" in vars(base) for base in cls.__mro__[:-1]):
+        raise UsageError(Problem("speculation.acceptor", spec, f"'{class_name}' is not a class with __call__",
+                                 "define __call__(self, draft_ids, draft_scores, target_scores)"))
+    return cls

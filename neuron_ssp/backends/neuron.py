@@ -1,0 +1,108 @@
+"""Load the draft and the speculation-enabled target onto NeuronCores through transformers-neuronx.
+
+Order matters on Neuron, so it is spelt out here: validate (a bad placement would otherwise fail
+minutes into a load), set `NEURON_RT_VISIBLE_CORES` and the compile cache before the runtime starts,
+then per model in the plan's load order: `from_pretrained` with allow-listed arguments,
+`enable_speculative_decoder(k)` on the target, `load(dir)` of compiled artifacts when they match,
+and `to_neuron()` last.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from neuron_ssp.backends.neuron_artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron_scoring import NeuronBackend
+from neuron_ssp.backends.neuronx_api import NeuronxApi, load_neuronx
+from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.neuron_env import device_nodes
+from neuron_ssp.topology import DeploymentPlan, validate_config
+
+VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
+COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
+
+
+def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[NeuronBackend, NeuronBackend | None]:
+    """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'."""
+    api = prepare_runtime(config, plan)
+    store = ArtifactStore(config.neuron.compiled_dir) if config.neuron.compiled_dir else None
+    backends: dict[str, NeuronBackend] = {}
+    for role in plan.load_order:
+        model_cfg = model_config(config, role)
+        k = speculation_length(config, role)
+        model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
+        artifacts = None
+        if store is not None:
+            spec = artifact_spec(role, model_dir, api.constructor_kwargs(model_cfg), k, api.version)
+            artifacts = store.find(spec)
+        model = build_model(api, model_dir, model_cfg, k, artifacts)
+        backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k)
+    return backends["target"], backends.get("draft")
+
+
+def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:
+    """Everything that must hold before the first model touches the Neuron runtime."""
+    validate_config(config).raise_if_invalid()
+    api = load_neuronx()
+    if not device_nodes():
+        raise RuntimeProblem(
+            Problem(
+                "platform.backend",
+                "neuron",
+                "no Neuron device on this machine (no /dev/neuron*)",
+                "run on an inf2 / trn1 instance with the Neuron driver (aws-neuronx-dkms), or use "
+                "platform.backend: torch; `neuron-ssp doctor` shows what this machine has",
+            )
+        )
+    set_visible_cores(plan.visible_cores)
+    if config.neuron.compile_cache_url:
+        os.environ[COMPILE_CACHE_ENV] = config.neuron.compile_cache_url
+    return api
+
+
+def set_visible_cores(cores: str) -> None:
+    """Restrict the runtime to the plan's contiguous core range; it reads this once, when it starts."""
+    current = os.environ.get(VISIBLE_CORES_ENV)
+    if current is not None and current != cores:
+        raise UsageError(
+            Problem(
+                VISIBLE_CORES_ENV,
+                current,
+                f"the plan places the models on NeuronCores {cores}",
+                f"unset {VISIBLE_CORES_ENV} (it is set from the plan) or move the models with "
+                "target.first_core / draft.first_core",
+            )
+        )
+    os.environ[VISIBLE_CORES_ENV] = cores
+
+
+def build_model(
+    api: NeuronxApi,
+    model_dir: Path,
+    model_cfg: ModelConfig,
+    speculation_length: int | None,
+    artifacts: Path | None,
+) -> Any:
+    """One LlamaForSampling on the device: compiled now, or loaded from `artifacts` when given."""
+    model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg))
+    if speculation_length is not None:
+        api.enable_speculation(model, speculation_length)
+    if artifacts is not None:
+        model.load(str(artifacts))
+    model.to_neuron()
+    return model
+
+
+def model_config(config: Config, role: str) -> ModelConfig:
+    model = config.target if role == "target" else config.draft
+    assert model is not None, f"the plan loads a {role} the config does not have"
+    return model
+
+
+def speculation_length(config: Config, role: str) -> int | None:
+    """The target is compiled for the window k; the draft decodes one token per call."""
+    return config.speculation.k if role == "target" else None

@@ -1,0 +1,97 @@
+"""Compile the config's models once per speculation length and keep the results in an artifact store.
+
+A compile of a 70B target takes many minutes and changing k means a new one, so `neuron-ssp compile
+--k 2..8` pays for all candidate windows up front (for `tune-k`); loading then reuses them. Models
+are compiled one after another in this process and released in between; neuronx-cc's own cache
+(NEURON_COMPILE_CACHE_URL) still makes a repeated compile of the same graph fast.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+from neuron_ssp.backends.neuron import build_model, model_config, prepare_runtime
+from neuron_ssp.backends.neuron_artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.config import Config
+from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.topology import DeploymentPlan
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    role: str
+    speculation_length: int | None  # None: the draft, which decodes one token per call
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.role} k={self.speculation_length}" if self.speculation_length else f"{self.role} (no speculation)"
+        )
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    job: CompileJob
+    location: str
+    seconds: float
+    reused: bool  # already compiled with a matching manifest: nothing was done
+
+
+def compile_jobs(plan: DeploymentPlan, ks: list[int]) -> list[CompileJob]:
+    """The draft once (its networks do not depend on k), the target once per k, in the plan's load order."""
+    jobs: list[CompileJob] = []
+    for role in plan.load_order:
+        if role == "target":
+            jobs += [CompileJob("target", k) for k in ks]
+        else:
+            jobs.append(CompileJob(role, None))
+    return jobs
+
+
+class Compiler:
+    """Checks everything before the first compile (so errors come before a progress bar), then runs jobs."""
+
+    def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
+        if not config.neuron.compiled_dir:
+            raise UsageError(
+                Problem(
+                    "neuron.compiled_dir",
+                    None,
+                    "compile needs a place to keep the compiled models",
+                    "set neuron.compiled_dir (a directory or s3://bucket/prefix) or pass --out DIR",
+                )
+            )
+        self.config = config
+        self.force = force
+        self.api = prepare_runtime(config, plan)
+        self.store = ArtifactStore(config.neuron.compiled_dir)
+        self.jobs = compile_jobs(plan, ks)
+
+    def run(self, job: CompileJob) -> CompileResult:
+        model_cfg = model_config(self.config, job.role)
+        model_dir = resolve_model_path(model_cfg.path, f"{job.role}.path")
+        spec = artifact_spec(
+            job.role,
+            model_dir,
+            self.api.constructor_kwargs(model_cfg),
+            job.speculation_length,
+            self.api.version,
+        )
+        if not self.force and self.store.find(spec):
+            return CompileResult(job, self.store.describe(spec), 0.0, reused=True)
+        start = time.perf_counter()
+        model = build_model(self.api, model_dir, model_cfg, job.speculation_length, artifacts=None)
+        model.save(str(self.store.staging_dir(spec)))
+        seconds = time.perf_counter() - start
+        del model
+        gc.collect()  # release the device memory before the next compile loads another copy
+        return CompileResult(job, self.store.publish(spec, seconds), seconds, reused=False)
+
+
+def compile_models(config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False) -> list[CompileResult]:
+    """Compile every job of `config` for the windows `ks` (the programmatic form of `neuron-ssp compile`)."""
+    compiler = Compiler(config, plan, ks, force)
+    return [compiler.run(job) for job in compiler.jobs]

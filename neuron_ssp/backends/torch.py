@@ -1,0 +1,83 @@
+"""Reference backend: a Hugging Face causal LM on CPU or CUDA with a position-addressed KV cache.
+
+Rolling back a rejected draft is `DynamicCache.crop(-n)`: the n slots from `start` on are dropped
+before the new tokens are scored. A negative count means "remove n" in transformers 4.4x (what
+Neuron DLAMIs carry) and is the only form 5.x (what PyPI serves) accepts; what else differs is how a
+cache is built (`_new_cache`) and the name of the dtype argument (`dtype_kwarg`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+
+
+def dtype_kwarg() -> str:
+    """`dtype` since transformers 4.56; DLAMI's 4.4x only knows `torch_dtype`."""
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_hf_model(path: Path, dtype: str, device: torch.device) -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_kwarg(): TORCH_DTYPES[dtype]})
+    return model.to(device).eval()
+
+
+class TorchBackend:
+    """One sequence, one cache. Two backends may share a model (draft = target) but never a cache."""
+
+    max_score_width: int | None = None
+
+    def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch"):
+        self.model = model
+        self.name = name
+        self.device = next(model.parameters()).device
+        self.vocab_size = int(model.get_output_embeddings().out_features)
+        self.n_positions = min(n_positions, int(getattr(model.config, "max_position_embeddings", n_positions)))
+        self._keep_last = _last_logits_kwarg(model)
+        self._cache: DynamicCache | None = None
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        self._cache = self._new_cache()
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+                         use_cache=True, **self._keep_last)
+        return out.logits[0, -1].float().cpu()
+
+    @torch.inference_mode()
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        if self._cache is None:
+            raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
+        stale = self._cache.get_seq_length() - start
+        if stale > 0:
+            self._cache.crop(-stale)
+        n = token_ids.shape[0]
+        positions = torch.arange(start, start + n, device=self.device)
+        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+                         position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
+        return out.logits[0].float().cpu()
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config) if TRANSFORMERS_5 else DynamicCache()
+
+
+def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:
+    """Ask for the last position's logits only at prefill (saves the LM head over the whole prompt)."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):  # 4.50+ / 4.45-4.49
+        if name in params:
+            return {name: 1}
+    return {}

@@ -1,0 +1,20 @@
+"""`neuron-ssp` command line. Each subcommand lives in its own module and is registered here."""
+
+from __future__ import annotations
+
+from neuron_ssp.cli.app import main
+from neuron_ssp.cli.deploy import deploy
+from neuron_ssp.cli.generate import compare, generate, latency
+from neuron_ssp.cli.neuron import compile_command, doctor
+from neuron_ssp.cli.topology import plan, validate
+
+main.add_command(generate)
+main.add_command(compare)
+main.add_command(latency)
+main.add_command(compile_command)
+main.add_command(doctor)
+main.add_command(validate)
+main.add_command(plan)
+main.add_command(deploy)
+
+__all__ = ["main"]

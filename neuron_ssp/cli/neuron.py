@@ -1,0 +1,255 @@
+"""`neuron-ssp compile` (compiled models per k, reused at load) and `neuron-ssp doctor` (what this host has).
+
+Both are safe to run anywhere: without transformers-neuronx or a Neuron device, compile stops with
+what to install or where to run, and doctor says what still works on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from neuron_ssp.config import Config, load_config
+from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
+from neuron_ssp.neuron_env import DLAMI_VENV, active_venv, compile_cache, package_versions, probe_devices
+from neuron_ssp.topology import plan_deployment, validate_config
+
+NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc. need one only with backend neuron
+
+
+@click.command("compile")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
+@click.option(
+    "--k",
+    "ks_text",
+    metavar="KS",
+    help="Windows to compile: one (4), a range (2..8) or a list (2,4,6). Default: speculation.k. "
+    "The draft proposes k-1 tokens; the target is compiled to score k per call.",
+)
+@click.option("--out", help="Where to keep them: a directory or s3://bucket/prefix (default: neuron.compiled_dir).")
+@click.option("--force", is_flag=True, help="Compile again even where matching artifacts exist.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool, as_json: bool) -> None:
+    """Compile CONFIG's draft once and its target once per k, and save() each for reuse at load.
+
+    Loading (generate, compare, tune-k ... with platform.backend neuron) reuses a compiled model when
+    the model's config.json, n_positions, dtype, tp_degree, k and the transformers-neuronx version all
+    match; otherwise it compiles again. neuronx-cc also keeps its own cache of compiled graphs in
+    NEURON_COMPILE_CACHE_URL (default /var/tmp/neuron-compile-cache; s3:// works too).
+    """
+    from neuron_ssp.backends.neuron_compile import Compiler
+
+    config = load_config(config_path, {"neuron.compiled_dir": out})
+    ks = parse_ks(ks_text, config.speculation.k)
+    widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
+    compiler = Compiler(widest, plan_deployment(widest), ks, force)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    results = []
+    with Progress(*columns, console=Console(stderr=as_json)) as progress:
+        task = progress.add_task("compiling", total=len(compiler.jobs))
+        for job in compiler.jobs:
+            progress.update(task, description=f"compiling {job.label}")
+            result = compiler.run(job)
+            what = "already compiled, reused" if result.reused else f"compiled in {result.seconds:.1f} s"
+            progress.console.print(f"{job.label}: {what} -> {result.location}")
+            progress.advance(task)
+            results.append(result)
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "role": r.job.role,
+                        "k": r.job.speculation_length,
+                        "seconds": r.seconds,
+                        "reused": r.reused,
+                        "location": r.location,
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+
+
+def parse_ks(text: str | None, default: int) -> list[int]:
+    """'4' | '2..8' | '2,4,6' -> sorted distinct windows, each >= 2."""
+    if text is None:
+        return [default]
+    text = text.strip()
+    if match := re.fullmatch(r"(\d+)\s*\.\.\s*(\d+)", text):
+        ks = list(range(int(match[1]), int(match[2]) + 1))
+    elif re.fullmatch(r"\d+(\s*,\s*\d+)*", text):
+        ks = [int(part) for part in text.split(",")]
+    else:
+        raise UsageError(Problem("--k", text, "not a window, range or list", "write 4, 2..8 or 2,4,6"))
+    if not ks or min(ks) < 2:
+        raise UsageError(
+            Problem("--k", text, "every k must be >= 2 (k-1 drafted tokens + 1)", "start the range at 2 or more")
+        )
+    return sorted(set(ks))
+
+
+@click.command("doctor")
+@click.option("--instance", "instance_type", help="Instance type to check configs against (default: detected).")
+@click.option(
+    "--configs",
+    "configs_dir",
+    type=click.Path(path_type=Path),
+    default=Path("configs"),
+    show_default=True,
+    help="Directory of YAML configs to check against this instance.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, as_json: bool) -> None:
+    """What this machine offers for Neuron: devices, packages, venv, compile cache, configs that fit."""
+    report = doctor_report(instance_type, configs_dir, _commands_without_neuron(ctx))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_doctor(Console(), report)
+
+
+def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands: list[str]) -> dict[str, Any]:
+    devices = probe_devices(instance_type)
+    venv, is_dlami_venv = active_venv()
+    cache = compile_cache()
+    return {
+        "neuron_device_present": devices.present,
+        "device_nodes": devices.device_nodes,
+        "neuron_ls": devices.neuron_ls,
+        "neuron_ls_error": devices.neuron_ls_error,
+        "neuron_cores": devices.cores,
+        "instance_type": devices.instance_type,
+        "instance_source": devices.instance_source,
+        "packages": package_versions(),
+        "transformers_neuronx": _library_status(),
+        "python_env": venv,
+        "dlami_venv": is_dlami_venv,
+        "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
+        "compile_cache": {"url": cache.url, "from_env": cache.from_env, "free_bytes": cache.free_bytes},
+        "configs": _config_fits(configs_dir, devices.instance_type),
+        "works_here": usable_commands if not devices.present else usable_commands + sorted(NEEDS_NEURON),
+    }
+
+
+def _library_status() -> dict[str, Any]:
+    from neuron_ssp.backends.neuronx_api import load_neuronx
+
+    try:
+        api = load_neuronx()
+    except NeuronSSPError as exc:
+        return {"usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
+    return {"usable": True, "version": api.version, "api_generation": api.generation}
+
+
+def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
+        try:
+            config = load_config(path)
+        except UsageError as exc:
+            rows.append({"config": str(path), "status": "invalid", "detail": str(exc.problems[0])})
+            continue
+        rows.append({"config": str(path), **_fit(config, instance_type)})
+    return rows
+
+
+def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
+    if config.platform.backend == "torch":
+        return {"status": "runs here", "detail": "torch reference backend: any machine"}
+    if instance_type is None:
+        return {
+            "status": "unknown",
+            "detail": f"made for {config.platform.instance_type}; pass --instance to check it against this machine",
+        }
+    platform = config.platform.model_copy(update={"instance_type": instance_type})
+    report = validate_config(config.model_copy(update={"platform": platform}))
+    if report.ok:
+        return {"status": "fits", "detail": f"valid on {instance_type}"}
+    return {"status": "not valid here", "detail": f"on {instance_type}: {report.errors[0]}"}
+
+
+def _commands_without_neuron(ctx: click.Context) -> list[str]:
+    root = ctx.find_root().command
+    names = root.list_commands(ctx) if isinstance(root, click.Group) else []
+    return [name for name in names if name not in NEEDS_NEURON and name != "doctor"]
+
+
+def print_doctor(console: Console, report: dict[str, Any]) -> None:
+    if report["neuron_device_present"]:
+        cores = report["neuron_cores"]
+        console.print(
+            f"[green]Neuron device present[/green]: {', '.join(report['device_nodes']) or '-'}"
+            f"{f', {cores} NeuronCores' if cores else ''}"
+        )
+    else:
+        console.print(
+            "[bold red]No Neuron device on this machine[/bold red] (no /dev/neuron*"
+            f"{', neuron-ls not installed' if not report['neuron_ls'] else ''})."
+        )
+    if report["neuron_ls_error"]:
+        console.print(f"  neuron-ls: {report['neuron_ls_error']}")
+    instance = report["instance_type"]
+    console.print(f"instance type: {instance + ' (from ' + report['instance_source'] + ')' if instance else 'unknown'}")
+
+    table = Table(title="packages", title_justify="left")
+    table.add_column("package")
+    table.add_column("version")
+    for name, version in report["packages"].items():
+        table.add_row(name, version or "[dim]not installed[/dim]")
+    console.print(table)
+    library = report["transformers_neuronx"]
+    if library["usable"]:
+        console.print(f"transformers-neuronx {library['version']} usable (API {library['api_generation']})")
+    else:
+        console.print(f"transformers-neuronx: [yellow]{library['problem']}[/yellow]\n  fix: {library['fix']}")
+    venv_note = (
+        "the DLAMI transformers-neuronx venv"
+        if report["dlami_venv"]
+        else (f"not the DLAMI venv {DLAMI_VENV}" + (" (present here)" if report["dlami_venv_on_disk"] else ""))
+    )
+    console.print(f"python environment: {report['python_env']} ({venv_note})")
+    cache = report["compile_cache"]
+    free = f", {cache['free_bytes'] / 1024**3:.1f} GiB free" if cache["free_bytes"] is not None else ""
+    console.print(
+        f"compile cache: {cache['url']} ({'NEURON_COMPILE_CACHE_URL' if cache['from_env'] else 'default'}{free})"
+    )
+
+    if report["configs"]:
+        configs = Table(title="configs", title_justify="left")
+        for column in ("config", "status", "detail"):
+            configs.add_column(column)
+        for row in report["configs"]:
+            configs.add_row(row["config"], row["status"], row["detail"])
+        console.print(configs)
+    works = ", ".join(report["works_here"])
+    if report["neuron_device_present"]:
+        console.print(f"[green]works here:[/green] {works}, with platform.backend neuron or torch")
+    else:
+        console.print(
+            f"[green]Still works here:[/green] {works} (generation on the torch reference backend, "
+            "platform.backend: torch; validate and plan need no hardware). "
+            "Needs an inf2/trn1 instance: compile, and any config with platform.backend: neuron."
+        )

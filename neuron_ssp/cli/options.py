@@ -1,0 +1,72 @@
+"""Options shared by every command that generates: each flag overrides one config field."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from neuron_ssp.config import Config, load_config
+
+# flag name -> dotted config field it overrides
+OVERRIDES = {
+    "k": "speculation.k",
+    "acceptor": "speculation.acceptor",
+    "drafter": "speculation.drafter",
+    "policy": "speculation.policy",
+    "temperature": "sampling.temperature",
+    "top_k": "sampling.top_k",
+    "top_p": "sampling.top_p",
+    "seed": "sampling.seed",
+    "max_new_tokens": "generation.max_new_tokens",
+    "device": "platform.device",
+}
+
+
+def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--config plus one override flag per tunable field, and --json."""
+    options = [
+        click.option("--config", "config_path", type=click.Path(path_type=Path),
+                     help="YAML config (default: the embedded SmolLM2 default, configs/default.yaml)."),
+        click.option("--k", type=int, help="Window: the draft proposes k-1 tokens, the target scores k "
+                     "positions per call (gamma = k-1). Must be >= 2."),
+        click.option("--acceptor", help="probabilistic (lossless), greedy, typical (lossy) or module:Class."),
+        click.option("--drafter", help="ngram (prompt lookup, model-free) or model (needs a draft: section)."),
+        click.option("--policy", help="fixed, adaptive, draft-confidence or target-confidence."),
+        click.option("--temperature", type=float, help="0 = greedy."),
+        click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1]."),
+        click.option("--seed", type=int, help="Seed for reproducible sampling."),
+        click.option("--max-new-tokens", type=int, help="Tokens to generate."),
+        click.option("--device", help="torch backend: auto, cpu or cuda."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def config_from_options(options: dict[str, Any]) -> Config:
+    """Pop the config flags from a command's kwargs and build the validated Config."""
+    overrides = {field: options.pop(flag) for flag, field in OVERRIDES.items() if flag in options}
+    return load_config(options.pop("config_path", None), overrides)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def with_config(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a command so it receives `config` instead of the raw flags."""
+
+    @generation_options
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        config = config_from_options(kwargs)
+        return func(config=config, **kwargs)
+
+    return wrapper

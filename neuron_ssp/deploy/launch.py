@@ -1,0 +1,466 @@
+"""Launch one instance for one config: plan (read-only), dry-run or execute, and clean up on failure.
+
+`plan_launch` validates everything and makes only read calls, so a bad config or flag costs nothing.
+`execute_launch` creates the instance; if anything fails after that (timeout, Ctrl-C, an AWS error)
+it terminates the instance, or with keep_on_failure says exactly what is still running and costing.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from neuron_ssp.config import EMBEDDED_PREFIX, Config
+from neuron_ssp.deploy import tags
+from neuron_ssp.deploy.ami import Ami, resolve_ami
+from neuron_ssp.deploy.aws import AwsClients
+from neuron_ssp.deploy.capacity import (
+    CapacityTarget,
+    check_reservation,
+    describe_reservation,
+    run_instances_fields,
+)
+from neuron_ssp.deploy.errors import AwsUnreachable, aws_errors, error_code, translatable, translate
+from neuron_ssp.deploy.inventory import Deployment, describe, list_deployments
+from neuron_ssp.deploy.pricing import format_usd, hourly_usd
+from neuron_ssp.deploy.ssm_run import ssm_ping_status
+from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
+from neuron_ssp.deploy.waiting import Pacing, wait_until
+from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    region: str
+    name: str | None = None
+    ami: str = "pinned"
+    subnet_id: str | None = None
+    security_group_ids: tuple[str, ...] = ()
+    key_name: str | None = None
+    instance_profile: str | None = None
+    capacity: CapacityTarget | None = None
+    ttl_hours: float = 4.0
+    volume_gb: int = 500
+    weights_s3_uri: str | None = None
+    output_s3_uri: str | None = None
+    package_spec: str | None = None
+    hf_token: HfTokenSource | None = None
+    keep_on_failure: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything decided before money is spent; `params` is the exact run_instances request."""
+
+    name: str
+    config_name: str
+    instance_type: str
+    region: str
+    ami: Ami
+    hourly_usd: float | None
+    ttl_hours: float
+    expires_at: datetime
+    params: dict[str, Any]
+    warnings: tuple[str, ...]
+    keep_on_failure: bool
+
+    @property
+    def client_token(self) -> str:
+        return self.params["ClientToken"]
+
+    @property
+    def max_cost_usd(self) -> float | None:
+        return None if self.hourly_usd is None else self.hourly_usd * self.ttl_hours
+
+
+@dataclass(frozen=True)
+class PermissionCheck:
+    action: str
+    allowed: bool
+    detail: str
+
+
+# ---------------------------------------------------------------- plan (read-only)
+
+
+def plan_launch(
+    config: Config,
+    config_path: str | Path,
+    options: LaunchOptions,
+    clients: AwsClients,
+    *,
+    now: datetime | None = None,
+    client_token: str | None = None,
+) -> LaunchPlan:
+    """Validate config and flags, resolve the AMI and the reservation; create nothing."""
+    _check_options(options)
+    instance_type, config_warnings = _check_config(config)
+    now = now or datetime.now(timezone.utc)
+    expires_at = now + timedelta(hours=options.ttl_hours)
+    name = tags.check_deployment_name(options.name or default_name(config, config_path))
+    region = clients.region
+    warnings = list(config_warnings)
+
+    existing = list_deployments(clients.ec2, region, name)
+    if existing:
+        raise UsageError(
+            Problem(
+                "--name",
+                name,
+                f"a deployment of that name is live ({existing[0].instance_id}, {existing[0].state})",
+                "tear it down first or pass another --name",
+            )
+        )
+    ami = resolve_ami(options.ami, clients.ec2, clients.ssm, region)
+    if options.ami == "latest":
+        warnings.append("--ami latest follows the newest Neuron SDK, which may no longer ship transformers-neuronx")
+
+    params = _base_params(options, instance_type, ami, client_token or f"neuron-ssp-{uuid.uuid4().hex}")
+    if options.capacity:
+        reservation = describe_reservation(clients.ec2, options.capacity, region)
+        warnings += check_reservation(reservation, options.capacity, instance_type, expires_at)
+        params.update(run_instances_fields(options.capacity, reservation, options.subnet_id))
+    with aws_errors("sts", region=region):
+        owner = clients.sts.get_caller_identity()["Arn"]
+    instance_tags = tags.launch_tags(
+        deployment=name,
+        config_name=config_name(config, config_path),
+        owner=owner,
+        ttl_hours=options.ttl_hours,
+        expires_at=expires_at,
+        output_s3_uri=options.output_s3_uri,
+    )
+    params["TagSpecifications"] = tags.tag_specifications(instance_tags)
+    params["UserData"] = render(
+        BootstrapSpec(
+            deployment=name,
+            region=region,
+            config_yaml=yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
+            model_paths=model_paths(config),
+            ttl_hours=options.ttl_hours,
+            package_spec=options.package_spec or default_package_spec(),
+            weights_s3_uri=options.weights_s3_uri,
+            hf_token=options.hf_token,
+        )
+    )
+    if not options.instance_profile:
+        warnings.append(
+            "no --instance-profile: SSM reaches the instance only if the account has Default Host "
+            "Management Configuration; launch waits for SSM"
+        )
+    if not options.weights_s3_uri:
+        warnings.append(f"no --weights-s3-uri: the AMI must already hold {', '.join(model_paths(config))}")
+    return LaunchPlan(
+        name,
+        config_name(config, config_path),
+        instance_type,
+        region,
+        ami,
+        hourly_usd(instance_type),
+        options.ttl_hours,
+        expires_at,
+        params,
+        tuple(warnings),
+        options.keep_on_failure,
+    )
+
+
+def default_name(config: Config, config_path: str | Path) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", config_name(config, config_path).lower()).strip("-")[:63] or "neuron-ssp"
+
+
+def config_name(config: Config, config_path: str | Path) -> str:
+    return config.name if config.name != "default" else Path(config_path).stem
+
+
+def model_paths(config: Config) -> tuple[str, ...]:
+    models = [config.target] + ([config.draft] if config.draft and config.speculation.drafter == "model" else [])
+    return tuple(m.path for m in models if not m.path.startswith(EMBEDDED_PREFIX))
+
+
+def default_package_spec() -> str:
+    try:
+        return f"neuron-ssp=={version('neuron-ssp')}"
+    except PackageNotFoundError:
+        return "neuron-ssp"
+
+
+def _check_options(options: LaunchOptions) -> None:
+    problems = []
+    if not 0 < options.ttl_hours <= 168:
+        problems.append(
+            Problem(
+                "--ttl-hours",
+                options.ttl_hours,
+                "must be > 0 and at most 168 (one week)",
+                "pick the hours you need; the instance terminates itself after them",
+            )
+        )
+    if options.volume_gb < 100:
+        problems.append(
+            Problem(
+                "--volume-gb",
+                options.volume_gb,
+                "must be >= 100",
+                "Llama-2-70B + 7B in bf16 need ~150 GB of weights plus compiled artifacts; keep the default 500",
+            )
+        )
+    for flag, uri in (
+        ("--weights-s3-uri", options.weights_s3_uri),
+        ("--output-s3-uri", options.output_s3_uri),
+    ):
+        if uri and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", uri):
+            problems.append(Problem(flag, uri, "not an s3://bucket/prefix URI", "write it as s3://my-bucket/models"))
+        elif uri and not options.instance_profile:
+            problems.append(
+                Problem(
+                    flag,
+                    uri,
+                    "the instance reads/writes S3 with its instance role",
+                    "pass --instance-profile with a role that has deploy/iam/instance-role-policy.json",
+                )
+            )
+    if problems:
+        raise UsageError(problems)
+
+
+def _check_config(config: Config) -> tuple[str, list[str]]:
+    """Deploy needs a Neuron config with an instance type, valid for that instance's topology."""
+    from neuron_ssp.topology import validate_config
+
+    if config.platform.backend != "neuron" or not config.platform.instance_type:
+        raise UsageError(
+            Problem(
+                "platform",
+                config.platform.model_dump(),
+                "deploy launches Neuron configs only",
+                "set platform.backend: neuron and platform.instance_type (e.g. trn1.32xlarge)",
+            )
+        )
+    report = validate_config(config)
+    report.raise_if_invalid()
+    return config.platform.instance_type, [str(w) for w in report.warnings]
+
+
+def _base_params(options: LaunchOptions, instance_type: str, ami: Ami, client_token: str) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "ImageId": ami.image_id,
+        "InstanceType": instance_type,
+        "MinCount": 1,
+        "MaxCount": 1,
+        "ClientToken": client_token,
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": ami.root_device,
+                "Ebs": {"VolumeSize": options.volume_gb, "VolumeType": "gp3", "DeleteOnTermination": True},
+            }
+        ],
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+    }
+    if options.subnet_id:
+        params["SubnetId"] = options.subnet_id
+    if options.security_group_ids:
+        params["SecurityGroupIds"] = list(options.security_group_ids)
+    if options.key_name:
+        params["KeyName"] = options.key_name
+    if options.instance_profile:
+        key = "Arn" if options.instance_profile.startswith("arn:") else "Name"
+        params["IamInstanceProfile"] = {key: options.instance_profile}
+    return params
+
+
+# ---------------------------------------------------------------- dry run
+
+
+def check_permissions(plan: LaunchPlan, clients: AwsClients) -> PermissionCheck:
+    """EC2 DryRun of the exact request: DryRunOperation = allowed, UnauthorizedOperation = not."""
+    from botocore.exceptions import ClientError
+
+    action = "ec2:RunInstances (+ ec2:CreateTags" + (", iam:PassRole)" if "IamInstanceProfile" in plan.params else ")")
+    try:
+        clients.ec2.run_instances(**plan.params, DryRun=True)
+    except ClientError as exc:
+        code = error_code(exc)
+        if code == "DryRunOperation":
+            return PermissionCheck(action, True, "request would have succeeded")
+        if code in ("UnauthorizedOperation", "AccessDenied"):
+            return PermissionCheck(action, False, exc.response["Error"].get("Message", code))
+        raise translate(exc, "ec2", region=plan.region, instance_type=plan.instance_type) from None
+    raise RuntimeProblem(
+        Problem(
+            "--dry-run",
+            plan.region,
+            "EC2 ignored DryRun=True and answered normally",
+            "run `neuron-ssp deploy list` and tear down anything unexpected",
+        )
+    )
+
+
+# ---------------------------------------------------------------- execute
+
+
+def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, console: Console) -> Deployment:
+    """Create the instance and wait until it runs and SSM sees it; clean up on any failure."""
+    try:
+        with aws_errors(
+            "ec2",
+            region=plan.region,
+            instance_type=plan.instance_type,
+            instance_profile=plan.params.get("IamInstanceProfile"),
+        ):
+            instance_id = clients.ec2.run_instances(**plan.params)["Instances"][0]["InstanceId"]
+    except (KeyboardInterrupt, AwsUnreachable) as exc:
+        # The request may have been accepted before the interruption: find it by its client token.
+        orphan = _find_by_client_token(plan, clients)
+        if orphan is None:
+            raise RuntimeProblem(
+                [
+                    *_as_problem(exc, plan),
+                    Problem(
+                        "instance",
+                        None,
+                        f"no instance with client token {plan.client_token} was found",
+                        f"double-check with `neuron-ssp deploy list --region {plan.region}`",
+                    ),
+                ]
+            ) from None
+        raise _abandon(orphan, _as_problem(exc, plan), plan, clients) from None
+    console.print(f"launched {instance_id} ({plan.instance_type}, {format_usd(plan.hourly_usd)}/h)")
+    try:
+        wait_running(clients, instance_id, plan.region, pacing, console)
+        wait_ssm_online(clients, instance_id, plan.region, pacing, console)
+        return describe(clients.ec2, plan.region, instance_id)
+    except (KeyboardInterrupt, NeuronSSPError) as exc:
+        raise _abandon(instance_id, _as_problem(exc, plan), plan, clients) from None
+    except Exception:
+        _abandon(instance_id, [], plan, clients)  # a bug of ours: still never leave the instance behind
+        raise
+
+
+def wait_running(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, console: Console) -> None:
+    def check() -> tuple[bool, str]:
+        try:
+            instance = clients.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+        except translatable() as exc:
+            if error_code(exc) == "InvalidInstanceID.NotFound":  # right after launch: EC2 is eventually consistent
+                return False, "not visible yet"
+            raise translate(exc, "ec2", region=region) from None
+        state = instance["State"]["Name"]
+        if state in ("shutting-down", "terminated", "stopping", "stopped"):
+            reason = instance.get("StateReason", {}).get("Message", "no reason given")
+            raise RuntimeProblem(
+                Problem(
+                    "instance",
+                    instance_id,
+                    f"went to '{state}' while starting: {reason}",
+                    "read the reason; for capacity errors try another AZ or a Capacity Block",
+                )
+            )
+        return state == "running", state
+
+    wait_until(
+        f"{instance_id} running",
+        check,
+        timeout_s=pacing.running_timeout_s,
+        pacing=pacing,
+        console=console,
+        fix="look at the instance in the EC2 console; retry in another AZ",
+    )
+
+
+def wait_ssm_online(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, console: Console) -> None:
+    def check() -> tuple[bool, str]:
+        status = ssm_ping_status(clients.ssm, instance_id, region)
+        return status == "Online", status
+
+    wait_until(
+        f"{instance_id} online in SSM",
+        check,
+        timeout_s=pacing.ssm_online_timeout_s,
+        pacing=pacing,
+        console=console,
+        fix="the instance role needs AmazonSSMManagedInstanceCore (see deploy/README.md) "
+        "and the subnet needs a route to the SSM endpoints (internet/NAT or VPC endpoints)",
+    )
+
+
+def _find_by_client_token(plan: LaunchPlan, clients: AwsClients) -> str | None:
+    try:
+        with aws_errors("ec2", region=plan.region):
+            pages = clients.ec2.describe_instances(Filters=[{"Name": "client-token", "Values": [plan.client_token]}])
+    except NeuronSSPError:
+        return None
+    ids = [
+        i["InstanceId"]
+        for r in pages["Reservations"]
+        for i in r["Instances"]
+        if i["State"]["Name"] not in ("shutting-down", "terminated")
+    ]
+    return ids[0] if ids else None
+
+
+def _as_problem(exc: BaseException, plan: LaunchPlan) -> list[Problem]:
+    if isinstance(exc, NeuronSSPError):
+        return exc.problems
+    return [
+        Problem(
+            "launch",
+            "Ctrl-C",
+            "interrupted before the instance was ready",
+            f"launch again when ready (`neuron-ssp deploy launch ... --name {plan.name}`)",
+        )
+    ]
+
+
+def _abandon(instance_id: str, cause: list[Problem], plan: LaunchPlan, clients: AwsClients) -> RuntimeProblem:
+    """After a failure with an instance alive: terminate it, or (keep_on_failure) say what keeps costing."""
+    costing = f"{plan.instance_type} in {plan.region} at {format_usd(plan.hourly_usd)}/h"
+    if plan.keep_on_failure:
+        return RuntimeProblem(
+            [
+                *cause,
+                Problem(
+                    "instance",
+                    instance_id,
+                    f"kept after the failure and still running: {costing}; "
+                    f"it terminates itself at {plan.expires_at:%Y-%m-%d %H:%M} UTC if its bootstrap started",
+                    f"inspect it, then `neuron-ssp deploy teardown {plan.name} --region {plan.region}`",
+                ),
+            ]
+        )
+    try:
+        with aws_errors("ec2", region=plan.region):
+            clients.ec2.terminate_instances(InstanceIds=[instance_id])
+    except (NeuronSSPError, KeyboardInterrupt):
+        return RuntimeProblem(
+            [
+                *cause,
+                Problem(
+                    "instance",
+                    instance_id,
+                    f"could NOT be terminated and is still running: {costing}",
+                    f"terminate it now: aws ec2 terminate-instances --region {plan.region} "
+                    f"--instance-ids {instance_id}",
+                ),
+            ]
+        )
+    return RuntimeProblem(
+        [
+            *cause,
+            Problem(
+                "instance",
+                instance_id,
+                "terminated because the launch did not finish (nothing is left running)",
+                "fix the cause above and launch again; --keep-on-failure keeps the instance for debugging",
+            ),
+        ]
+    )

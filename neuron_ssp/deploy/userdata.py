@@ -1,0 +1,118 @@
+"""Render the EC2 user data that turns a fresh Neuron DLAMI into a neuron-ssp host.
+
+The template (`neuron_ssp/data/deploy-bootstrap.sh`) is plain bash with `{{NAME}}` slots; every value
+is shell-quoted here. No secret is ever written into it (user data is readable by anyone with
+ec2:DescribeInstanceAttribute): the Hugging Face token is fetched at boot by the instance role.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from neuron_ssp.deploy.ami import TRANSFORMERS_NEURONX_VENV
+from neuron_ssp.errors import Problem, UsageError
+
+TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "deploy-bootstrap.sh"
+NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
+USER_DATA_LIMIT = 16 * 1024  # EC2 rejects larger user data (before base64)
+
+# Where things live on the instance; `deploy run/status/logs` read the same paths.
+HOME_DIR = "/opt/neuron-ssp"
+CONFIG_FILE = f"{HOME_DIR}/config.yaml"
+ENV_FILE = f"{HOME_DIR}/env.sh"
+STATUS_FILE = "/var/lib/neuron-ssp/status"
+LOG_FILE = "/var/log/neuron-ssp-bootstrap.log"
+READY = "ready"
+HF_TOKEN_FILE = "/root/.cache/huggingface/token"
+_SLOT = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+
+
+@dataclass(frozen=True)
+class HfTokenSource:
+    """Where the instance reads the Hugging Face token: a Secrets Manager secret or an SSM SecureString."""
+
+    kind: str  # "secretsmanager" or "ssm"
+    name: str
+
+    def fetch_command(self) -> str:
+        if self.kind == "secretsmanager":
+            read = (
+                f"aws secretsmanager get-secret-value --secret-id {shlex.quote(self.name)} "
+                "--query SecretString --output text"
+            )
+        else:
+            read = (
+                f"aws ssm get-parameter --name {shlex.quote(self.name)} --with-decryption "
+                "--query Parameter.Value --output text"
+            )
+        folder = shlex.quote(str(PurePosixPath(HF_TOKEN_FILE).parent))
+        return f"(umask 077; mkdir -p {folder}; {read} > {shlex.quote(HF_TOKEN_FILE)})"
+
+
+@dataclass(frozen=True)
+class BootstrapSpec:
+    deployment: str
+    region: str
+    config_yaml: str
+    model_paths: tuple[str, ...]
+    ttl_hours: float
+    package_spec: str
+    weights_s3_uri: str | None = None
+    hf_token: HfTokenSource | None = None
+    venv: str = TRANSFORMERS_NEURONX_VENV
+
+
+def weight_sources(weights_s3_uri: str, model_paths: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Each model directory `.../<dir>` comes from `<weights-s3-uri>/<dir>/`."""
+    base = weights_s3_uri.rstrip("/")
+    return [(f"{base}/{PurePosixPath(path).name}/", path) for path in model_paths]
+
+
+def render(spec: BootstrapSpec) -> str:
+    values = {
+        "DEPLOYMENT": spec.deployment,
+        "REGION": shlex.quote(spec.region),
+        "TTL_MINUTES": str(max(1, round(spec.ttl_hours * 60))),
+        "VENV": shlex.quote(spec.venv),
+        "PACKAGE_SPEC": shlex.quote(spec.package_spec),
+        "NEURON_PIP_INDEX": NEURON_PIP_INDEX,
+        "CONFIG_B64": base64.b64encode(spec.config_yaml.encode()).decode(),
+        "WEIGHTS_COMMANDS": _weights_commands(spec),
+        "HF_TOKEN_COMMANDS": spec.hf_token.fetch_command()
+        if spec.hf_token
+        else 'echo "no Hugging Face token configured"',
+        "HOME_DIR": HOME_DIR,
+        "CONFIG_FILE": CONFIG_FILE,
+        "ENV_FILE": ENV_FILE,
+        "STATUS_FILE": STATUS_FILE,
+        "LOG_FILE": LOG_FILE,
+    }
+    script = _SLOT.sub(lambda m: values[m.group(1)], TEMPLATE.read_text())
+    size = len(script.encode())
+    if size > USER_DATA_LIMIT:
+        raise UsageError(
+            Problem(
+                "config",
+                f"{size} bytes of user data",
+                f"EC2 user data is limited to {USER_DATA_LIMIT} bytes",
+                "shorten the config (comments, prompts)",
+            )
+        )
+    return script
+
+
+def _weights_commands(spec: BootstrapSpec) -> str:
+    if not spec.weights_s3_uri:
+        checks = [
+            f'test -d {shlex.quote(p)} || echo "WARNING: {p} is missing and no --weights-s3-uri was given"'
+            for p in spec.model_paths
+        ]
+        return "\n".join(checks) or "true"
+    return "\n".join(
+        f"aws s3 sync --only-show-errors {shlex.quote(src)} {shlex.quote(dst)}"
+        for src, dst in weight_sources(spec.weights_s3_uri, spec.model_paths)
+    )

@@ -1,0 +1,53 @@
+"""Poll AWS until something is true, with a rich spinner: launches take minutes and must look alive.
+
+Sleep and clock are injectable (`Pacing`) so tests run the same loops without waiting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from neuron_ssp.errors import Problem, RuntimeProblem
+
+
+@dataclass(frozen=True)
+class Pacing:
+    interval_s: float = 10.0
+    running_timeout_s: float = 15 * 60
+    ssm_online_timeout_s: float = 20 * 60
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
+Check = Callable[[], "tuple[bool, str]"]
+
+
+def wait_until(what: str, check: Check, *, timeout_s: float, pacing: Pacing, console: Console, fix: str) -> str:
+    """Call `check` until it returns (True, detail); raise RuntimeProblem after `timeout_s`.
+
+    `check` may raise to abort (e.g. the instance terminated). Returns the last detail.
+    """
+    start = pacing.clock()
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.fields[detail]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(what, detail="", total=None)
+        while True:
+            done, detail = check()
+            progress.update(task, detail=detail)
+            if done:
+                console.print(f"[green]✓[/green] {what}")
+                return detail
+            waited = pacing.clock() - start
+            if waited >= timeout_s:
+                raise RuntimeProblem(Problem(what, detail, f"not reached after {waited / 60:.0f} min", fix))
+            pacing.sleep(pacing.interval_s)

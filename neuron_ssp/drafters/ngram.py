@@ -1,0 +1,41 @@
+"""Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens.
+
+Model-free, so it costs microseconds; it shines where the output copies the input (summaries,
+rewrites, code edits, RAG) and proposes nothing on open-ended text, where nothing matches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from neuron_ssp.drafters.base import Draft, point_masses
+from neuron_ssp.policies import FixedPolicy
+from neuron_ssp.sampling import SamplingParams
+
+
+class NgramDrafter:
+    def __init__(self, vocab_size: int, ngram_max: int = 3, ngram_min: int = 1):
+        self.vocab_size = vocab_size
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """Nothing to encode: the lookup reads the sequence passed to `propose`."""
+
+    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
+                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+        tokens = lookup(sequence, max_tokens, self.ngram_max, self.ngram_min)
+        return Draft(tokens, point_masses(tokens, self.vocab_size))
+
+
+def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> torch.Tensor:
+    """Longest n first; among matches of that n, the latest one that has a continuation."""
+    length = sequence.shape[0]
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        pattern = sequence[length - n:]
+        windows = sequence[: length - 1].unfold(0, n, 1)  # every earlier n-gram, continuation exists
+        hits = (windows == pattern).all(dim=1).nonzero()
+        if hits.numel():
+            start = int(hits[-1]) + n
+            return sequence[start: start + max_tokens].clone()
+    return sequence.new_empty(0)

@@ -1,0 +1,92 @@
+"""k policies: how wide the next speculation window is, and when to stop drafting.
+
+A window of w means w-1 drafted tokens and w positions scored by the target; w = 1 is a plain
+decoding step. The window never exceeds the configured k (on Neuron: the compiled k).
+"""
+
+from __future__ import annotations
+
+from neuron_ssp.config import SpeculationConfig
+
+
+class FixedPolicy:
+    """Always the full window k."""
+
+    uses_target_confidence = False
+    uses_draft_confidence = False
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def window(self, target_confidence: float) -> int:
+        return self.k
+
+    def keep_drafting(self, draft_confidence: float) -> bool:
+        return True
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Fixed windows learn nothing."""
+
+    def reset(self) -> None:
+        """Start of a new sequence; stateless policies have nothing to forget."""
+
+
+class AdaptivePolicy(FixedPolicy):
+    """Hugging Face's heuristic: +2 after a fully accepted draft, -1 after a rejection, within [k_min, k]."""
+
+    def __init__(self, k: int, k_min: int = 2):
+        super().__init__(k)
+        self.k_min = k_min
+        self.current = k
+
+    def window(self, target_confidence: float) -> int:
+        return self.current
+
+    def reset(self) -> None:
+        self.current = self.k
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        step = 2 if accepted == drafted else -1
+        self.current = max(self.k_min, min(self.k, self.current + step))
+
+
+class DraftConfidencePolicy(FixedPolicy):
+    """Stop drafting as soon as the draft's top probability falls below p_min (cheap early exit)."""
+
+    uses_draft_confidence = True
+
+    def __init__(self, k: int, p_min: float):
+        super().__init__(k)
+        self.p_min = p_min
+
+    def keep_drafting(self, draft_confidence: float) -> bool:
+        return draft_confidence >= self.p_min
+
+
+class TargetConfidencePolicy(FixedPolicy):
+    """Draft only when the target was confident in its last token; otherwise decode plainly.
+
+    The seed's strategy (1.24x -> 1.66x for SmolLM2-1.7B/135M): where the target hesitates the draft
+    is usually wrong, and a rejected window costs more than a plain step.
+    """
+
+    uses_target_confidence = True
+
+    def __init__(self, k: int, threshold: float):
+        super().__init__(k)
+        self.threshold = threshold
+
+    def window(self, target_confidence: float) -> int:
+        return self.k if target_confidence >= self.threshold else 1
+
+
+def build_policy(spec: SpeculationConfig) -> FixedPolicy:
+    if spec.policy == "adaptive":
+        return AdaptivePolicy(spec.k, spec.k_min)
+    if spec.policy == "draft-confidence":
+        return DraftConfidencePolicy(spec.k, spec.p_min)
+    if spec.policy == "target-confidence":
+        return TargetConfidencePolicy(spec.k, spec.confidence_threshold)
+    return FixedPolicy(spec.k)

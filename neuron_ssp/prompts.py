@@ -1,0 +1,45 @@
+"""Text <-> token ids: chat template for instruct models, and the stop-token set."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from neuron_ssp.errors import Problem, UsageError
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool) -> torch.Tensor:
+    """The prompt as a user turn when the tokenizer has a chat template, else the raw text."""
+    if not prompt.strip():
+        raise UsageError(Problem("prompt", prompt, "the prompt is empty", "pass some text to generate from"))
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        # render to text first: apply_chat_template's return type differs between transformers 4 and 5
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, extra: Sequence[str | int],
+                   model_eos: int | list[int] | None = None) -> set[int]:
+    """The model's EOS ids plus the configured stop tokens (as ids or token strings)."""
+    ids: set[int] = set()
+    for eos in (tokenizer.eos_token_id, model_eos):
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list):
+            ids.update(eos)
+    for token in extra:
+        if isinstance(token, int):
+            ids.add(token)
+            continue
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise UsageError(Problem("generation.stop_tokens", token, "not a single token of this tokenizer",
+                                     "give a token string from the vocabulary (e.g. '<|im_end|>') or its id"))
+        ids.add(token_id)
+    return ids

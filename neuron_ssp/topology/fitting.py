@@ -1,0 +1,48 @@
+"""Finding a tp degree at which models sharing the same cores fit in device memory.
+
+transformers-neuronx puts draft and target of one process on the same cores with the same tp, so
+one degree is searched for all of them together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_ssp.config import ModelConfig
+from neuron_ssp.topology.catalog import Instance
+from neuron_ssp.topology.memory import footprint, usable_bytes_per_core
+from neuron_ssp.topology.models import Architecture
+from neuron_ssp.topology.parallelism import allowed_tp_degrees, tp_tested
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A configured model together with its resolved architecture."""
+
+    model: ModelConfig
+    architecture: Architecture
+
+
+def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
+    """Device memory per core when every model uses the same `tp_degree` cores."""
+    return sum(
+        footprint(p.architecture, p.model.dtype, tp_degree, p.model.n_positions, p.model.batch_size)
+        .bytes_per_core
+        for p in models
+    )
+
+
+def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:
+    """Every tp degree the instance accepts at which the models fit together, smallest first."""
+    usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
+    return [
+        tp for tp in allowed_tp_degrees(instance.generation, instance.neuron_cores)
+        if shared_bytes_per_core(models, tp) <= usable
+    ]
+
+
+def recommended_tp(fitting: list[int], instance: Instance) -> int | None:
+    """The largest tested degree that fits: decoding is bound by memory bandwidth, so more cores
+    per model mean faster tokens (the seed blog puts both 70B and 7B on all 32 Trn1 cores)."""
+    tested = [tp for tp in fitting if tp_tested(instance.generation, tp)]
+    return max(tested or fitting, default=None)

@@ -1,0 +1,67 @@
+"""validate_config: every problem of a config in one report, before anything compiles or loads.
+
+Generic rules run for every backend; the hardware rules run for `platform.backend: neuron`, where
+a mistake otherwise shows up minutes later as a compile error or a load failure.
+"""
+
+from __future__ import annotations
+
+from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.errors import UsageError
+from neuron_ssp.topology.fitting import Placed
+from neuron_ssp.topology.generic_rules import check_positions, check_vocabulary, check_window
+from neuron_ssp.topology.models import Architecture, resolve_architecture
+from neuron_ssp.topology.neuron_rules import (
+    check_batch,
+    check_instance,
+    check_memory,
+    check_placement,
+    check_tp,
+)
+from neuron_ssp.topology.placement import core_set, load_order, loaded_models
+from neuron_ssp.topology.report import ValidationReport
+
+
+def validate_config(config: Config) -> ValidationReport:
+    """All errors and warnings of `config`, plus the load order its placement implies."""
+    report = ValidationReport()
+    models = loaded_models(config)
+    on_neuron = config.platform.backend == "neuron"
+    architectures = _resolve(models, report, required=on_neuron)
+    report.load_order = load_order({role: core_set(model) for role, model in models.items()})
+
+    check_window(config, models, report)
+    check_positions(config, models, report)
+    check_vocabulary(architectures, models.get("draft"), report)
+    if on_neuron:
+        _check_neuron(config, models, architectures, report)
+    return report
+
+
+def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
+                  report: ValidationReport) -> None:
+    check_batch(models, report)
+    instance = check_instance(config.platform.instance_type, report)
+    if instance is None:
+        return
+    for role, model in models.items():
+        check_tp(role, model, architectures.get(role), instance, report)
+    if len(architectures) == len(models):
+        placed = {role: Placed(model, architectures[role]) for role, model in models.items()}
+        check_memory(placed, instance, report)
+    check_placement(models, instance, report)
+
+
+def _resolve(models: dict[str, ModelConfig], report: ValidationReport,
+             required: bool) -> dict[str, Architecture]:
+    """Architectures that can be told. An unknown one is an error on Neuron (memory and tp rules need
+    it) or when an `architecture:` hint names nothing; on torch it is skipped, as that backend reads
+    the model's own config when it loads."""
+    architectures: dict[str, Architecture] = {}
+    for role, model in models.items():
+        try:
+            architectures[role] = resolve_architecture(model, role)
+        except UsageError as exc:
+            if required or model.architecture is not None:
+                report.errors.extend(exc.problems)
+    return architectures

@@ -1,0 +1,84 @@
+"""Fixtures for the Neuron tests (loaded with `pytest_plugins`): the stand-in, a fake device, tiny models.
+
+The stand-in transformers_neuronx lives in tests/standin and is importable only while a fixture
+puts it on sys.path; every use is a fresh "process": modules purged, runtime state reset, the
+Neuron environment variables unset before and after.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from neuron_support import STANDIN, save_tiny_llama
+
+
+def _purge_standin() -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] == "transformers_neuronx"]:
+        del sys.modules[name]
+
+
+def _unset_env(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Unset `name` now and after the test, even when the code under test sets it."""
+    monkeypatch.setenv(name, "")
+    monkeypatch.delenv(name)
+
+
+def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str) -> ModuleType:
+    """Put the stand-in on sys.path and a fake /dev/neuron0 in place; return its runtime bookkeeping."""
+    _purge_standin()
+    monkeypatch.setenv("NEURONX_STANDIN_API", api)
+    monkeypatch.syspath_prepend(str(STANDIN))
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "neuron0").touch()
+    monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(dev / "neuron*"))
+    for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_COMPILE_CACHE_URL"):
+        _unset_env(monkeypatch, name)
+    monkeypatch.setattr("neuron_ssp.backends.neuron_artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")
+    import transformers_neuronx._standin as standin
+
+    standin.reset()
+    return standin
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread; several spin against each other on a busy CI runner."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        _purge_standin()
+
+
+@pytest.fixture
+def neuronx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleType]:
+    """The stand-in imitating the current API generation (SDK 2.21+)."""
+    with _one_thread():
+        yield install_standin(monkeypatch, tmp_path, "sdk_2_21")
+
+
+@pytest.fixture(params=["sdk_2_18", "sdk_2_21"])
+def neuronx_any(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[ModuleType]:
+    """The stand-in imitating each API generation in turn."""
+    with _one_thread():
+        yield install_standin(monkeypatch, tmp_path, request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-llamas")
+    return {
+        "target": save_tiny_llama(root / "tiny-target", seed=0),
+        "draft": save_tiny_llama(root / "tiny-draft", seed=1),
+    }

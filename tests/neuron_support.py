@@ -1,0 +1,52 @@
+"""Helpers for the Neuron tests: tiny Llama models and configs for them (fixtures: neuron_fixtures.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from neuron_ssp.config import Config, config_from_dict
+
+STANDIN = Path(__file__).parent / "standin"
+VOCAB = 96
+
+
+def save_tiny_llama(directory: Path, seed: int) -> Path:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(directory)
+    return directory
+
+
+def neuron_config(target: Path, draft: Path | None = None, /, **sections: Any) -> Config:
+    """A valid Neuron config for the tiny models on a trn1.32xlarge (tp 2, 128 positions)."""
+    model = {"tp_degree": 2, "n_positions": 128, "dtype": "fp32"}
+    data: dict[str, Any] = {
+        "name": "tiny-neuron",
+        "platform": {"backend": "neuron", "instance_type": "trn1.32xlarge"},
+        "target": {"path": str(target), **model},
+        "speculation": {"k": 4, "drafter": "model" if draft else "ngram", "acceptor": "greedy"},
+        "generation": {"max_new_tokens": 24},
+    }
+    if draft is not None:
+        data["draft"] = {"path": str(draft), **model}
+    for section, values in sections.items():
+        data[section] = {**data.get(section, {}), **values}
+    return config_from_dict(data)
+
+
+def prompt(length: int = 7, seed: int = 3) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))

@@ -1,0 +1,76 @@
+"""Stand-in bookkeeping (test-only; no such module exists in the real library).
+
+One "process" of the Neuron runtime: which cores are visible once it started, which core sets are
+initialised, and an event log of every call the code under test made, in order.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+API = os.environ.get("NEURONX_STANDIN_API", "sdk_2_21")  # which generation of the API to imitate
+if API not in ("sdk_2_18", "sdk_2_21"):
+    raise ImportError(f"NEURONX_STANDIN_API must be sdk_2_18 or sdk_2_21, not {API!r}")
+DEVICE_CORES = 32  # a trn1.32xlarge unless a test says otherwise
+
+
+@dataclass
+class Runtime:
+    started: bool = False
+    visible: list[int] = field(default_factory=list)
+    core_sets: list[frozenset[int]] = field(default_factory=list)
+    events: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+
+    def record(self, model: str, call: str, **details: Any) -> None:
+        self.events.append((model, call, details))
+
+    def calls(self, model: str | None = None) -> list[str]:
+        return [call for who, call, _ in self.events if model is None or who == model]
+
+    def start(self) -> None:
+        """The runtime reads NEURON_RT_VISIBLE_CORES once, when the first model goes to the device."""
+        if self.started:
+            return
+        self.visible = parse_cores(os.environ.get("NEURON_RT_VISIBLE_CORES"), DEVICE_CORES)
+        self.started = True
+
+    def claim(self, tp_degree: int) -> frozenset[int]:
+        """transformers-neuronx places every model of a process from the first visible core."""
+        self.start()
+        if tp_degree > len(self.visible):
+            raise RuntimeError(
+                f"nrt_load: tp_degree {tp_degree} needs {tp_degree} NeuronCores, "
+                f"{len(self.visible)} are visible (NEURON_RT_VISIBLE_CORES)"
+            )
+        cores = frozenset(self.visible[:tp_degree])
+        for taken in self.core_sets:
+            if taken != cores and taken & cores:
+                raise RuntimeError(
+                    f"nrt_load: NeuronCores {sorted(cores)} partially overlap NeuronCores {sorted(taken)} "
+                    "already initialised by this process; a model must use the same cores as another "
+                    "model or disjoint ones"
+                )
+        if cores not in self.core_sets:
+            self.core_sets.append(cores)
+        return cores
+
+
+def parse_cores(spec: str | None, device_cores: int) -> list[int]:
+    if not spec:
+        return list(range(device_cores))
+    first, _, last = spec.partition("-")
+    cores = list(range(int(first), int(last or first) + 1))
+    if cores[-1] >= device_cores:
+        raise RuntimeError(f"NEURON_RT_VISIBLE_CORES={spec}: this instance has {device_cores} NeuronCores")
+    return cores
+
+
+RUNTIME = Runtime()
+
+
+def reset() -> None:
+    """A fresh process: nothing started, nothing recorded."""
+    global RUNTIME
+    RUNTIME = Runtime()

@@ -1,0 +1,104 @@
+"""Acceptors and the sampling transform, tested without any model."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from neuron_ssp.acceptors import (
+    GreedyAcceptor,
+    ProbabilisticAcceptor,
+    TokenAcceptor,
+    ZeroPaddedAcceptor,
+    build_acceptor,
+)
+from neuron_ssp.errors import UsageError
+from neuron_ssp.sampling import SamplingParams, logits_to_probs
+
+
+def test_greedy_acceptor_keeps_the_agreeing_prefix_then_the_target_token():
+    target = torch.full((1, 4, 6), -5.0)
+    for pos, tok in enumerate([2, 3, 4, 5]):
+        target[0, pos, tok] = 5.0
+    out = GreedyAcceptor()(torch.tensor([[2, 3, 1]]), torch.zeros(1, 3, 6), target)
+    assert out.tolist() == [[2, 3, 4]]
+    full = GreedyAcceptor()(torch.tensor([[2, 3, 4]]), torch.zeros(1, 3, 6), target)
+    assert full.tolist() == [[2, 3, 4, 5]]
+
+
+def test_probabilistic_accepts_a_token_the_target_prefers_and_rejects_an_impossible_one():
+    params = SamplingParams(temperature=1.0)
+    target = torch.tensor([[[0.0, 10.0, -30.0], [0.0, 0.0, 0.0]]])
+    draft = torch.tensor([[[0.0, 0.0, 0.0]]])
+    acceptor = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))
+    assert acceptor(torch.tensor([[1]]), draft, target)[0, 0] == 1
+    rejected = acceptor(torch.tensor([[2]]), draft, target)
+    assert rejected.shape == (1, 1) and rejected[0, 0] != 2  # resampled from max(0, p - q)
+
+
+def test_top_k_and_top_p_truncate_the_distribution():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert (logits_to_probs(logits, SamplingParams(1.0, top_k=2))[2:] == 0).all()
+    probs = logits_to_probs(logits, SamplingParams(1.0, top_p=0.7))
+    assert probs[0] > 0 and probs[1] > 0 and probs[3] == 0  # the token crossing 0.7 is kept
+    assert torch.isclose(probs.sum(), torch.tensor(1.0))
+    assert logits_to_probs(logits, SamplingParams(0.0)).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_zero_padded_results_are_counted_like_transformers_neuronx():
+    class LibraryStyle:
+        def __call__(self, draft_ids, draft_scores, target_scores):
+            return torch.tensor([[7, 9, 0, 0]])
+
+    adapted = ZeroPaddedAcceptor(LibraryStyle())
+    assert adapted(torch.tensor([[7, 8, 8]]), torch.zeros(1, 3, 10), torch.zeros(1, 4, 10)).tolist() == [[7, 9]]
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch):
+    (tmp_path / "my_acceptors.py").write_text(textwrap.dedent("""
+        import torch
+        from neuron_ssp.acceptors import TokenAcceptor
+
+        class FirstOnly(TokenAcceptor):
+            def __call__(self, draft_ids, draft_scores, target_scores):
+                return target_scores[:, :1].argmax(-1)
+
+        class NoCall:
+            pass
+
+        class Padded:
+            def __call__(self, draft_ids, draft_scores, target_scores):
+                return torch.zeros(1, target_scores.shape[1], dtype=torch.long)
+    """))
+    (tmp_path / "broken_plugin.py").write_text("import does_not_exist\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("my_acceptors", "broken_plugin"):
+        sys.modules.pop(name, None)
+
+
+def test_plugin_subclassing_ours_is_used_as_is(plugin_module):
+    acceptor = build_acceptor("my_acceptors:FirstOnly", SamplingParams(), None)
+    assert isinstance(acceptor, TokenAcceptor) and type(acceptor).__name__ == "FirstOnly"
+
+
+def test_foreign_plugin_is_wrapped_with_the_library_convention(plugin_module):
+    assert isinstance(build_acceptor("my_acceptors:Padded", SamplingParams(), None), ZeroPaddedAcceptor)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("nonsense", "unknown acceptor"),
+    ("no_such_module_xyz:Thing", "does not import"),
+    ("broken_plugin:Thing", "does not import"),
+    ("my_acceptors:Missing", "has no 'Missing'"),
+    ("my_acceptors:NoCall", "not a class with __call__"),
+])
+def test_bad_plugins_are_named(plugin_module, spec, message):
+    with pytest.raises(UsageError) as err:
+        build_acceptor(spec, SamplingParams(), None)
+    problem = err.value.problems[0]
+    assert problem.field == "speculation.acceptor" and problem.value == spec and message in problem.rule

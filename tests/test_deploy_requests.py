@@ -1,0 +1,318 @@
+"""The exact AWS requests a deploy sends (botocore Stubber checks them against the service model).
+
+Capacity reservations/blocks and the public /aws/service/neuron SSM parameter exist only here:
+moto 5 has neither.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import deploy_fixtures
+import pytest
+import yaml
+from botocore.stub import ANY
+from deploy_fixtures import (
+    INF2_CONFIG,
+    INSTANCE_ID,
+    OWNER_ARN,
+    PINNED_PICK,
+    REGION,
+    TRN1_CONFIG,
+    StubbedAws,
+    dlami_images,
+    instant_pacing,
+    queue_ping,
+    queue_plan,
+    queue_run_instances,
+    queue_running,
+)
+from rich.console import Console
+
+from neuron_ssp.config import config_from_dict, load_config
+from neuron_ssp.deploy import ami
+from neuron_ssp.deploy.capacity import CapacityTarget
+from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
+from neuron_ssp.deploy.ssm_run import S3Location, bash_commands
+from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
+from neuron_ssp.errors import RuntimeProblem, UsageError
+
+NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
+TOKEN = "neuron-ssp-0123456789abcdef"
+BLOCK = "cr-0123456789abcdef0"
+QUIET = Console(quiet=True)
+
+# fixtures of this module (assigned, not imported, so test parameters may share their names)
+aws_sandbox = deploy_fixtures.aws_sandbox
+stub_session = deploy_fixtures.stub_session
+stubbed = deploy_fixtures.stubbed
+
+
+def block_reservation(**overrides: object) -> dict[str, object]:
+    return {"CapacityReservationId": BLOCK, "InstanceType": "trn1.32xlarge", "AvailabilityZone": "us-east-1d",
+            "State": "active", "AvailableInstanceCount": 1, "ReservationType": "capacity-block",
+            "EndDate": NOW + timedelta(days=1), **overrides}
+
+
+def expected_tags(name: str, config: str, output: str | None = None) -> list[dict[str, object]]:
+    tags = {"Name": name, "Project": "neuron-ssp", "neuron-ssp:deployment": name, "neuron-ssp:config": config,
+            "neuron-ssp:owner": OWNER_ARN, "neuron-ssp:ttl-hours": "4",
+            "neuron-ssp:expires-at": "2025-08-01T16:00:00Z"}
+    if output:
+        tags["neuron-ssp:output-s3-uri"] = output
+    pairs = [{"Key": k, "Value": v} for k, v in tags.items()]
+    return [{"ResourceType": "instance", "Tags": pairs}, {"ResourceType": "volume", "Tags": pairs}]
+
+
+def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: StubbedAws) -> None:
+    options = LaunchOptions(region=REGION, name="trn1-block", instance_profile="neuron-ssp-instance",
+                            capacity=CapacityTarget(BLOCK, is_block=True), output_s3_uri="s3://out-bucket/runs")
+    queue_plan(stubbed, "trn1-block", reservation=block_reservation())
+    queue_run_instances(stubbed, {
+        "ImageId": PINNED_PICK, "InstanceType": "trn1.32xlarge", "MinCount": 1, "MaxCount": 1,
+        "ClientToken": TOKEN, "InstanceInitiatedShutdownBehavior": "terminate",
+        "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
+                                 "Ebs": {"VolumeSize": 500, "VolumeType": "gp3", "DeleteOnTermination": True}}],
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "IamInstanceProfile": {"Name": "neuron-ssp-instance"},
+        "CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": BLOCK}},
+        "InstanceMarketOptions": {"MarketType": "capacity-block"},
+        "Placement": {"AvailabilityZone": "us-east-1d"},  # no subnet given: the block's AZ
+        "TagSpecifications": expected_tags("trn1-block", "llama2-70b-7b-trn1-bf16", "s3://out-bucket/runs"),
+        "UserData": ANY,
+    })
+    queue_running(stubbed, state="pending")
+    queue_running(stubbed)
+    queue_ping(stubbed, None)  # the agent has not registered yet
+    queue_ping(stubbed, "Online")
+    queue_running(stubbed)
+
+    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
+    deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+
+    assert deployment.instance_id == INSTANCE_ID and deployment.hourly_usd == 21.50
+    assert plan.max_cost_usd == pytest.approx(86.0)
+    stubbed.assert_done()
+
+
+def test_on_demand_request_uses_the_given_network_and_no_market_options(stubbed: StubbedAws) -> None:
+    options = LaunchOptions(region=REGION, subnet_id="subnet-0abc", security_group_ids=("sg-01", "sg-02"),
+                            key_name="me", instance_profile="arn:aws:iam::123456789012:instance-profile/p",
+                            volume_gb=300, ttl_hours=2.5)
+    queue_plan(stubbed, "llama2-70b-7b-inf2-bf16")
+    plan = plan_launch(load_config(INF2_CONFIG), INF2_CONFIG, options, stubbed.clients, now=NOW)
+
+    params = plan.params
+    assert plan.name == "llama2-70b-7b-inf2-bf16" and params["InstanceType"] == "inf2.48xlarge"
+    assert params["SubnetId"] == "subnet-0abc" and params["SecurityGroupIds"] == ["sg-01", "sg-02"]
+    assert params["KeyName"] == "me"
+    assert params["IamInstanceProfile"] == {"Arn": "arn:aws:iam::123456789012:instance-profile/p"}
+    assert params["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"] == 300
+    assert "InstanceMarketOptions" not in params and "CapacityReservationSpecification" not in params
+    assert params["ClientToken"].startswith("neuron-ssp-") and len(params["ClientToken"]) <= 64
+    assert plan.hourly_usd == 12.98 and plan.max_cost_usd == pytest.approx(12.98 * 2.5)
+    assert any("padded" in w for w in plan.warnings)  # the topology's warnings reach the user
+    assert any("--weights-s3-uri" in w for w in plan.warnings)
+    stubbed.assert_done()
+
+
+def test_capacity_reservation_targets_it_without_capacity_block_market(stubbed: StubbedAws) -> None:
+    reservation = block_reservation(ReservationType="default")
+    options = LaunchOptions(region=REGION, subnet_id="subnet-0abc",
+                            capacity=CapacityTarget(BLOCK, is_block=False))
+    queue_plan(stubbed, "x", reservation=reservation)
+    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    assert params["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": BLOCK}}
+    assert "InstanceMarketOptions" not in params and "Placement" not in params
+
+
+@pytest.mark.parametrize(("overrides", "is_block", "rule"), [
+    ({"State": "scheduled"}, True, "not 'active'"),
+    ({"InstanceType": "inf2.48xlarge"}, True, "the reservation is for inf2.48xlarge"),
+    ({"AvailableInstanceCount": 0}, True, "no free instance slot"),
+    ({}, False, "does not match the reservation's kind"),
+])
+def test_unusable_reservations_are_refused_before_launch(stubbed: StubbedAws, overrides: dict, is_block: bool,
+                                                         rule: str) -> None:
+    queue_plan(stubbed, "x", reservation=block_reservation(**overrides))
+    stubbed.sts.deactivate()  # planning stops at the reservation
+    options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=is_block))
+    with pytest.raises(UsageError) as raised:
+        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+    assert any(rule in p.rule for p in raised.value.problems)
+
+
+def test_block_ending_before_the_ttl_is_a_warning(stubbed: StubbedAws) -> None:
+    queue_plan(stubbed, "x", reservation=block_reservation(EndDate=NOW + timedelta(hours=1)))
+    options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=True))
+    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+    assert any("before the TTL" in w for w in plan.warnings)
+
+
+# ---------------------------------------------------------------- DLAMI
+
+
+def test_pinned_dlami_query_and_choice(stubbed: StubbedAws) -> None:
+    stubbed.ec2.add_response("describe_images", dlami_images(), {
+        "Owners": ["amazon"], "IncludeDeprecated": True,
+        "Filters": [{"Name": "name", "Values": [f"Deep Learning AMI Neuron (Ubuntu 22.04) 2025{m:02d}*"
+                                                 for m in (6, 7, 8, 9)]},
+                    {"Name": "architecture", "Values": ["x86_64"]},
+                    {"Name": "state", "Values": ["available"]}],
+    })
+    chosen = ami.resolve_ami("pinned", stubbed.clients.ec2, stubbed.clients.ssm, REGION)
+    assert chosen.image_id == PINNED_PICK and chosen.source == "pinned SDK 2.24-2.25"
+
+
+def test_pin_window_excludes_the_sdks_without_the_transformers_venv() -> None:
+    prefix = ami.PINNED.name_prefix
+    assert ami.PINNED.accepts(prefix + "20250625") and ami.PINNED.accepts(prefix + "20250801")
+    assert not ami.PINNED.accepts(prefix + "20250515")  # SDK 2.23: pytorch_2_6 venv
+    assert not ami.PINNED.accepts(prefix + "20250918")  # SDK 2.26: transformers-neuronx removed
+    assert not ami.PINNED.accepts("Deep Learning AMI Neuron PyTorch 2.7 (Ubuntu 22.04) 20250801")
+
+
+def test_no_pinned_dlami_in_region_says_what_to_do(stubbed: StubbedAws) -> None:
+    stubbed.ec2.add_response("describe_images", {"Images": []}, None)
+    with pytest.raises(RuntimeProblem) as raised:
+        ami.resolve_ami("pinned", stubbed.clients.ec2, stubbed.clients.ssm, "ap-south-2")
+    assert "--ami ami-" in raised.value.problems[0].fix
+
+
+def test_latest_dlami_comes_from_the_public_ssm_parameter(stubbed: StubbedAws) -> None:
+    stubbed.ssm.add_response("get_parameter", {"Parameter": {"Name": ami.LATEST_PARAMETER, "Value": "ami-0latest"}},
+                             {"Name": "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id"})
+    stubbed.ec2.add_response("describe_images", {"Images": [{"ImageId": "ami-0latest", "Name": "DLAMI latest"}]},
+                             {"ImageIds": ["ami-0latest"], "IncludeDeprecated": True})
+    assert ami.resolve_ami("latest", stubbed.clients.ec2, stubbed.clients.ssm, REGION).image_id == "ami-0latest"
+
+
+# ---------------------------------------------------------------- refused before anything is created
+
+
+def write_config(tmp_path: Path, **sections: dict) -> Path:
+    data = {"name": "t", "platform": {"backend": "neuron", "instance_type": "trn1.32xlarge"},
+            "target": {"path": "/opt/models/Llama-2-70b-hf", "dtype": "bf16", "tp_degree": 32},
+            "draft": {"path": "/opt/models/Llama-2-7b-hf", "dtype": "bf16", "tp_degree": 32},
+            "speculation": {"drafter": "model", "k": 4}, **sections}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(("sections", "field"), [
+    ({"platform": {"backend": "torch"}}, "platform"),
+    ({"target": {"path": "/opt/models/Llama-2-70b-hf", "dtype": "bf16", "tp_degree": 7}}, "target.tp_degree"),
+])
+def test_invalid_configs_are_refused_before_any_aws_call(stubbed: StubbedAws, tmp_path: Path,
+                                                         sections: dict, field: str) -> None:
+    path = write_config(tmp_path, **sections)
+    with pytest.raises(UsageError) as raised:
+        plan_launch(load_config(path), path, LaunchOptions(region=REGION), stubbed.clients)
+    assert any(p.field.startswith(field) for p in raised.value.problems)
+    stubbed.assert_done()  # nothing was queued and nothing was called
+
+
+def test_bad_flags_are_all_reported_at_once(stubbed: StubbedAws, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    options = LaunchOptions(region=REGION, ttl_hours=0, volume_gb=20, weights_s3_uri="bucket/models",
+                            output_s3_uri="s3://out-bucket/runs")
+    with pytest.raises(UsageError) as raised:
+        plan_launch(load_config(path), path, options, stubbed.clients)
+    fields = [p.field for p in raised.value.problems]
+    assert fields == ["--ttl-hours", "--volume-gb", "--weights-s3-uri", "--output-s3-uri"]
+
+
+# ---------------------------------------------------------------- user data and remote commands
+
+
+def spec(**overrides: object) -> BootstrapSpec:
+    config = load_config(TRN1_CONFIG)
+    values = {"deployment": "trn1-test", "region": REGION,
+              "config_yaml": yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
+              "model_paths": ("/opt/models/Llama-2-70b-hf", "/opt/models/Llama-2-7b-hf"), "ttl_hours": 4.0,
+              "package_spec": "neuron-ssp==0.1.0", "weights_s3_uri": "s3://weights/models/",
+              "hf_token": HfTokenSource("secretsmanager", "neuron-ssp/hf-token"), **overrides}
+    return BootstrapSpec(**values)  # type: ignore[arg-type]
+
+
+def test_user_data_is_valid_bash_with_ttl_venv_weights_and_no_secret() -> None:
+    script = render(spec())
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "shutdown -h +240" in script
+    assert script.index("shutdown -h") < script.index("source /opt/aws_neuronx_venv_pytorch_2_7_transformers")
+    assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-70b-hf/ /opt/models/Llama-2-70b-hf" in script
+    assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-7b-hf/ /opt/models/Llama-2-7b-hf" in script
+    assert "secretsmanager get-secret-value --secret-id neuron-ssp/hf-token" in script
+    assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in script
+    assert "{{" not in script and "hf_" not in script.lower().replace("hf_token", "")
+
+
+def test_user_data_carries_the_validated_config_verbatim() -> None:
+    script = render(spec())
+    encoded = next(line.split()[1] for line in script.splitlines() if line.startswith("echo ") and "base64 -d" in line)
+    config = config_from_dict(yaml.safe_load(base64.b64decode(encoded)))
+    assert config == load_config(TRN1_CONFIG)
+
+
+def test_user_data_with_ssm_token_and_without_weights() -> None:
+    script = render(spec(weights_s3_uri=None, hf_token=HfTokenSource("ssm", "/neuron-ssp/hf")))
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    assert "aws ssm get-parameter --name /neuron-ssp/hf --with-decryption" in script
+    assert "s3 sync" not in script and "test -d /opt/models/Llama-2-70b-hf" in script
+
+
+def test_oversized_user_data_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        render(spec(config_yaml="# padding\n" * 3000))
+
+
+def test_remote_command_keeps_every_argument_verbatim() -> None:
+    argv = ["printf", "%s|", "two words", "$(touch /tmp/pwned)", "a'b", "; rm -rf /"]
+    (command,) = bash_commands(argv, require_ready=False)
+    ran = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert ran.stdout == "two words|$(touch /tmp/pwned)|a'b|; rm -rf /|"
+    ready_check = bash_commands(["neuron-ssp", "bench"])[0]
+    assert "/var/lib/neuron-ssp/status" in ready_check and ". /opt/neuron-ssp/env.sh" in ready_check
+    assert shlex.split(shlex.split(ready_check)[-1])[-2:] == ["neuron-ssp", "bench"]
+
+
+@pytest.mark.parametrize(("uri", "bucket", "prefix"), [
+    ("s3://out-bucket/runs/", "out-bucket", "runs"), ("s3://out-bucket", "out-bucket", ""),
+    ("s3://a.b-c/x/y", "a.b-c", "x/y"),
+])
+def test_output_location_parsing(uri: str, bucket: str, prefix: str) -> None:
+    location = S3Location.parse(uri)
+    assert (location.bucket, location.prefix) == (bucket, prefix)
+    assert location.key_prefix("cmd", "i-1") == "/".join(p for p in (prefix, "cmd", "i-1") if p) + "/"
+
+
+def test_bad_output_uri_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        S3Location.parse("https://bucket/x")
+
+
+# ---------------------------------------------------------------- sandbox and optional extra
+
+
+def test_sandbox_refuses_requests_to_real_aws() -> None:
+    import boto3
+
+    client = boto3.client("sts", region_name=REGION)  # default endpoint: sts.us-east-1.amazonaws.com
+    with pytest.raises(pytest.fail.Exception, match="only the loopback"):
+        client.get_caller_identity()
+
+
+def test_missing_boto3_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_ssp.deploy.aws import import_boto3
+
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    with pytest.raises(UsageError) as raised:
+        import_boto3()
+    assert "pip install 'neuron-ssp[deploy]'" in raised.value.problems[0].fix

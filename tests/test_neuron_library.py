@@ -1,0 +1,130 @@
+"""`engine: library`: transformers-neuronx's own loop (stand-in port) driven with our acceptors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+from neuron_support import neuron_config, prompt
+
+from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
+from neuron_ssp.backends.neuron import load_neuron_backends
+from neuron_ssp.backends.neuron_library import LibraryEngine, adapt_acceptor
+from neuron_ssp.backends.neuronx_api import load_neuronx
+from neuron_ssp.errors import RuntimeProblem, UsageError
+from neuron_ssp.generator import plain_generate, sampling_params
+from neuron_ssp.stats import GenerationStats
+from neuron_ssp.topology import plan_deployment
+
+pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
+
+
+def engine_for(config, acceptor) -> tuple[LibraryEngine, object]:
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    return LibraryEngine.from_config(config, target, draft, acceptor), target
+
+
+@pytest.mark.parametrize("same_models", [False, True])
+def test_library_loop_with_our_greedy_acceptor_equals_plain_greedy(
+    neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path], same_models: bool
+) -> None:
+    draft_dir = tiny_model_dirs["target"] if same_models else tiny_model_dirs["draft"]
+    config = neuron_config(tiny_model_dirs["target"], draft_dir, speculation={"engine": "library"})
+    engine, target = engine_for(config, GreedyAcceptor())
+    ids = prompt(7)
+    result = engine.generate(ids, 24)
+    assert result.tokens == plain_generate(target, ids, 24, config.sampling).tokens
+    stats = result.stats
+    assert stats.new_tokens == 24 and stats.target_calls > 0 and stats.time_target_s > 0
+    if same_models:
+        assert stats.acceptance_rate == 1.0
+
+
+def test_library_loop_stops_at_eos(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"})
+    engine, target = engine_for(config, GreedyAcceptor())
+    ids = prompt(7)
+    plain = plain_generate(target, ids, 24, config.sampling).tokens
+    eos = plain[5]
+    result = engine.generate(ids, 24, eos_token_ids={eos})
+    assert result.tokens == plain[: plain.index(eos) + 1]
+
+
+def test_library_loop_samples_with_our_probabilistic_acceptor(
+    neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "library"},
+        sampling={"temperature": 0.9, "seed": 3},
+    )
+    rng = torch.Generator()
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    with pytest.warns(UserWarning, match="first token"):
+        engine = LibraryEngine.from_config(
+            config, target, draft, ProbabilisticAcceptor(sampling_params(config.sampling), rng), rng
+        )
+    first, second = engine.generate(prompt(7), 16), engine.generate(prompt(7), 16)
+    assert len(first.tokens) == 16 and first.tokens == second.tokens
+    assert 0 <= first.stats.acceptance_rate <= 1 and first.stats.draft_tokens > 0
+
+
+def test_adapter_shapes_for_each_api_generation(neuronx_any: ModuleType) -> None:
+    api = load_neuronx()
+    vocab, k = 10, 4
+    draft_ids = torch.tensor([[3, 4, 5]])
+    target = torch.full((k, vocab), -10.0)
+    target[torch.arange(k), torch.tensor([3, 4, 7, 1])] = 10.0  # agrees on 3 and 4, then prefers 7
+    adapter = adapt_acceptor(GreedyAcceptor(), api, k, vocab, GenerationStats(k=k))
+    assert isinstance(adapter, api.speculation.TokenAcceptor)
+    if api.batched_acceptor:
+        out = adapter(draft_ids, torch.zeros(1, 3, vocab), target.unsqueeze(0))
+        assert out.tolist() == [[3, 4, 7, 0]]  # zero-padded to k, as count_nonzero expects
+    else:
+        out = adapter(draft_ids, torch.zeros(3, vocab), target)
+        assert out.tolist() == [[3, 4, 7]]
+
+
+def test_an_accepted_token_zero_is_refused_rather_than_miscounted(neuronx: ModuleType) -> None:
+    api = load_neuronx()
+    adapter = adapt_acceptor(lambda ids, d, t: torch.tensor([[0, 5]]), api, 4, 10, GenerationStats(k=4))
+    with pytest.raises(RuntimeProblem, match="count_nonzero"):
+        adapter(torch.tensor([[0, 1, 2]]), torch.zeros(1, 3, 10), torch.zeros(1, 4, 10))
+
+
+def test_the_draft_distribution_given_to_the_acceptor_is_the_greedy_draft_point_mass(
+    neuronx: ModuleType,
+) -> None:
+    seen = {}
+
+    def spy(ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+        seen["probs"] = draft_scores.softmax(-1)
+        return ids[:, :1]
+
+    adapter = adapt_acceptor(spy, load_neuronx(), 3, 6, GenerationStats(k=3))
+    adapter(torch.tensor([[4, 2]]), torch.randn(1, 2, 6), torch.randn(1, 3, 6))
+    assert torch.equal(seen["probs"], torch.nn.functional.one_hot(torch.tensor([[4, 2]]), 6).float())
+
+
+def test_settings_the_library_loop_cannot_honour_are_refused(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    config = neuron_config(tiny_model_dirs["target"], speculation={"engine": "library", "policy": "adaptive"})
+    target, _ = load_neuron_backends(config, plan_deployment(config))
+    with pytest.raises(UsageError) as error:
+        LibraryEngine.from_config(config, target, None, TypicalAcceptor())
+    assert {p.field for p in error.value.problems} == {"speculation.drafter", "speculation.policy"}
+
+
+def test_the_library_engine_needs_the_neuron_backend(tiny_model_dirs: dict[str, Path]) -> None:
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        platform={"backend": "torch"},
+        speculation={"engine": "library"},
+    )
+    with pytest.raises(UsageError, match="Neuron models only"):
+        LibraryEngine.from_config(config, None, None, GreedyAcceptor())  # type: ignore[arg-type]

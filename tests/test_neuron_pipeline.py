@@ -1,0 +1,42 @@
+"""The user's path on Neuron: config -> load_pipeline -> text, through the stand-in transformers_neuronx."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from neuron_support import VOCAB, neuron_config
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from neuron_ssp.loader import load_pipeline
+
+pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
+
+
+def with_tokenizer(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary."""
+    target = tmp_path / model_dir.name
+    shutil.copytree(model_dir, target)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize("engine", ["native", "library"])
+def test_neuron_config_generates_text_equal_to_plain_greedy(neuronx: ModuleType, tiny_model_dirs, tmp_path,
+                                                             engine: str) -> None:
+    target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
+    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": engine},
+                           generation={"chat_template": False})
+    pipeline = load_pipeline(config)
+    prompt = "w5 w9 w11 w5 w9 w40 w41"
+    ssp = pipeline.speculative(prompt)
+    assert ssp.tokens == pipeline.plain(prompt).tokens
+    assert ssp.text and ssp.result.stats.target_calls > 0
+    assert type(pipeline.target).__name__ == "NeuronBackend"
