@@ -15,12 +15,17 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.neuronx_api import neuron_base_class
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
 
 
-class TokenAcceptor:
-    """Base class of our acceptors: results are variable-length `(1, n)`, never zero-padded."""
+class TokenAcceptor(neuron_base_class()):  # type: ignore[misc]
+    """Base class of our acceptors: results are variable-length `(1, n)`, never zero-padded.
+
+    Where transformers-neuronx imports, this subclasses its `TokenAcceptor`, so the library's own
+    code accepts ours as one of its acceptors.
+    """
 
     lossless = True
 

@@ -6,7 +6,6 @@ was sent" and "terminate was sent for this id" are both checked by the queue.
 
 from __future__ import annotations
 
-import importlib
 from datetime import datetime, timezone
 
 import deploy_fixtures
@@ -29,6 +28,7 @@ from deploy_fixtures import (
 )
 from rich.console import Console
 
+from neuron_ssp.cli import deploy as deploy_cli
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import AwsClients
@@ -39,7 +39,6 @@ from neuron_ssp.errors import RuntimeProblem, UsageError
 
 NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
 QUIET = Console(quiet=True)
-deploy_cli = importlib.import_module("neuron_ssp.cli.deploy")  # the package attribute is the click group
 
 # fixtures of this module (assigned, not imported, so test parameters may share their names)
 aws_sandbox = deploy_fixtures.aws_sandbox

@@ -7,7 +7,6 @@ the Neuron DLAMIs are seeded into moto's AMI catalog, `DescribeInstanceInformati
 
 from __future__ import annotations
 
-import importlib
 import json
 import shlex
 from pathlib import Path
@@ -25,10 +24,10 @@ from deploy_fixtures import (
     moto_client,
 )
 
+from neuron_ssp.cli import deploy as deploy_cli
 from neuron_ssp.cli import main
 
 OUT_BUCKET = "neuron-ssp-test-out"
-deploy_cli = importlib.import_module("neuron_ssp.cli.deploy")  # the package attribute is the click group
 
 # fixtures of this module (assigned, not imported, so test parameters may share their names)
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -163,8 +162,9 @@ def test_teardown_all_and_unknown_names(moto: FakeSsmAgent) -> None:
     create_instance_profile()
     assert cli(*launch_args("it-a", "--yes"))[0] == 0
     assert cli(*launch_args("it-b", "--yes"))[0] == 0
-    code, out = cli("status", "it-c", "--region", REGION)
-    assert code == 2 and "it-a" in out and "it-b" in out
+    for command in ("status", "teardown"):
+        code, out = cli(command, "it-c", "--region", REGION)
+        assert code == 2 and "use one of: it-a, it-b" in out
     code, out = cli("teardown", "--all", "--region", REGION, "--yes", "--no-wait")
     assert code == 0 and "it-a" in out and "it-b" in out
     code, out = cli("teardown", "--region", REGION)

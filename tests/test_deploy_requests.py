@@ -310,9 +310,18 @@ def test_sandbox_refuses_requests_to_real_aws() -> None:
 
 
 def test_missing_boto3_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    from neuron_ssp.deploy.aws import import_boto3
+    from click.testing import CliRunner
+
+    from neuron_ssp.cli import main
 
     monkeypatch.setitem(sys.modules, "boto3", None)
-    with pytest.raises(UsageError) as raised:
-        import_boto3()
-    assert "pip install 'neuron-ssp[deploy]'" in raised.value.problems[0].fix
+    monkeypatch.setitem(sys.modules, "botocore", None)
+    result = CliRunner().invoke(main, ["deploy", "list", "--region", REGION])
+    assert result.exit_code == 2 and "pip install 'neuron-ssp[deploy]'" in result.output
+
+
+def test_the_cli_imports_without_boto3() -> None:
+    """boto3 is an optional extra: only running a deploy command may need it."""
+    modules = "neuron_ssp.cli.deploy, neuron_ssp.deploy.launch, neuron_ssp.deploy.ssm_run, neuron_ssp.deploy.teardown"
+    code = f"import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import {modules}"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from neuron_ssp.cli import deploy as deploy_commands
 from neuron_ssp.cli.app import main
-from neuron_ssp.cli.deploy import deploy
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
 from neuron_ssp.cli.topology import plan, validate
@@ -15,6 +15,6 @@ main.add_command(compile_command)
 main.add_command(doctor)
 main.add_command(validate)
 main.add_command(plan)
-main.add_command(deploy)
+main.add_command(deploy_commands.deploy)
 
 __all__ = ["main"]

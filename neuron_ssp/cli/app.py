@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 
 from neuron_ssp.errors import NeuronSSPError
@@ -31,8 +32,9 @@ def report_error(exc: NeuronSSPError, as_json: bool = False) -> None:
         click.echo(json.dumps({"error": [p.to_dict() for p in exc.problems]}, indent=2))
         return
     title = "invalid input" if exc.exit_code == 2 else "cannot continue"
-    body = "\n\n".join(
-        f"[bold]{p.field}[/bold] = {p.value!r}\n  rule: {p.rule}\n  fix:  {p.fix}" for p in exc.problems
+    body = "\n\n".join(  # escape: rules and fixes quote things like `pip install 'neuron-ssp[deploy]'`
+        f"[bold]{escape(p.field)}[/bold] = {escape(repr(p.value))}\n  rule: {escape(p.rule)}\n  fix:  {escape(p.fix)}"
+        for p in exc.problems
     )
     err_console.print(Panel(body, title=f"neuron-ssp: {title} ({len(exc.problems)} problem(s))",
                             border_style="red", expand=False))

@@ -454,11 +454,9 @@ def teardown(name: str | None, region: str | None, all_: bool, yes: bool, no_wai
             )
         )
     clients = AwsClients.for_region(region)
-    targets = (
-        list_deployments(clients.ec2, clients.region)
-        if all_
-        else [find_deployment(clients.ec2, clients.region, name or "")]
-    )
+    targets = list_deployments(clients.ec2, clients.region, None if all_ else name)
+    if not targets and name:
+        find_deployment(clients.ec2, clients.region, name)  # raises: no such deployment, names the known ones
     if not targets:
         out.print(f"nothing to tear down in {clients.region}")
         return

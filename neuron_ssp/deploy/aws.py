@@ -62,10 +62,10 @@ class AwsClients:
 
     @classmethod
     def for_region(cls, region: str | None, session: Any = None) -> AwsClients:
+        region = check_region(region)
+        session = session if session is not None else new_session()  # says how to install boto3 if missing
         from botocore.config import Config
 
-        region = check_region(region)
-        session = session if session is not None else new_session()
         config = Config(retries={"mode": "standard", "max_attempts": 5}, user_agent_extra="neuron-ssp-deploy")
 
         def client(name: str) -> Any:

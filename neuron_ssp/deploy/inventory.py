@@ -87,7 +87,7 @@ def find_deployment(ec2: Any, region: str, name: str) -> Deployment:
                 "NAME",
                 name,
                 f"no live deployment of that name in {region}",
-                f"use one of {known}" if known else "launch one with `neuron-ssp deploy launch`",
+                f"use one of: {', '.join(known)}" if known else "launch one with `neuron-ssp deploy launch`",
             )
         )
     if len(matches) > 1:
@@ -96,8 +96,8 @@ def find_deployment(ec2: Any, region: str, name: str) -> Deployment:
             Problem(
                 "NAME",
                 name,
-                f"several instances carry this name: {ids}",
-                "tear down the extra ones with `neuron-ssp deploy teardown NAME`",
+                f"several instances carry this name: {', '.join(ids)}",
+                f"`neuron-ssp deploy teardown {name} --region {region}` terminates all of them",
             )
         )
     return matches[0]
