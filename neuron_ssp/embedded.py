@@ -11,6 +11,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 from neuron_ssp.config import EMBEDDED_PREFIX
@@ -61,7 +62,12 @@ def convert_gguf(gguf_dir: Path, gguf_name: str, target: Path) -> None:
 
     console = Console(stderr=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with console.status(f"Converting {gguf_name} to safetensors once (~15 s) into {target}"):
+    message = f"Converting {gguf_name} to safetensors once (~15 s) into {target}"
+    # a live spinner in Jupyter feeds back into ipykernel's stderr until RecursionError: print one line there
+    live = console.is_terminal and not console.is_jupyter
+    if not live:
+        console.print(message)
+    with console.status(message) if live else nullcontext():
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
         quantised = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
         config = quantised.config.to_dict()

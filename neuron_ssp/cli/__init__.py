@@ -6,11 +6,15 @@ from neuron_ssp.cli import deploy as deploy_commands
 from neuron_ssp.cli.app import main
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
+from neuron_ssp.cli.tools import bench, eval_command, tune_k
 from neuron_ssp.cli.topology import plan, validate
 
 main.add_command(generate)
 main.add_command(compare)
 main.add_command(latency)
+main.add_command(tune_k)
+main.add_command(eval_command)
+main.add_command(bench)
 main.add_command(compile_command)
 main.add_command(doctor)
 main.add_command(validate)

@@ -1,0 +1,142 @@
+"""Tables and JSON for tune-k, eval and bench: what the user reads, kept apart from what is measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from neuron_ssp.tools.bench import BenchResult, CategoryResult
+from neuron_ssp.tools.eval_math import MathEval
+from neuron_ssp.tools.lossless import LosslessReport
+from neuron_ssp.tools.proportions import Proportion
+from neuron_ssp.tools.tune_k import TuneKResult
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _positions(values: list[float | None]) -> str:
+    return " ".join("-" if v is None else f"{v:.2f}" for v in values)
+
+
+# ---------------------------------------------------------------- tune-k
+
+
+def tune_k_json(result: TuneKResult) -> dict[str, Any]:
+    """The documented shape, nothing more (the table shows per-position acceptance, ms/token, setup)."""
+    return {
+        "recommended_k": result.recommended_k,
+        "rows": [{"k": r.k, "alpha": r.alpha, "c": r.c, "mean_accepted_length": r.mean_accepted_length,
+                  "speedup_measured": r.speedup_measured, "speedup_predicted": r.speedup_predicted}
+                 for r in result.rows],
+    }
+
+
+def tune_k_table(result: TuneKResult, title: str, show_setup: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("k", "α", "acceptance per position", "full drafts", "c", "accepted len", "ms/token plain → SSp",
+                 "call ms plain → SSp", "speedup", "predicted", "gap", "Leviathan (full drafts)"):
+        table.add_column(name, justify="right")
+    if show_setup:
+        table.add_column("compile / load s", justify="right")
+    for r in result.rows:
+        cells = [str(r.k), f"{r.alpha:.3f}", _positions(r.per_position_acceptance), f"{r.full_draft_fraction:.2f}",
+                 f"{r.c:.4f}", f"{r.mean_accepted_length:.2f}", f"{r.plain_ms_per_token:.1f} → {r.ms_per_token:.1f}",
+                 f"{r.plain_call_ms:.1f} → {r.ssp_call_ms:.1f}",
+                 _x(r.speedup_measured), _x(r.speedup_predicted), f"{100 * r.prediction_gap:+.0f}%",
+                 _x(r.speedup_leviathan)]
+        if show_setup:
+            cells.append(f"{r.setup.compile_s:.0f} / {r.setup.load_s:.0f}")
+        table.add_row(*cells, style="bold green" if r.k == result.recommended_k else None)
+    return table
+
+
+# ---------------------------------------------------------------- eval
+
+
+def _proportion_json(p: Proportion) -> dict[str, Any]:
+    low, high = p.wald_95
+    return {"correct": p.successes, "n": p.trials, "accuracy": p.value, "wald_95": [low, high]}
+
+
+def math_json(result: MathEval, seed: int, temperature: float) -> dict[str, Any]:
+    test = result.test
+    return {"seed": seed, "temperature": temperature, "problems": len(result.outcomes),
+            "plain": _proportion_json(result.plain), "ssp": _proportion_json(result.ssp),
+            "z_test": {"z": test.z, "p_value": test.p_value, "differ": test.differ()},
+            "answers": [{"a": o.problem.a, "b": o.problem.b, "plain": o.plain_text, "ssp": o.ssp_text}
+                        for o in result.outcomes]}
+
+
+def math_table(result: MathEval, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("", "correct", "accuracy", "95% Wald interval"):
+        table.add_column(name, justify="right")
+    for name, p in (("plain sampling", result.plain), ("speculative sampling", result.ssp)):
+        low, high = p.wald_95
+        table.add_row(name, f"{p.successes}/{p.trials}", f"{p.value:.3f}", f"[{low:.3f}, {high:.3f}]")
+    return table
+
+
+def math_verdict(result: MathEval) -> str:
+    test = result.test
+    word = "DIFFER" if test.differ() else "do not differ"
+    return (f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
+            f"{word} at the 5% level")
+
+
+def lossless_json(report: LosslessReport, prompt: str) -> dict[str, Any]:
+    e = report.estimate
+    return {"prompt": prompt, "samples": report.samples, "temperature": report.temperature, "tv": e.tv,
+            "tv_upper_bound": e.upper_bound, "confidence": e.confidence, "null_tv_mean": e.null_tv_mean,
+            "permutation_p_value": e.p_value, "drafted_share": report.drafted_share,
+            "acceptance_rate": report.acceptance_rate, "distinct_pairs": report.distinct_pairs,
+            "forward_passes": report.forward_passes,
+            "top_pairs": [{"tokens": list(pair), "plain": a, "ssp": b} for pair, a, b in report.top_pairs]}
+
+
+def lossless_lines(report: LosslessReport) -> list[str]:
+    e = report.estimate
+    return [
+        f"first two new tokens, {report.samples} samples each, temperature {report.temperature}: "
+        f"{report.distinct_pairs} distinct pairs, {report.forward_passes} forward passes",
+        f"SSp drafted on {100 * report.drafted_share:.0f}% of samples (acceptance {report.acceptance_rate:.2f})",
+        f"TV(SSp, plain) = {e.tv:.4f}; TV <= {e.upper_bound:.4f} with {100 * e.confidence:.0f}% confidence "
+        "(McDiarmid bound)",
+        f"equal distributions give TV ~ {e.null_tv_mean:.4f} at these sample sizes; permutation p = {e.p_value:.3f} "
+        f"-> {'a difference is detected' if e.p_value < 0.05 else 'no difference detected'}",
+    ]
+
+
+# ---------------------------------------------------------------- bench
+
+
+def bench_json(result: BenchResult, machine: dict[str, Any]) -> dict[str, Any]:
+    """The documented shape, nothing more (the table adds the prediction and the all-prompts row)."""
+    return {"machine": machine, "categories": {c.category: c.summary() for c in result.categories}}
+
+
+def bench_table(result: BenchResult, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("category", "prompts", "plain tok/s", "HF plain tok/s", "plain ÷ HF", "SSp tok/s", "speedup",
+                 "predicted", "HF prompt lookup", "α", "accepted len", "call cost", "SSp = plain"):
+        table.add_column(name, justify="right")
+    if result.categories and result.categories[0].hf_speedup("hf_assisted") is not None:
+        table.add_column("HF assisted", justify="right")
+    for c in [*result.categories, result.overall]:
+        table.add_row(*_bench_cells(c), style="bold" if c is result.overall else None)
+    return table
+
+
+def _bench_cells(c: CategoryResult) -> list[str]:
+    hf_plain = c.hf_tok_s("hf_plain")
+    equal = sum(m.outputs_equal for m in c.measures)
+    cells = [c.category, str(len(c.measures)), f"{c.plain_tok_s:.1f}", "-" if hf_plain is None else f"{hf_plain:.1f}",
+             _x(c.plain_vs_hf_plain), f"{c.ssp_tok_s:.1f}", _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted),
+             _x(c.hf_speedup("hf_lookup")), f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}",
+             _x(c.fit.ssp_call_ms / c.fit.plain_call_ms if c.fit.plain_call_ms else None), f"{equal}/{len(c.measures)}"]
+    if (assisted := c.hf_speedup("hf_assisted")) is not None:
+        cells.append(_x(assisted))
+    return cells

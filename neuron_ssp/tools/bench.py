@@ -1,0 +1,156 @@
+"""Spec-Bench-style speed benchmark: greedy, batch 1, per category, against Hugging Face's generate().
+
+Per prompt, four runs back to back on the same model: our plain decoding, our SSp, HF plain, HF prompt
+lookup (and HF assisted generation when a draft model is configured). The order of the four rotates from
+one prompt to the next, so no method always runs first after a prompt switch, and prompts are taken
+round-robin across categories, so a burst of load on a shared machine hits every method and category
+alike. `repeat` measures the whole set several times over. Greedy SSp must reproduce plain decoding
+token for token; `outputs_equal` checks it on every prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_ssp.generator import plain_generate
+from neuron_ssp.loader import Pipeline
+from neuron_ssp.stats import GenerationStats
+from neuron_ssp.tools.aggregate import merge_stats
+from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
+from neuron_ssp.tools.per_k import KSetup
+from neuron_ssp.tools.prompt_set import BenchPrompt
+from neuron_ssp.tools.tune_k import KRow, k_row
+
+WARMUP_TOKENS = 16
+ALL = "all"
+
+
+@dataclass
+class PromptMeasure:
+    prompt: BenchPrompt
+    plain: GenerationStats
+    ssp: GenerationStats
+    outputs_equal: bool  # SSp tokens == our plain tokens
+    hf_plain: HfRun | None = None
+    hf_lookup: HfRun | None = None
+    hf_assisted: HfRun | None = None
+    hf_equal: bool | None = None  # HF greedy tokens == our plain tokens (same model, same decoding)
+
+
+@dataclass
+class CategoryResult:
+    category: str
+    measures: list[PromptMeasure]
+    fit: KRow  # α, c, mean accepted length, measured and Leviathan-predicted speedup
+
+    @property
+    def plain_tok_s(self) -> float:
+        return merge_stats([m.plain for m in self.measures]).tokens_per_s
+
+    @property
+    def ssp_tok_s(self) -> float:
+        return merge_stats([m.ssp for m in self.measures]).tokens_per_s
+
+    @property
+    def outputs_equal(self) -> bool:
+        return all(m.outputs_equal for m in self.measures)
+
+    def hf_tok_s(self, which: str) -> float | None:
+        runs = [getattr(m, which) for m in self.measures]
+        if any(run is None for run in runs):
+            return None
+        wall = sum(run.wall_s for run in runs)
+        return sum(len(run.tokens) for run in runs) / wall if wall else 0.0
+
+    def hf_speedup(self, which: str) -> float | None:
+        plain, other = self.hf_tok_s("hf_plain"), self.hf_tok_s(which)
+        return other / plain if plain and other is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        """The `bench --json` entry for this category."""
+        return {
+            "prompts": len({m.prompt for m in self.measures}),
+            "plain_tok_s": self.plain_tok_s,
+            "ssp_tok_s": self.ssp_tok_s,
+            "speedup": self.fit.speedup_measured,
+            "hf_plain_tok_s": self.hf_tok_s("hf_plain"),
+            "hf_prompt_lookup_speedup": self.hf_speedup("hf_lookup"),
+            "mean_accepted_length": self.fit.mean_accepted_length,
+            "acceptance_rate": self.fit.alpha,
+            "outputs_equal": self.outputs_equal,
+        }
+
+    @property
+    def plain_vs_hf_plain(self) -> float | None:
+        """Our plain tokens/s over HF generate()'s: what our decoding loop costs or saves."""
+        hf = self.hf_tok_s("hf_plain")
+        return self.plain_tok_s / hf if hf else None
+
+
+@dataclass
+class BenchResult:
+    categories: list[CategoryResult]
+    overall: CategoryResult
+    max_new_tokens: int
+    hf_lookup_tokens: int | None
+
+
+def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
+              hf_lookup_tokens: int | None, on_step: Callable[[str], None] | None = None,
+              repeat: int = 1) -> BenchResult:
+    """Measure every prompt four ways, `repeat` times; `hf_lookup_tokens` None skips the Hugging Face runs."""
+    order = _round_robin(prompts) * repeat
+    runner = _Runner(pipeline, hf_lookup_tokens)
+    runner.measure(order[0], WARMUP_TOKENS, 0)  # one-off costs (allocator, kernel choice) stay out of the numbers
+    measured: dict[str, list[PromptMeasure]] = {category: [] for category in prompts}
+    for turn, prompt in enumerate(order):
+        measured[prompt.category].append(runner.measure(prompt, max_new_tokens, turn))
+        if on_step:
+            on_step(prompt.category)
+    k = pipeline.generator.k
+    categories = [_category(name, runs, k) for name, runs in measured.items()]
+    overall = _category(ALL, [m for runs in measured.values() for m in runs], k)
+    return BenchResult(categories, overall, max_new_tokens, hf_lookup_tokens)
+
+
+class _Runner:
+    def __init__(self, pipeline: Pipeline, hf_lookup_tokens: int | None):
+        self.pipeline = pipeline
+        self.hf = hf_model(pipeline.target) if hf_lookup_tokens else None
+        self.assistant = hf_model(pipeline.draft) if pipeline.draft is not None else None
+        self.hf_lookup_tokens = hf_lookup_tokens
+
+    def measure(self, prompt: BenchPrompt, max_new_tokens: int, turn: int) -> PromptMeasure:
+        """Each method once on `prompt`, starting with method number `turn` (modulo their count)."""
+        p = self.pipeline
+        ids = p.encode(prompt.text)
+        eos = p.eos_token_ids
+        methods: dict[str, Callable[[], Any]] = {
+            "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos),
+            "ssp": lambda: p.generator.generate(ids, max_new_tokens, eos),
+        }
+        if self.hf is not None:
+            hf = self.hf
+            methods["hf_plain"] = lambda: hf_generate(hf, ids, max_new_tokens, eos)
+            methods["hf_lookup"] = lambda: hf_generate(hf, ids, max_new_tokens, eos,
+                                                       prompt_lookup_tokens=self.hf_lookup_tokens)
+            if self.assistant is not None:
+                methods["hf_assisted"] = lambda: hf_generate(hf, ids, max_new_tokens, eos, assistant=self.assistant)
+        names = list(methods)
+        start = turn % len(names)
+        runs = {name: methods[name]() for name in names[start:] + names[:start]}
+        plain, ssp = runs.pop("plain"), runs.pop("ssp")
+        hf_plain = runs.get("hf_plain")
+        return PromptMeasure(prompt, plain.stats, ssp.stats, ssp.tokens == plain.tokens, **runs,
+                             hf_equal=None if hf_plain is None else hf_plain.tokens == plain.tokens)
+
+
+def _category(name: str, measures: list[PromptMeasure], k: int) -> CategoryResult:
+    return CategoryResult(name, measures, k_row(k, [m.plain for m in measures], [m.ssp for m in measures], KSetup()))
+
+
+def _round_robin(prompts: dict[str, list[BenchPrompt]]) -> list[BenchPrompt]:
+    longest = max((len(group) for group in prompts.values()), default=0)
+    return [group[i] for i in range(longest) for group in prompts.values() if i < len(group)]

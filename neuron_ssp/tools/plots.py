@@ -1,0 +1,65 @@
+"""PNG plots for tune-k and bench (matplotlib's Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+from neuron_ssp.errors import Problem, UsageError  # noqa: E402
+from neuron_ssp.tools.bench import BenchResult  # noqa: E402
+from neuron_ssp.tools.tune_k import TuneKResult  # noqa: E402
+
+
+def plot_tune_k(result: TuneKResult, path: Path, title: str) -> None:
+    ks = [row.k for row in result.rows]
+    fig, (speed, accept) = plt.subplots(1, 2, figsize=(10, 4))
+    speed.plot(ks, [r.speedup_measured for r in result.rows], "o-", label="measured")
+    speed.plot(ks, [r.speedup_predicted for r in result.rows], "s--", label="predicted (measured draft lengths)")
+    speed.plot(ks, [r.speedup_leviathan for r in result.rows], ":", color="grey", label="Leviathan, full drafts")
+    speed.axhline(1.0, color="black", linewidth=0.8)
+    speed.axvline(result.recommended_k, color="green", linewidth=0.8, linestyle="--", label="recommended k")
+    speed.set(xlabel="k (window; k-1 drafted tokens)", ylabel="speedup over plain decoding", title="speedup")
+    speed.legend(fontsize=8)
+    accept.plot(ks, [r.alpha for r in result.rows], "o-", label="acceptance rate α")
+    accept.plot(ks, [r.full_draft_fraction for r in result.rows], "^--", label="share of full drafts")
+    accept.set(xlabel="k", ylim=(0, 1.05), title="acceptance")
+    accept.legend(fontsize=8)
+    _save(fig, path, title)
+
+
+def plot_bench(result: BenchResult, path: Path, title: str) -> None:
+    groups = [*result.categories, result.overall]
+    names = [g.category for g in groups]
+    series = [("ours (SSp)", [g.fit.speedup_measured for g in groups]),
+              ("ours, predicted", [g.fit.speedup_predicted for g in groups])]
+    if all(g.hf_speedup("hf_lookup") is not None for g in groups):
+        series.append(("HF prompt lookup", [g.hf_speedup("hf_lookup") for g in groups]))
+    if all(g.hf_speedup("hf_assisted") is not None for g in groups):
+        series.append(("HF assisted", [g.hf_speedup("hf_assisted") for g in groups]))
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(names)), 4.5))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series):
+        positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(names))]
+        bars = ax.bar(positions, values, width, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set(ylabel="speedup over plain decoding (same run)", title="speedup per category")
+    ax.legend(fontsize=8)
+    _save(fig, path, title)
+
+
+def _save(fig: plt.Figure, path: Path, title: str) -> None:
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise UsageError(Problem("--plot", str(path), f"cannot write the plot ({exc.strerror})",
+                                 "pass a writable path ending in .png")) from None
+    finally:
+        plt.close(fig)
