@@ -1,22 +1,24 @@
-"""PNG plots for tune-k and bench (matplotlib's Agg backend: no display needed)."""
+"""PNG plots for tune-k and bench.
+
+Figures are built with `matplotlib.figure.Figure`, not pyplot: no display is needed, and importing this
+module never switches the backend of a notebook or script that also draws inline.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
-
-from neuron_ssp.errors import Problem, UsageError  # noqa: E402
-from neuron_ssp.tools.bench import BenchResult  # noqa: E402
-from neuron_ssp.tools.tune_k import TuneKResult  # noqa: E402
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.tools.bench import BenchResult
+from neuron_ssp.tools.tune_k import TuneKResult
 
 
 def plot_tune_k(result: TuneKResult, path: Path, title: str) -> None:
     ks = [row.k for row in result.rows]
-    fig, (speed, accept) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    speed, accept = fig.subplots(1, 2)
     speed.plot(ks, [r.speedup_measured for r in result.rows], "o-", label="measured")
     speed.plot(ks, [r.speedup_predicted for r in result.rows], "s--", label="predicted (measured draft lengths)")
     speed.plot(ks, [r.speedup_leviathan for r in result.rows], ":", color="grey", label="Leviathan, full drafts")
@@ -40,7 +42,8 @@ def plot_bench(result: BenchResult, path: Path, title: str) -> None:
         series.append(("HF prompt lookup", [g.hf_speedup("hf_lookup") for g in groups]))
     if all(g.hf_speedup("hf_assisted") is not None for g in groups):
         series.append(("HF assisted", [g.hf_speedup("hf_assisted") for g in groups]))
-    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(names)), 4.5))
+    fig = Figure(figsize=(max(8, 1.4 * len(names)), 4.5))
+    ax = fig.subplots()
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series):
         positions = [x + (i - (len(series) - 1) / 2) * width for x in range(len(names))]
@@ -53,7 +56,7 @@ def plot_bench(result: BenchResult, path: Path, title: str) -> None:
     _save(fig, path, title)
 
 
-def _save(fig: plt.Figure, path: Path, title: str) -> None:
+def _save(fig: Figure, path: Path, title: str) -> None:
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     try:
@@ -61,5 +64,3 @@ def _save(fig: plt.Figure, path: Path, title: str) -> None:
     except OSError as exc:
         raise UsageError(Problem("--plot", str(path), f"cannot write the plot ({exc.strerror})",
                                  "pass a writable path ending in .png")) from None
-    finally:
-        plt.close(fig)
