@@ -83,8 +83,13 @@ def math_table(result: MathEval, title: str) -> Table:
 def math_verdict(result: MathEval) -> str:
     test = result.test
     word = "DIFFER" if test.differ() else "do not differ"
-    return (f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
-            f"{word} at the 5% level")
+    verdict = (f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
+               f"{word} at the 5% level")
+    if any(p.successes in (0, p.trials) for p in (result.plain, result.ssp)):
+        n = len(result.outcomes)
+        verdict += (f"\nnote: Wald intervals collapse to a point at 0% or 100% correct; there the rule of three "
+                    f"puts the 95% bound on the other side at 3/n = {3 / n:.3f} away")
+    return verdict
 
 
 def lossless_json(report: LosslessReport, prompt: str) -> dict[str, Any]:
@@ -133,10 +138,11 @@ def bench_table(result: BenchResult, title: str) -> Table:
 def _bench_cells(c: CategoryResult) -> list[str]:
     hf_plain = c.hf_tok_s("hf_plain")
     equal = sum(m.outputs_equal for m in c.measures)
-    cells = [c.category, str(len(c.measures)), f"{c.plain_tok_s:.1f}", "-" if hf_plain is None else f"{hf_plain:.1f}",
-             _x(c.plain_vs_hf_plain), f"{c.ssp_tok_s:.1f}", _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted),
-             _x(c.hf_speedup("hf_lookup")), f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}",
-             _x(c.fit.ssp_call_ms / c.fit.plain_call_ms if c.fit.plain_call_ms else None), f"{equal}/{len(c.measures)}"]
+    call_cost = c.fit.ssp_call_ms / c.fit.plain_call_ms if c.fit.plain_call_ms else None
+    cells = [c.category, str(c.summary()["prompts"]), f"{c.plain_tok_s:.1f}",
+             "-" if hf_plain is None else f"{hf_plain:.1f}", _x(c.plain_vs_hf_plain), f"{c.ssp_tok_s:.1f}",
+             _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted), _x(c.hf_speedup("hf_lookup")),
+             f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}", _x(call_cost), f"{equal}/{len(c.measures)}"]
     if (assisted := c.hf_speedup("hf_assisted")) is not None:
         cells.append(_x(assisted))
     return cells

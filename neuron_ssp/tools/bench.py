@@ -94,7 +94,6 @@ class BenchResult:
     categories: list[CategoryResult]
     overall: CategoryResult
     max_new_tokens: int
-    hf_lookup_tokens: int | None
 
 
 def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
@@ -112,7 +111,7 @@ def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new
     k = pipeline.generator.k
     categories = [_category(name, runs, k) for name, runs in measured.items()]
     overall = _category(ALL, [m for runs in measured.values() for m in runs], k)
-    return BenchResult(categories, overall, max_new_tokens, hf_lookup_tokens)
+    return BenchResult(categories, overall, max_new_tokens)
 
 
 class _Runner:

@@ -47,11 +47,15 @@ def with_k(config: Config, k: int) -> Config:
 
 
 def generator_for_k(pipeline: Pipeline, k: int) -> SpeculativeGenerator:
-    config = with_k(pipeline.config, k)
+    return generator_for_config(pipeline, with_k(pipeline.config, k))
+
+
+def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGenerator:
+    """A generator with `config`'s speculation and sampling settings on the pipeline's loaded models."""
     rng = torch.Generator()
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
     return SpeculativeGenerator(pipeline.target, build_drafter(config, pipeline.target, pipeline.draft), acceptor,
-                                build_policy(config.speculation), config.sampling, k, rng)
+                                build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 
 def shared_target_groups(pipeline: Pipeline, ks: list[int]) -> Iterator[KGroup]:
