@@ -6,9 +6,10 @@ test. Two ways to answer the requests:
 
 * `moto`: a ThreadedMotoServer on 127.0.0.1 (random port) for the end-to-end flow. What moto 5 lacks
   is supplied explicitly here: the Neuron DLAMIs are seeded into moto's public-AMI catalog (moto ships
-  none), `ssm:DescribeInstanceInformation` is answered "Online" by a botocore `before-call` hook (moto
+  none) and its DescribeImages learns the `description` filter (moto raises FilterNotImplemented for
+  it), `ssm:DescribeInstanceInformation` is answered "Online" by a botocore `before-call` hook (moto
   has no such API), and `FakeSsmAgent` plays the SSM agent (moto records commands but runs nothing and
-  uploads no output). Capacity reservations/blocks and the public /aws/service/neuron parameters are
+  uploads no output; it answers the bootstrap status read with `ready`). Capacity reservations/blocks and the public /aws/service/neuron parameters are
   not in moto either; they are covered by the Stubber tests.
 * `stubbed`: real boto3 clients behind botocore `Stubber`, which checks each request against the
   service model and against the exact parameters a test expects.
@@ -33,6 +34,7 @@ from botocore.httpsession import URLLib3Session
 from botocore.stub import Stubber
 
 from neuron_ssp.deploy.aws import AwsClients
+from neuron_ssp.deploy.userdata import STATUS_FILE
 from neuron_ssp.deploy.waiting import Pacing
 
 REGION = "us-east-1"
@@ -71,24 +73,29 @@ def aws_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def dlami_catalog() -> list[dict[str, Any]]:
-    """Neuron DLAMIs as Amazon publishes them (owner alias 'amazon'), around the SDK 2.24-2.25 window."""
-    def image(ami_id: str, name: str) -> dict[str, Any]:
+    """Neuron DLAMIs as Amazon publishes them (owner alias 'amazon'), around SDK 2.25.
+
+    The descriptions name the SDK release; their exact wording is our assumption, only the
+    "Neuron SDK <version>" part matters to the pin.
+    """
+    def image(ami_id: str, name: str, sdk: str) -> dict[str, Any]:
         return {"ami_id": ami_id, "name": name, "state": "available", "public": True, "owner_id": "898082745236",
                 "architecture": "x86_64", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
                 "virtualization_type": "hvm", "hypervisor": "xen", "image_type": "machine",
-                "description": "Deep Learning AMI Neuron", "creation_date": f"{name[-8:-4]}-{name[-4:-2]}-"
-                f"{name[-2:]}T00:00:00.000Z"}
+                "description": f"Supported EC2 instances: Inf2, Trn1, Trn1n, Trn2. Neuron SDK {sdk}, multi-framework",
+                "creation_date": f"{name[-8:-4]}-{name[-4:-2]}-{name[-2:]}T00:00:00.000Z"}
 
     return [
-        image("ami-0dlami2023may000", DLAMI_PREFIX + "20250515"),   # SDK 2.23: pytorch_2_6 venv
-        image("ami-0dlami2024jun000", DLAMI_PREFIX + "20250625"),   # SDK 2.24
-        image("ami-0dlami2025aug000", DLAMI_PREFIX + "20250801"),   # SDK 2.25: the expected pick
-        image("ami-0dlami2026sep000", DLAMI_PREFIX + "20250918"),   # SDK 2.26: transformers-neuronx gone
-        image("ami-0dlamipt27aug000", "Deep Learning AMI Neuron PyTorch 2.7 (Ubuntu 22.04) 20250801"),
+        image("ami-0dlami2023may000", DLAMI_PREFIX + "20250515", "2.23.0"),  # pytorch_2_6 venv
+        image("ami-0dlami2024jun000", DLAMI_PREFIX + "20250625", "2.24.0"),
+        image("ami-0dlami2025aug000", DLAMI_PREFIX + "20250801", "2.25.0"),
+        image("ami-0dlami2026sep000", DLAMI_PREFIX + "20250918", "2.26.0"),  # transformers-neuronx gone
+        image("ami-0dlami225rebuild", DLAMI_PREFIX + "20251020", "2.25.1"),  # 2.25 rebuilt after 2.26: the pick
+        image("ami-0dlamipt27aug000", "Deep Learning AMI Neuron PyTorch 2.7 (Ubuntu 22.04) 20250801", "2.25.0"),
     ]
 
 
-PINNED_PICK = "ami-0dlami2025aug000"
+PINNED_PICK = "ami-0dlami225rebuild"
 
 
 class FakeClock:
@@ -122,19 +129,24 @@ def moto_endpoint() -> Iterator[str]:
     server.stop()
 
 
+def bootstrap_ready(script: str) -> tuple[str, int]:
+    """The instance's default answer: the bootstrap status file says `ready`, anything else prints nothing."""
+    return ("ready\n", 0) if STATUS_FILE in script else ("", 0)
+
+
 @dataclass
 class FakeSsmAgent:
     """Plays the SSM agent moto does not have: answers pings, 'runs' commands, uploads their output."""
 
     endpoint: str
-    respond: Callable[[str], tuple[str, int]] = lambda script: ("", 0)
+    respond: Callable[[str], tuple[str, int]] = bootstrap_ready
     sent: list[dict[str, Any]] = field(default_factory=list)
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)
     actions: set[str] = field(default_factory=set)  # IAM actions the deploy code needed, e.g. ec2:RunInstances
     s3: Any = None  # the agent's own client, for uploading command output
 
     def reset(self) -> None:
-        self.respond = lambda script: ("", 0)
+        self.respond = bootstrap_ready
         self.sent.clear()
         self.outputs.clear()
         self.actions.clear()
@@ -192,6 +204,12 @@ def moto(moto_endpoint: str, moto_session: tuple[Any, FakeSsmAgent],
     from moto.ec2.models import amis
 
     monkeypatch.setattr(amis, "AMIS", [*copy.deepcopy(amis.AMIS), *dlami_catalog()])
+    moto_filter = amis.Ami.get_filter_value
+
+    def with_description(ami: Any, filter_name: str, method_name: str | None = None) -> Any:
+        return ami.description if filter_name == "description" else moto_filter(ami, filter_name, method_name)
+
+    monkeypatch.setattr(amis.Ami, "get_filter_value", with_description)
     urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     session, agent = moto_session
@@ -278,7 +296,8 @@ def dlami_images() -> dict[str, Any]:
     """describe_images as AWS answers the pinned query (creation dates as strings, like the API)."""
     return {"Images": [
         {"ImageId": img["ami_id"], "Name": img["name"], "CreationDate": img["creation_date"],
-         "RootDeviceName": img["root_device_name"], "Architecture": "x86_64", "State": "available"}
+         "Description": img["description"], "RootDeviceName": img["root_device_name"], "Architecture": "x86_64",
+         "State": "available"}
         for img in dlami_catalog()
     ]}
 
@@ -320,3 +339,17 @@ def queue_terminate(stubs: StubbedAws, instance_id: str = INSTANCE_ID) -> None:
     stubs.ec2.add_response("terminate_instances", {"TerminatingInstances": [
         {"InstanceId": instance_id, "CurrentState": {"Code": 32, "Name": "shutting-down"}}]},
         {"InstanceIds": [instance_id]})
+
+
+def queue_bootstrap(stubs: StubbedAws, *statuses: str, instance_id: str = INSTANCE_ID) -> None:
+    """launch's bootstrap wait: per status, a status read (send_command) and its finished invocation."""
+    from botocore.stub import ANY
+
+    for n, status in enumerate(statuses):
+        command_id = f"00000000-0000-4000-8000-{n:012d}"  # SSM command ids are UUIDs
+        stubs.ssm.add_response("send_command", {"Command": {"CommandId": command_id}}, {
+            "InstanceIds": [instance_id], "DocumentName": "AWS-RunShellScript", "Parameters": ANY,
+            "TimeoutSeconds": ANY, "Comment": "neuron-ssp bootstrap status"})
+        stubs.ssm.add_response("get_command_invocation", {"Status": "Success", "StandardOutputContent": f"{status}\n",
+                                                          "ResponseCode": 0},
+                               {"CommandId": command_id, "InstanceId": instance_id})

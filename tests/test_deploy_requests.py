@@ -28,6 +28,7 @@ from deploy_fixtures import (
     dlami_images,
     instant_pacing,
     queue_ping,
+    queue_bootstrap,
     queue_plan,
     queue_run_instances,
     queue_running,
@@ -36,7 +37,7 @@ from rich.console import Console
 
 from neuron_ssp.config import config_from_dict, load_config
 from neuron_ssp.deploy import ami
-from neuron_ssp.deploy.capacity import CapacityTarget
+from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation
 from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
 from neuron_ssp.deploy.ssm_run import S3Location, bash_commands
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
@@ -77,7 +78,8 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
         "ImageId": PINNED_PICK, "InstanceType": "trn1.32xlarge", "MinCount": 1, "MaxCount": 1,
         "ClientToken": TOKEN, "InstanceInitiatedShutdownBehavior": "terminate",
         "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
-                                 "Ebs": {"VolumeSize": 500, "VolumeType": "gp3", "DeleteOnTermination": True}}],
+                                 "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "Iops": 4000, "Throughput": 1000,
+                                         "Encrypted": True, "DeleteOnTermination": True}}],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
         "IamInstanceProfile": {"Name": "neuron-ssp-instance"},
         "CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": BLOCK}},
@@ -91,12 +93,13 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
     queue_ping(stubbed, None)  # the agent has not registered yet
     queue_ping(stubbed, "Online")
     queue_running(stubbed)
+    queue_bootstrap(stubbed, "weights", "ready")  # launch returns only once the bootstrap says ready
 
     plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
     deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
 
     assert deployment.instance_id == INSTANCE_ID and deployment.hourly_usd == 21.50
-    assert plan.max_cost_usd == pytest.approx(86.0)
+    assert plan.in_capacity_block and plan.max_cost_usd is None  # prepaid: no on-demand worst case
     stubbed.assert_done()
 
 
@@ -155,27 +158,53 @@ def test_block_ending_before_the_ttl_is_a_warning(stubbed: StubbedAws) -> None:
     assert any("before the TTL" in w for w in plan.warnings)
 
 
+@pytest.mark.parametrize(("kind", "end_in", "warning"), [
+    # a block terminates its instances from 30 min before its end: 4 h 15 min is too short for a 4 h TTL
+    ("capacity-block", timedelta(hours=4, minutes=15), "AWS starts terminating its instances 30 minutes earlier, "
+                                                        "at 2025-08-01 15:45 UTC"),
+    ("capacity-block", timedelta(hours=4, minutes=30), None),
+    # an On-Demand Capacity Reservation's end leaves the instance running, billed On-Demand
+    ("default", timedelta(hours=3), "keeps running after it, billed at the On-Demand rate"),
+    ("default", timedelta(hours=4, minutes=15), None),
+])
+def test_reservation_end_warning_says_what_each_kind_does(kind: str, end_in: timedelta, warning: str | None) -> None:
+    reservation = Reservation(BLOCK, "trn1.32xlarge", "us-east-1d", "active", 1, kind == "capacity-block",
+                              NOW + end_in)
+    target = CapacityTarget(BLOCK, is_block=reservation.is_block)
+    warnings = check_reservation(reservation, target, "trn1.32xlarge", NOW + timedelta(hours=4))
+    if warning is None:
+        assert warnings == []
+    else:
+        (text,) = warnings
+        assert warning in text and "terminate the instance then" not in text
+
+
 # ---------------------------------------------------------------- DLAMI
 
 
-def test_pinned_dlami_query_and_choice(stubbed: StubbedAws) -> None:
+def test_pinned_dlami_is_chosen_by_sdk_description_not_by_date(stubbed: StubbedAws) -> None:
     stubbed.ec2.add_response("describe_images", dlami_images(), {
         "Owners": ["amazon"], "IncludeDeprecated": True,
-        "Filters": [{"Name": "name", "Values": [f"Deep Learning AMI Neuron (Ubuntu 22.04) 2025{m:02d}*"
-                                                 for m in (6, 7, 8, 9)]},
+        "Filters": [{"Name": "name", "Values": ["Deep Learning AMI Neuron (Ubuntu 22.04) *"]},
+                    {"Name": "description", "Values": ["*Neuron SDK 2.25*"]},
                     {"Name": "architecture", "Values": ["x86_64"]},
                     {"Name": "state", "Values": ["available"]}],
     })
     chosen = ami.resolve_ami("pinned", stubbed.clients.ec2, stubbed.clients.ssm, REGION)
-    assert chosen.image_id == PINNED_PICK and chosen.source == "pinned SDK 2.24-2.25"
+    # the SDK 2.25 image rebuilt on 2025-10-20, after SDK 2.26 shipped: a date window would miss it
+    assert chosen.image_id == PINNED_PICK and chosen.source == "pinned Neuron SDK 2.25"
 
 
-def test_pin_window_excludes_the_sdks_without_the_transformers_venv() -> None:
-    prefix = ami.PINNED.name_prefix
-    assert ami.PINNED.accepts(prefix + "20250625") and ami.PINNED.accepts(prefix + "20250801")
-    assert not ami.PINNED.accepts(prefix + "20250515")  # SDK 2.23: pytorch_2_6 venv
-    assert not ami.PINNED.accepts(prefix + "20250918")  # SDK 2.26: transformers-neuronx removed
-    assert not ami.PINNED.accepts("Deep Learning AMI Neuron PyTorch 2.7 (Ubuntu 22.04) 20250801")
+@pytest.mark.parametrize(("name", "description", "accepted"), [
+    ("Deep Learning AMI Neuron (Ubuntu 22.04) 20250801", "... Neuron SDK 2.25.0, multi-framework", True),
+    ("Deep Learning AMI Neuron (Ubuntu 22.04) 20251020", "... Neuron SDK 2.25.1 ...", True),
+    ("Deep Learning AMI Neuron (Ubuntu 22.04) 20250918", "... Neuron SDK 2.26.0 ...", False),
+    ("Deep Learning AMI Neuron (Ubuntu 22.04) 20250625", "... Neuron SDK 2.24.0 ...", False),
+    ("Deep Learning AMI Neuron (Ubuntu 22.04) 20990101", "... Neuron SDK 2.250 ...", False),
+    ("Deep Learning AMI Neuron PyTorch 2.7 (Ubuntu 22.04) 20250801", "... Neuron SDK 2.25.0 ...", False),
+])
+def test_pin_accepts_only_the_multi_framework_dlami_of_sdk_2_25(name: str, description: str, accepted: bool) -> None:
+    assert ami.PINNED.accepts({"Name": name, "Description": description}) is accepted
 
 
 def test_no_pinned_dlami_in_region_says_what_to_do(stubbed: StubbedAws) -> None:

@@ -66,7 +66,7 @@ def deploy() -> None:
     "--ami",
     default="pinned",
     show_default=True,
-    help="'pinned' (Neuron DLAMI of SDK 2.24-2.25, has transformers-neuronx), 'latest', or ami-...",
+    help="'pinned' (the Neuron DLAMI of SDK 2.25, the last with transformers-neuronx), 'latest', or ami-...",
 )
 @click.option("--subnet-id", help="Subnet (picks the Availability Zone). Default: the default VPC.")
 @click.option("--security-group-id", "security_group_ids", multiple=True, help="Repeatable.")
@@ -84,7 +84,14 @@ def deploy() -> None:
     show_default=True,
     help="The instance shuts itself down (= terminates) after this many hours.",
 )
-@click.option("--volume-gb", type=int, default=500, show_default=True, help="Root volume (gp3) size.")
+@click.option(
+    "--volume-gb",
+    type=int,
+    default=LaunchOptions.volume_gb,
+    show_default=True,
+    help="Root volume size (gp3, encrypted; trn1 needs >= 512).",
+)
+@click.option("--kms-key", help="KMS key (id, ARN or alias) for the root volume (default: the account's EBS key).")
 @click.option(
     "--weights-s3-uri",
     help="s3://bucket/prefix holding one folder per model (named like the last part of the config's model path).",
@@ -113,6 +120,7 @@ def launch(
     capacity_block_id: str | None,
     ttl_hours: float,
     volume_gb: int,
+    kms_key: str | None,
     weights_s3_uri: str | None,
     output_s3_uri: str | None,
     package_spec: str | None,
@@ -122,7 +130,7 @@ def launch(
     yes: bool,
     keep_on_failure: bool,
 ) -> None:
-    """Validate CONFIG, then launch one instance for it and wait until SSM can reach it."""
+    """Validate CONFIG, then launch one instance for it and wait until its bootstrap is ready."""
     out, err = _consoles()
     config = load_config(config_path)
     clients = AwsClients.for_region(region)
@@ -137,6 +145,7 @@ def launch(
         capacity=_capacity(capacity_reservation_id, capacity_block_id),
         ttl_hours=ttl_hours,
         volume_gb=volume_gb,
+        kms_key=kms_key,
         weights_s3_uri=weights_s3_uri,
         output_s3_uri=output_s3_uri,
         package_spec=package_spec,
@@ -163,12 +172,7 @@ def launch(
             "(SSM and S3 permissions are not covered by EC2 DryRun.)"
         )
         return
-    if not yes and not click.confirm(
-        f"Launch {plan.instance_type} at {format_usd(plan.hourly_usd)}/h for up to {plan.ttl_hours:g} h "
-        f"(at most {format_usd(plan.max_cost_usd)})?",
-        default=False,
-        err=True,
-    ):
+    if not yes and not click.confirm(confirm_question(plan), default=False, err=True):
         err.print("cancelled; nothing was created")
         return
     deployment = execute_launch(plan, clients, pacing=PACING, console=err)
@@ -178,11 +182,30 @@ def launch(
         f"terminates itself at {plan.expires_at:%Y-%m-%d %H:%M} UTC)"
     )
     out.print(
-        f"next:  neuron-ssp deploy status {deployment.name} --region {clients.region}  (bootstrap)\n"
-        f"       neuron-ssp deploy run {deployment.name} --region {clients.region} -- "
+        f"next:  neuron-ssp deploy run {deployment.name} --region {clients.region} -- "
         f"neuron-ssp bench --config {CONFIG_FILE}\n"
         f"       neuron-ssp deploy teardown {deployment.name} --region {clients.region}"
     )
+
+
+def confirm_question(plan: LaunchPlan) -> str:
+    """The last question before money is spent: what it costs, in the terms it is billed."""
+    if plan.in_capacity_block:
+        return (
+            f"Launch {plan.instance_type} into {_capacity_text(plan)} for up to {plan.ttl_hours:g} h? "
+            f"Price: {CAPACITY_BLOCK_PRICE}"
+        )
+    return (
+        f"Launch {plan.instance_type} at {format_usd(plan.hourly_usd)}/h for up to {plan.ttl_hours:g} h "
+        f"(at most {format_usd(plan.max_cost_usd)})?"
+    )
+
+
+# EC2 returns a block's upfront fee only with the offering (DescribeCapacityBlockOfferings), not once bought.
+CAPACITY_BLOCK_PRICE = (
+    "the Capacity Block's upfront fee, paid when it was bought (see the offering or your bill); "
+    "instances in it add no hourly instance charge, only EBS"
+)
 
 
 def _capacity(reservation_id: str | None, block_id: str | None) -> CapacityTarget | None:
@@ -222,20 +245,29 @@ def _plan_table(plan: LaunchPlan) -> Table:
         ("region", plan.region),
         ("instance type", plan.instance_type),
         ("AMI", f"{plan.ami.image_id}  {plan.ami.name}  ({plan.ami.source})"),
-        ("price", f"{format_usd(plan.hourly_usd)}/h on demand (estimate)"),
-        (
-            "TTL",
-            f"{plan.ttl_hours:g} h, terminates at {plan.expires_at:%Y-%m-%d %H:%M} UTC; at most "
-            f"{format_usd(plan.max_cost_usd)}",
-        ),
+        ("price", CAPACITY_BLOCK_PRICE if plan.in_capacity_block else f"{format_usd(plan.hourly_usd)}/h on demand (estimate)"),
+        ("TTL", _ttl_text(plan)),
         ("capacity", _capacity_text(plan)),
         ("subnet", plan.params.get("SubnetId", "default VPC")),
         ("instance profile", next(iter(plan.params.get("IamInstanceProfile", {"-": "none"}).values()))),
-        ("root volume", f"{plan.params['BlockDeviceMappings'][0]['Ebs']['VolumeSize']} GB gp3"),
+        ("root volume", _volume_text(plan.params["BlockDeviceMappings"][0]["Ebs"])),
     ]
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def _ttl_text(plan: LaunchPlan) -> str:
+    text = f"{plan.ttl_hours:g} h, terminates at {plan.expires_at:%Y-%m-%d %H:%M} UTC"
+    reclaim_at = plan.reservation.reclaim_at if plan.reservation else None
+    if reclaim_at is not None and reclaim_at < plan.expires_at:
+        text += f" (the Capacity Block's instances are terminated from {reclaim_at:%Y-%m-%d %H:%M} UTC)"
+    return text if plan.max_cost_usd is None else f"{text}; at most {format_usd(plan.max_cost_usd)}"
+
+
+def _volume_text(ebs: dict[str, object]) -> str:
+    key = f", KMS key {ebs['KmsKeyId']}" if "KmsKeyId" in ebs else ", the account's default EBS key"
+    return f"{ebs['VolumeSize']} GB gp3, {ebs['Throughput']} MiB/s, {ebs['Iops']} IOPS, encrypted{key}"
 
 
 def _capacity_text(plan: LaunchPlan) -> str:
@@ -365,7 +397,7 @@ def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) 
     "--console",
     "from_console",
     is_flag=True,
-    help="The EC2 serial console output instead (works before SSM is up).",
+    help="The EC2 console output instead (works before SSM is up).",
 )
 def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
     """The bootstrap log of NAME (via SSM), or the EC2 console output."""

@@ -2,12 +2,22 @@
 # neuron-ssp bootstrap: EC2 user data rendered by `neuron-ssp deploy launch` for deployment {{DEPLOYMENT}}.
 # It holds no secrets: a Hugging Face token, if any, is read at boot from Secrets Manager or an SSM
 # SecureString with the instance role. Progress: {{STATUS_FILE}}; log: {{LOG_FILE}}.
-set -euo pipefail
+set -Eeuo pipefail
 mkdir -p "$(dirname {{STATUS_FILE}})" {{HOME_DIR}}
 exec > >(tee -a {{LOG_FILE}}) 2>&1
 STEP=start
 step() { STEP="$1"; echo "$1" > {{STATUS_FILE}}; echo "[neuron-ssp] $(date -u +%FT%TZ) $1"; }
-trap 'echo "failed: $STEP" > {{STATUS_FILE}}; echo "[neuron-ssp] bootstrap FAILED at step: $STEP"' ERR
+# A failed bootstrap must not bill until the TTL: record the failure (launch polls the status file,
+# prints this log's tail and terminates the instance), then shut down in {{FAILURE_SHUTDOWN_MINUTES}} minutes, which
+# terminates the instance (InstanceInitiatedShutdownBehavior=terminate) if launch could not.
+on_error() {
+  trap - ERR
+  echo "failed: $STEP" > {{STATUS_FILE}}
+  echo "[neuron-ssp] bootstrap FAILED at step: $STEP; the instance terminates itself in" \
+       "{{FAILURE_SHUTDOWN_MINUTES}} minutes (run 'sudo shutdown -c' on it to keep it for debugging)"
+  shutdown -h +{{FAILURE_SHUTDOWN_MINUTES}} "neuron-ssp bootstrap failed at step $STEP" || true
+}
+trap on_error ERR
 
 # 1. TTL first, before anything can fail: with InstanceInitiatedShutdownBehavior=terminate a shutdown
 #    terminates the instance, so a forgotten deployment stops costing money after the TTL.
@@ -15,7 +25,7 @@ step ttl
 shutdown -h +{{TTL_MINUTES}} "neuron-ssp TTL reached"
 export AWS_DEFAULT_REGION={{REGION}}
 
-# 2. The transformers-neuronx venv of the Neuron DLAMI (SDK 2.24-2.25).
+# 2. The transformers-neuronx venv of the Neuron DLAMI (SDK 2.25).
 step venv
 if [ ! -f {{VENV}}/bin/activate ]; then
   echo "this AMI has no {{VENV}}: transformers-neuronx ships only in the Neuron DLAMIs of SDK 2.24-2.25;" \

@@ -2,9 +2,11 @@
 
 transformers-neuronx left the DLAMIs with Neuron SDK 2.26 (2025-09-18), and the public SSM parameter
 `/aws/service/neuron/dlami/.../latest/image_id` only tracks the newest SDK. So the default ("pinned")
-searches Amazon's own images by name and keeps those built in the SDK 2.24-2.25 window, whose
-multi-framework DLAMI has `/opt/aws_neuronx_venv_pytorch_2_7_transformers`. The bootstrap checks that
-the venv exists, so a wrong pick fails at boot with a clear message, not mid-benchmark.
+asks for Amazon's multi-framework DLAMI whose description names the SDK release (`*Neuron SDK 2.25*`),
+the way Neuron's DLAMI guide finds a given release, rather than guessing it from build dates: a
+rebuilt image of the same SDK (security patches) is still picked, a newer SDK never is. Its venv is
+`/opt/aws_neuronx_venv_pytorch_2_7_transformers`; the bootstrap checks that it exists, so a wrong
+pick fails at boot with a clear message, not mid-benchmark.
 """
 
 from __future__ import annotations
@@ -22,34 +24,28 @@ LATEST_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/lates
 
 @dataclass(frozen=True)
 class DlamiPin:
-    """A name prefix plus the build-date window (YYYYMMDD, inclusive) of the SDK releases we support."""
+    """The multi-framework DLAMI (by name) of one Neuron SDK release (by description)."""
 
     sdk: str
     name_prefix: str
-    first_build: str
-    last_build: str
 
-    def name_patterns(self) -> list[str]:
-        """describe_images name filters, one per month of the window (filters only know '*' and '?')."""
-        months = []
-        year, month = int(self.first_build[:4]), int(self.first_build[4:6])
-        while f"{year:04d}{month:02d}" <= self.last_build[:6]:
-            months.append(f"{self.name_prefix}{year:04d}{month:02d}*")
-            year, month = (year + 1, 1) if month == 12 else (year, month + 1)
-        return months
+    def filters(self) -> list[dict[str, Any]]:
+        return [
+            {"Name": "name", "Values": [f"{self.name_prefix}*"]},
+            {"Name": "description", "Values": [f"*Neuron SDK {self.sdk}*"]},
+            {"Name": "architecture", "Values": ["x86_64"]},
+            {"Name": "state", "Values": ["available"]},
+        ]
 
-    def accepts(self, name: str) -> bool:
-        match = re.fullmatch(re.escape(self.name_prefix) + r"(\d{8})", name)
-        return bool(match) and self.first_build <= match.group(1) <= self.last_build
+    def accepts(self, image: dict[str, Any]) -> bool:
+        """Checked again here: '*Neuron SDK 2.25*' would also match a '2.250', and the name a suffix."""
+        name_ok = re.fullmatch(re.escape(self.name_prefix) + r"\d{8}", image.get("Name", ""))
+        sdk_ok = re.search(r"Neuron SDK " + re.escape(self.sdk) + r"(?![\d])", image.get("Description", ""))
+        return bool(name_ok and sdk_ok)
 
 
-# SDK 2.24.0 shipped 2025-06-24 (first pytorch_2_7_transformers venv); 2.26.0 (2025-09-18) removed it.
-PINNED = DlamiPin(
-    sdk="2.24-2.25",
-    name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ",
-    first_build="20250601",
-    last_build="20250912",
-)
+# SDK 2.25 is the last release whose DLAMI has the transformers-neuronx venv (2.26.0 removed it).
+PINNED = DlamiPin(sdk="2.25", name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ")
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ class Ami:
     name: str
     created: str
     root_device: str
-    source: str  # "pinned SDK 2.24-2.25", "latest SSM parameter" or "given"
+    source: str  # "pinned Neuron SDK 2.25", "latest SSM parameter" or "given"
 
 
 def resolve_ami(choice: str, ec2: Any, ssm: Any, region: str) -> Ami:
@@ -74,35 +70,26 @@ def resolve_ami(choice: str, ec2: Any, ssm: Any, region: str) -> Ami:
             "--ami",
             choice,
             "not a DLAMI choice",
-            "use 'pinned' (Neuron SDK 2.24-2.25 DLAMI), 'latest' or an ami-... id",
+            f"use 'pinned' (Neuron SDK {PINNED.sdk} DLAMI), 'latest' or an ami-... id",
         )
     )
 
 
 def find_pinned(ec2: Any, region: str, pin: DlamiPin = PINNED) -> Ami:
     with aws_errors("ec2", region=region):
-        images = ec2.describe_images(
-            Owners=["amazon"],
-            IncludeDeprecated=True,
-            Filters=[
-                {"Name": "name", "Values": pin.name_patterns()},
-                {"Name": "architecture", "Values": ["x86_64"]},
-                {"Name": "state", "Values": ["available"]},
-            ],
-        )["Images"]
-    fitting = sorted((i for i in images if pin.accepts(i["Name"])), key=lambda i: i["Name"])
+        images = ec2.describe_images(Owners=["amazon"], IncludeDeprecated=True, Filters=pin.filters())["Images"]
+    fitting = sorted((i for i in images if pin.accepts(i)), key=lambda i: str(i.get("CreationDate", "")))
     if not fitting:
         raise RuntimeProblem(
             Problem(
                 "--ami",
                 "pinned",
-                f"no Neuron DLAMI of SDK {pin.sdk} ({pin.name_prefix.strip()} "
-                f"{pin.first_build}..{pin.last_build}) is visible in {region}",
+                f"no {pin.name_prefix.strip()} DLAMI of Neuron SDK {pin.sdk} is visible in {region}",
                 "try another region (us-east-1, us-west-2), or pass --ami ami-... of an image with "
                 f"{TRANSFORMERS_NEURONX_VENV}",
             )
         )
-    return _ami(fitting[-1], f"pinned SDK {pin.sdk}")
+    return _ami(fitting[-1], f"pinned Neuron SDK {pin.sdk}")
 
 
 def find_latest(ec2: Any, ssm: Any, region: str) -> Ami:

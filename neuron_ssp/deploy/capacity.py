@@ -2,17 +2,22 @@
 
 trn1.32xlarge is often only to be had through a Capacity Block. A block must be `active`, match the
 instance type, and its instance must launch in the block's Availability Zone with
-`InstanceMarketOptions={'MarketType': 'capacity-block'}`; AWS reclaims the instance at the block's end.
+`InstanceMarketOptions={'MarketType': 'capacity-block'}`. The two kinds end differently (EC2 User
+Guide, "Work with Capacity Blocks"): AWS starts terminating a Capacity Block's instances 30 minutes
+before the block ends, while an On-Demand Capacity Reservation's end leaves its instances running,
+billed at the On-Demand rate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from neuron_ssp.deploy.errors import aws_errors
 from neuron_ssp.errors import Problem, UsageError
+
+BLOCK_RECLAIM_LEAD = timedelta(minutes=30)  # Capacity Block instances are terminated from end - 30 min
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,11 @@ class Reservation:
     available: int
     is_block: bool
     end: datetime | None
+
+    @property
+    def reclaim_at(self) -> datetime | None:
+        """When AWS starts terminating this reservation's instances (only Capacity Blocks do)."""
+        return self.end - BLOCK_RECLAIM_LEAD if self.is_block and self.end is not None else None
 
 
 def describe_reservation(ec2: Any, target: CapacityTarget, region: str) -> Reservation:
@@ -95,12 +105,26 @@ def check_reservation(
         )
     if problems:
         raise UsageError(problems)
-    if reservation.end is not None and reservation.end < instance_end:
+    return end_warnings(reservation, instance_end)
+
+
+def end_warnings(reservation: Reservation, instance_end: datetime) -> list[str]:
+    """What the reservation's end does to an instance meant to run until `instance_end` (the TTL)."""
+    if reservation.end is None:
+        return []
+    if reservation.reclaim_at is not None:
+        if reservation.reclaim_at >= instance_end:
+            return []
         return [
-            f"the reservation ends at {reservation.end:%Y-%m-%d %H:%M %Z}, before the TTL; AWS will "
-            "terminate the instance then"
+            f"the Capacity Block ends at {reservation.end:%Y-%m-%d %H:%M} UTC, before the TTL: AWS starts "
+            f"terminating its instances 30 minutes earlier, at {reservation.reclaim_at:%Y-%m-%d %H:%M} UTC"
         ]
-    return []
+    if reservation.end >= instance_end:
+        return []
+    return [
+        f"the Capacity Reservation ends at {reservation.end:%Y-%m-%d %H:%M} UTC, before the TTL: the instance "
+        "keeps running after it, billed at the On-Demand rate, until the TTL or a teardown"
+    ]
 
 
 def run_instances_fields(target: CapacityTarget, reservation: Reservation, subnet_id: str | None) -> dict[str, Any]:

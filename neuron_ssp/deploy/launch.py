@@ -1,8 +1,9 @@
 """Launch one instance for one config: plan (read-only), dry-run or execute, and clean up on failure.
 
 `plan_launch` validates everything and makes only read calls, so a bad config or flag costs nothing.
-`execute_launch` creates the instance; if anything fails after that (timeout, Ctrl-C, an AWS error)
-it terminates the instance, or with keep_on_failure says exactly what is still running and costing.
+`execute_launch` creates the instance and waits for the bootstrap's own verdict (ready or failed);
+if anything fails after that (timeout, a failed bootstrap, Ctrl-C, an AWS error) it terminates the
+instance, or with keep_on_failure says exactly what is still running and costing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from neuron_ssp.config import EMBEDDED_PREFIX, Config
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import Ami, resolve_ami
 from neuron_ssp.deploy.aws import AwsClients
+from neuron_ssp.deploy.bootstrap_wait import wait_bootstrap
 from neuron_ssp.deploy.capacity import (
     CapacityTarget,
+    Reservation,
     check_reservation,
     describe_reservation,
     run_instances_fields,
@@ -32,7 +35,7 @@ from neuron_ssp.deploy.errors import AwsUnreachable, aws_errors, error_code, tra
 from neuron_ssp.deploy.inventory import Deployment, describe, list_deployments
 from neuron_ssp.deploy.pricing import format_usd, hourly_usd
 from neuron_ssp.deploy.ssm_run import ssm_ping_status
-from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
+from neuron_ssp.deploy.userdata import FAILURE_SHUTDOWN_MINUTES, BootstrapSpec, HfTokenSource, render
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
 
@@ -48,7 +51,8 @@ class LaunchOptions:
     instance_profile: str | None = None
     capacity: CapacityTarget | None = None
     ttl_hours: float = 4.0
-    volume_gb: int = 500
+    volume_gb: int = 512
+    kms_key: str | None = None
     weights_s3_uri: str | None = None
     output_s3_uri: str | None = None
     package_spec: str | None = None
@@ -71,14 +75,22 @@ class LaunchPlan:
     params: dict[str, Any]
     warnings: tuple[str, ...]
     keep_on_failure: bool
+    reservation: Reservation | None = None
 
     @property
     def client_token(self) -> str:
         return self.params["ClientToken"]
 
     @property
+    def in_capacity_block(self) -> bool:
+        return self.reservation is not None and self.reservation.is_block
+
+    @property
     def max_cost_usd(self) -> float | None:
-        return None if self.hourly_usd is None else self.hourly_usd * self.ttl_hours
+        """Worst-case instance charge of this launch; None when unknown or prepaid (a Capacity Block)."""
+        if self.hourly_usd is None or self.in_capacity_block:
+            return None
+        return self.hourly_usd * self.ttl_hours
 
 
 @dataclass(frozen=True)
@@ -101,8 +113,8 @@ def plan_launch(
     client_token: str | None = None,
 ) -> LaunchPlan:
     """Validate config and flags, resolve the AMI and the reservation; create nothing."""
-    _check_options(options)
     instance_type, config_warnings = _check_config(config)
+    _check_options(options, instance_type)
     now = now or datetime.now(timezone.utc)
     expires_at = now + timedelta(hours=options.ttl_hours)
     name = tags.check_deployment_name(options.name or default_name(config, config_path))
@@ -124,6 +136,7 @@ def plan_launch(
         warnings.append("--ami latest follows the newest Neuron SDK, which may no longer ship transformers-neuronx")
 
     params = _base_params(options, instance_type, ami, client_token or f"neuron-ssp-{uuid.uuid4().hex}")
+    reservation = None
     if options.capacity:
         reservation = describe_reservation(clients.ec2, options.capacity, region)
         warnings += check_reservation(reservation, options.capacity, instance_type, expires_at)
@@ -170,6 +183,7 @@ def plan_launch(
         params,
         tuple(warnings),
         options.keep_on_failure,
+        reservation,
     )
 
 
@@ -193,7 +207,34 @@ def default_package_spec() -> str:
         return "neuron-ssp"
 
 
-def _check_options(options: LaunchOptions) -> None:
+# Root volume: Neuron's setup guides ask for >= 512 GB on trn1. gp3's baseline of 125 MiB/s would make
+# the ~150 GB weight sync take 20 min; 1000 MiB/s needs >= 4000 IOPS (gp3 allows 0.25 MiB/s per IOPS).
+MIN_ROOT_VOLUME_GB = {"trn1": 512}
+ROOT_VOLUME_THROUGHPUT_MIBS = 1000
+ROOT_VOLUME_IOPS = 4000
+_KMS_KEY = re.compile(r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+|alias/[\w/-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$")
+
+
+def min_root_volume_gb(instance_type: str) -> int:
+    return MIN_ROOT_VOLUME_GB.get(instance_type.split(".")[0], 100)
+
+
+def root_volume(options: LaunchOptions, device_name: str) -> dict[str, Any]:
+    """The root EBS volume: encrypted (with --kms-key, or the account's default EBS key), deleted with the instance."""
+    ebs: dict[str, Any] = {
+        "VolumeSize": options.volume_gb,
+        "VolumeType": "gp3",
+        "Iops": ROOT_VOLUME_IOPS,
+        "Throughput": ROOT_VOLUME_THROUGHPUT_MIBS,
+        "Encrypted": True,
+        "DeleteOnTermination": True,
+    }
+    if options.kms_key:
+        ebs["KmsKeyId"] = options.kms_key
+    return {"DeviceName": device_name, "Ebs": ebs}
+
+
+def _check_options(options: LaunchOptions, instance_type: str) -> None:
     problems = []
     if not 0 < options.ttl_hours <= 168:
         problems.append(
@@ -204,13 +245,25 @@ def _check_options(options: LaunchOptions) -> None:
                 "pick the hours you need; the instance terminates itself after them",
             )
         )
-    if options.volume_gb < 100:
+    minimum = min_root_volume_gb(instance_type)
+    if options.volume_gb < minimum:
         problems.append(
             Problem(
                 "--volume-gb",
                 options.volume_gb,
-                "must be >= 100",
-                "Llama-2-70B + 7B in bf16 need ~150 GB of weights plus compiled artifacts; keep the default 500",
+                f"must be >= {minimum} on {instance_type}",
+                "Neuron asks for at least 512 GB on trn1; Llama-2-70B + 7B in bf16 need ~150 GB of weights "
+                f"plus compiled artifacts; keep the default {LaunchOptions.volume_gb}",
+            )
+        )
+    if options.kms_key is not None and not _KMS_KEY.match(options.kms_key):
+        problems.append(
+            Problem(
+                "--kms-key",
+                options.kms_key,
+                "not a KMS key id, key ARN, alias or alias ARN",
+                "pass e.g. alias/my-ebs-key or arn:aws:kms:us-east-1:123456789012:key/<key-id>; "
+                "leave it out to use the account's default EBS key",
             )
         )
     for flag, uri in (
@@ -258,12 +311,7 @@ def _base_params(options: LaunchOptions, instance_type: str, ami: Ami, client_to
         "MaxCount": 1,
         "ClientToken": client_token,
         "InstanceInitiatedShutdownBehavior": "terminate",
-        "BlockDeviceMappings": [
-            {
-                "DeviceName": ami.root_device,
-                "Ebs": {"VolumeSize": options.volume_gb, "VolumeType": "gp3", "DeleteOnTermination": True},
-            }
-        ],
+        "BlockDeviceMappings": [root_volume(options, ami.root_device)],
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
     }
     if options.subnet_id:
@@ -309,7 +357,7 @@ def check_permissions(plan: LaunchPlan, clients: AwsClients) -> PermissionCheck:
 
 
 def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, console: Console) -> Deployment:
-    """Create the instance and wait until it runs and SSM sees it; clean up on any failure."""
+    """Create the instance, wait until it runs, SSM sees it and its bootstrap is ready; clean up on any failure."""
     try:
         with aws_errors(
             "ec2",
@@ -320,25 +368,17 @@ def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, con
             instance_id = clients.ec2.run_instances(**plan.params)["Instances"][0]["InstanceId"]
     except (KeyboardInterrupt, AwsUnreachable) as exc:
         # The request may have been accepted before the interruption: find it by its client token.
-        orphan = _find_by_client_token(plan, clients)
-        if orphan is None:
-            raise RuntimeProblem(
-                [
-                    *_as_problem(exc, plan),
-                    Problem(
-                        "instance",
-                        None,
-                        f"no instance with client token {plan.client_token} was found",
-                        f"double-check with `neuron-ssp deploy list --region {plan.region}`",
-                    ),
-                ]
-            ) from None
-        raise _abandon(orphan, _as_problem(exc, plan), plan, clients) from None
+        found = find_by_client_token(plan, clients, pacing)
+        if isinstance(found, Problem):
+            raise RuntimeProblem([*_as_problem(exc, plan), found]) from None
+        raise _abandon(found, _as_problem(exc, plan), plan, clients) from None
     console.print(f"launched {instance_id} ({plan.instance_type}, {format_usd(plan.hourly_usd)}/h)")
     try:
         wait_running(clients, instance_id, plan.region, pacing, console)
         wait_ssm_online(clients, instance_id, plan.region, pacing, console)
-        return describe(clients.ec2, plan.region, instance_id)
+        deployment = describe(clients.ec2, plan.region, instance_id)
+        wait_bootstrap(clients.ssm, clients.s3, deployment, pacing, console)
+        return deployment
     except (KeyboardInterrupt, NeuronSSPError) as exc:
         raise _abandon(instance_id, _as_problem(exc, plan), plan, clients) from None
     except Exception:
@@ -393,19 +433,56 @@ def wait_ssm_online(clients: AwsClients, instance_id: str, region: str, pacing: 
     )
 
 
-def _find_by_client_token(plan: LaunchPlan, clients: AwsClients) -> str | None:
-    try:
-        with aws_errors("ec2", region=plan.region):
-            pages = clients.ec2.describe_instances(Filters=[{"Name": "client-token", "Values": [plan.client_token]}])
-    except NeuronSSPError:
-        return None
-    ids = [
-        i["InstanceId"]
-        for r in pages["Reservations"]
-        for i in r["Instances"]
-        if i["State"]["Name"] not in ("shutting-down", "terminated")
-    ]
-    return ids[0] if ids else None
+# Seconds to wait before each client-token lookup: EC2 is eventually consistent, and the network
+# that just failed the RunInstances call may fail the first lookups too.
+CLIENT_TOKEN_BACKOFF_S = (0.0, 2.0, 4.0, 8.0)
+
+
+def find_by_client_token(plan: LaunchPlan, clients: AwsClients, pacing: Pacing) -> str | Problem:
+    """After an interrupted RunInstances: the id of the instance AWS created, or what to tell the user.
+
+    Every lookup of CLIENT_TOKEN_BACKOFF_S runs unless one finds the instance. "No instance found" is
+    said only when a lookup succeeded; when all of them failed we say we could not check, and what to run.
+    """
+    token_filter = [{"Name": "client-token", "Values": [plan.client_token]}]
+    failure: str | None = None
+    checked = 0
+    for delay in CLIENT_TOKEN_BACKOFF_S:
+        try:
+            pacing.sleep(delay)
+            with aws_errors("ec2", region=plan.region):
+                reservations = clients.ec2.describe_instances(Filters=token_filter)["Reservations"]
+        except NeuronSSPError as exc:
+            failure = exc.problems[0].rule
+            continue
+        except KeyboardInterrupt:
+            failure = "interrupted again (Ctrl-C) while checking"
+            break
+        checked += 1
+        live = [
+            i["InstanceId"]
+            for r in reservations
+            for i in r["Instances"]
+            if i["State"]["Name"] not in ("shutting-down", "terminated")
+        ]
+        if live:
+            return live[0]
+    if checked:
+        return Problem(
+            "instance",
+            None,
+            f"no instance with client token {plan.client_token} was found ({checked} lookups)",
+            f"double-check with `neuron-ssp deploy list --region {plan.region}`",
+        )
+    return Problem(
+        "instance",
+        plan.client_token,
+        f"could not check whether AWS created an instance before the interruption (the lookup failed: {failure})",
+        f"check now: aws ec2 describe-instances --region {plan.region} "
+        f"--filters Name=client-token,Values={plan.client_token} "
+        "--query 'Reservations[].Instances[].[InstanceId,State.Name]'; terminate what it lists with "
+        f"aws ec2 terminate-instances --region {plan.region} --instance-ids <id>",
+    )
 
 
 def _as_problem(exc: BaseException, plan: LaunchPlan) -> list[Problem]:
@@ -431,8 +508,9 @@ def _abandon(instance_id: str, cause: list[Problem], plan: LaunchPlan, clients: 
                 Problem(
                     "instance",
                     instance_id,
-                    f"kept after the failure and still running: {costing}; "
-                    f"it terminates itself at {plan.expires_at:%Y-%m-%d %H:%M} UTC if its bootstrap started",
+                    f"kept after the failure and still running: {costing}; it terminates itself at "
+                    f"{plan.expires_at:%Y-%m-%d %H:%M} UTC if its bootstrap started, or "
+                    f"{FAILURE_SHUTDOWN_MINUTES} min after a failed bootstrap ('sudo shutdown -c' on it keeps it)",
                     f"inspect it, then `neuron-ssp deploy teardown {plan.name} --region {plan.region}`",
                 ),
             ]

@@ -22,7 +22,9 @@ from neuron_ssp.errors import Problem, UsageError
 
 INLINE_LIMIT = 24_000
 NOT_READY_EXIT = 75
-_DONE = {"Success", "Failed", "Cancelled", "TimedOut", "Cancelling"}
+# GetCommandInvocation's final statuses (its enum also has Pending, InProgress, Delayed and Cancelling,
+# which is on its way to Cancelled, not final).
+FINAL_STATUSES = frozenset({"Success", "Failed", "Cancelled", "TimedOut"})
 
 
 @dataclass(frozen=True)
@@ -83,27 +85,12 @@ def run_remote(
     what: str,
 ) -> CommandResult:
     """Send, wait with a spinner, fetch the output. Never raises for a non-zero remote exit code."""
-    request: dict[str, Any] = {
-        "InstanceIds": [deployment.instance_id],
-        "DocumentName": "AWS-RunShellScript",
-        "Parameters": {"commands": commands, "executionTimeout": [str(timeout_s)]},
-        "TimeoutSeconds": 600,
-        "Comment": f"neuron-ssp {what}"[:100],
-    }
-    if output:
-        request.update(OutputS3BucketName=output.bucket, OutputS3KeyPrefix=output.prefix)
-    with aws_errors("ssm", region=deployment.region):
-        command_id = ssm.send_command(**request)["Command"]["CommandId"]
+    command_id = send_shell(ssm, deployment, commands, output=output, timeout_s=timeout_s, what=what)
     invocation: dict[str, Any] = {}
 
     def check() -> tuple[bool, str]:
-        try:
-            invocation.update(ssm.get_command_invocation(CommandId=command_id, InstanceId=deployment.instance_id))
-        except translatable() as exc:
-            if error_code(exc) == "InvocationDoesNotExist":  # for a moment after send_command
-                return False, "Pending"
-            raise translate(exc, "ssm", region=deployment.region) from None
-        return invocation["Status"] in _DONE, invocation["Status"]
+        invocation.update(read_invocation(ssm, command_id, deployment))
+        return invocation["Status"] in FINAL_STATUSES, invocation["Status"]
 
     wait_until(
         f"{what} on {deployment.name}",
@@ -127,6 +114,33 @@ def run_remote(
     return CommandResult(
         command_id, invocation["Status"], int(invocation.get("ResponseCode", -1)), stdout, stderr, truncated
     )
+
+
+def send_shell(
+    ssm: Any, deployment: Deployment, commands: list[str], *, output: S3Location | None, timeout_s: int, what: str
+) -> str:
+    """Start AWS-RunShellScript on the deployment; returns the command id."""
+    request: dict[str, Any] = {
+        "InstanceIds": [deployment.instance_id],
+        "DocumentName": "AWS-RunShellScript",
+        "Parameters": {"commands": commands, "executionTimeout": [str(timeout_s)]},
+        "TimeoutSeconds": 600,
+        "Comment": f"neuron-ssp {what}"[:100],
+    }
+    if output:
+        request.update(OutputS3BucketName=output.bucket, OutputS3KeyPrefix=output.prefix)
+    with aws_errors("ssm", region=deployment.region):
+        return str(ssm.send_command(**request)["Command"]["CommandId"])
+
+
+def read_invocation(ssm: Any, command_id: str, deployment: Deployment) -> dict[str, Any]:
+    """The command's invocation so far (Status 'Pending' while SSM does not know it yet)."""
+    try:
+        return dict(ssm.get_command_invocation(CommandId=command_id, InstanceId=deployment.instance_id))
+    except translatable() as exc:
+        if error_code(exc) == "InvocationDoesNotExist":  # for a moment after send_command
+            return {"Status": "Pending"}
+        raise translate(exc, "ssm", region=deployment.region) from None
 
 
 def fetch_output(s3: Any, output: S3Location, command_id: str, deployment: Deployment) -> tuple[str, str] | None:

@@ -2,7 +2,8 @@
 
 The template (`neuron_ssp/data/deploy-bootstrap.sh`) is plain bash with `{{NAME}}` slots; every value
 is shell-quoted here. No secret is ever written into it (user data is readable by anyone with
-ec2:DescribeInstanceAttribute): the Hugging Face token is fetched at boot by the instance role.
+ec2:DescribeInstanceAttribute): the Hugging Face token is fetched at boot by the instance role, and
+`render` refuses values that look like credentials (a pasted token, a key id, a password in a URL).
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ ENV_FILE = f"{HOME_DIR}/env.sh"
 STATUS_FILE = "/var/lib/neuron-ssp/status"
 LOG_FILE = "/var/log/neuron-ssp-bootstrap.log"
 READY = "ready"
+FAILED_PREFIX = "failed"  # the status file reads "failed: <step>" after the bootstrap's ERR trap ran
+FAILURE_SHUTDOWN_MINUTES = 15
 HF_TOKEN_FILE = "/root/.cache/huggingface/token"
 _SLOT = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
+_CREDENTIALS = {
+    "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
+    "an AWS access key id": re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    "a password in a URL": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@", re.IGNORECASE),
+}
 
 
 @dataclass(frozen=True)
@@ -73,10 +81,12 @@ def weight_sources(weights_s3_uri: str, model_paths: tuple[str, ...]) -> list[tu
 
 
 def render(spec: BootstrapSpec) -> str:
+    _refuse_credentials(spec)
     values = {
         "DEPLOYMENT": spec.deployment,
         "REGION": shlex.quote(spec.region),
         "TTL_MINUTES": str(max(1, round(spec.ttl_hours * 60))),
+        "FAILURE_SHUTDOWN_MINUTES": str(FAILURE_SHUTDOWN_MINUTES),
         "VENV": shlex.quote(spec.venv),
         "PACKAGE_SPEC": shlex.quote(spec.package_spec),
         "NEURON_PIP_INDEX": NEURON_PIP_INDEX,
@@ -103,6 +113,29 @@ def render(spec: BootstrapSpec) -> str:
             )
         )
     return script
+
+
+def _refuse_credentials(spec: BootstrapSpec) -> None:
+    """User data is readable by anyone allowed to describe the instance: no credential may go in."""
+    fields = {
+        "config": spec.config_yaml,
+        "--package-spec": spec.package_spec,
+        "--weights-s3-uri": spec.weights_s3_uri or "",
+    }
+    problems = [
+        Problem(
+            field,
+            "<not shown>",
+            f"holds what looks like {kind}; EC2 user data is readable by anyone allowed to describe the instance",
+            "remove it; a Hugging Face token goes in Secrets Manager or an SSM SecureString "
+            "(--hf-token-secret / --hf-token-parameter), read at boot by the instance role",
+        )
+        for field, text in fields.items()
+        for kind, pattern in _CREDENTIALS.items()
+        if pattern.search(text)
+    ]
+    if problems:
+        raise UsageError(problems)
 
 
 def _weights_commands(spec: BootstrapSpec) -> str:

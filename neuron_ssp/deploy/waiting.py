@@ -20,6 +20,8 @@ class Pacing:
     interval_s: float = 10.0
     running_timeout_s: float = 15 * 60
     ssm_online_timeout_s: float = 20 * 60
+    bootstrap_timeout_s: float = 60 * 60  # pip install + ~150 GB of weights from S3
+    bootstrap_interval_s: float = 30.0  # each poll is an SSM command: poll less often than EC2
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
