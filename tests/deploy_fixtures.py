@@ -9,8 +9,8 @@ test. Two ways to answer the requests:
   none) and its DescribeImages learns the `description` filter (moto raises FilterNotImplemented for
   it), `ssm:DescribeInstanceInformation` is answered "Online" by a botocore `before-call` hook (moto
   has no such API), and `FakeSsmAgent` plays the SSM agent (moto records commands but runs nothing and
-  uploads no output; it answers the bootstrap status read with `ready`). Capacity reservations/blocks and the public /aws/service/neuron parameters are
-  not in moto either; they are covered by the Stubber tests.
+  uploads no output; it answers the bootstrap status read with `ready`). Capacity reservations/blocks
+  and the public /aws/service/neuron parameters are not in moto either; the Stubber tests cover them.
 * `stubbed`: real boto3 clients behind botocore `Stubber`, which checks each request against the
   service model and against the exact parameters a test expects.
 """

@@ -16,7 +16,15 @@ from deploy_fixtures import TRN1_CONFIG
 
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.ami import TRANSFORMERS_NEURONX_VENV
-from neuron_ssp.deploy.userdata import HF_TOKEN_FILE, HOME_DIR, LOG_FILE, STATUS_FILE, BootstrapSpec, HfTokenSource, render
+from neuron_ssp.deploy.userdata import (
+    HF_TOKEN_FILE,
+    HOME_DIR,
+    LOG_FILE,
+    STATUS_FILE,
+    BootstrapSpec,
+    HfTokenSource,
+    render,
+)
 
 FAKE = '#!/bin/sh\necho "$(basename "$0") $*" >> "{calls}"\n{body}\n'
 

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import deploy_fixtures
 import pytest
+from botocore.stub import ANY
 from click.testing import CliRunner
 from deploy_fixtures import (
     INSTANCE_ID,
@@ -19,6 +20,7 @@ from deploy_fixtures import (
     StubbedAws,
     instance,
     instant_pacing,
+    queue_bootstrap,
     queue_ping,
     queue_plan,
     queue_run_instances,
@@ -31,6 +33,7 @@ from rich.console import Console
 from neuron_ssp.cli import deploy as deploy_cli
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
+from neuron_ssp.deploy import launch
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.errors import translate
 from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
@@ -146,6 +149,7 @@ def test_instance_not_yet_visible_is_waited_for(stubbed: StubbedAws) -> None:
     queue_running(stubbed)
     queue_ping(stubbed)
     queue_running(stubbed)
+    queue_bootstrap(stubbed, "ready")
     assert execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET).state == "running"
     stubbed.assert_done()
 
@@ -160,6 +164,50 @@ def test_instance_dying_while_starting_reports_the_reason(stubbed: StubbedAws) -
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
     assert "Insufficient capacity." in raised.value.problems[0].rule
     stubbed.assert_done()
+
+
+LOG_LINE = "fatal error: An error occurred (AccessDenied) when calling the ListObjectsV2 operation"
+
+
+def queue_failed_bootstrap(stubs: StubbedAws) -> None:
+    """The instance comes up, SSM sees it, the bootstrap fails copying weights; then its log is read."""
+    queue_run_instances(stubs)
+    queue_running(stubs)
+    queue_ping(stubs)
+    queue_running(stubs)
+    queue_bootstrap(stubs, "install", "weights", "failed: weights")
+    log_command = "11111111-1111-4111-8111-111111111111"
+    stubs.ssm.add_response("send_command", {"Command": {"CommandId": log_command}}, {
+        "InstanceIds": [INSTANCE_ID], "DocumentName": "AWS-RunShellScript", "Parameters": ANY,
+        "TimeoutSeconds": 600, "Comment": "neuron-ssp bootstrap log"})
+    stubs.ssm.add_response("get_command_invocation", {
+        "Status": "Success", "ResponseCode": 0,
+        "StandardOutputContent": f"[neuron-ssp] 2025-08-01T12:09:00Z weights\n{LOG_LINE}\n"
+                                 "[neuron-ssp] bootstrap FAILED at step: weights\n"},
+        {"CommandId": log_command, "InstanceId": INSTANCE_ID})
+
+
+def test_a_failed_bootstrap_is_shown_with_its_log_tail_and_torn_down(stubbed: StubbedAws) -> None:
+    plan = planned(stubbed)
+    queue_failed_bootstrap(stubbed)
+    queue_terminate(stubbed)
+    with pytest.raises(RuntimeProblem) as raised:
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+    failed, cleanup = raised.value.problems
+    assert failed.field == "bootstrap" and failed.value == "weights"
+    assert LOG_LINE in failed.rule and "/var/log/neuron-ssp-bootstrap.log" in failed.rule
+    assert cleanup.value == INSTANCE_ID and "nothing is left running" in cleanup.rule
+    stubbed.assert_done()
+
+
+def test_a_failed_bootstrap_kept_for_debugging_says_when_it_terminates_itself(stubbed: StubbedAws) -> None:
+    plan = planned(stubbed, keep_on_failure=True)
+    queue_failed_bootstrap(stubbed)
+    with pytest.raises(RuntimeProblem) as raised:
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+    kept = raised.value.problems[-1]
+    assert "still running" in kept.rule and "15 min after a failed bootstrap" in kept.rule
+    stubbed.assert_done()  # and no terminate_instances was sent
 
 
 def test_keep_on_failure_says_exactly_what_is_still_costing(stubbed: StubbedAws) -> None:
@@ -211,14 +259,48 @@ def test_ctrl_c_during_run_instances_finds_the_instance_by_client_token(stubbed:
     stubbed.assert_done()
 
 
+TOKEN_FILTER = {"Filters": [{"Name": "client-token", "Values": ["tok-1"]}]}
+
+
 def test_ctrl_c_when_aws_created_nothing_says_so(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     interrupt_run_instances(stubbed)
-    stubbed.ec2.add_response("describe_instances", reservations(),
-                             {"Filters": [{"Name": "client-token", "Values": ["tok-1"]}]})
+    for _ in launch.CLIENT_TOKEN_BACKOFF_S:  # EC2 is eventually consistent: every lookup runs before "none"
+        stubbed.ec2.add_response("describe_instances", reservations(), TOKEN_FILTER)
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
     assert "no instance with client token tok-1" in raised.value.problems[-1].rule
+    stubbed.assert_done()
+
+
+def test_client_token_lookup_is_retried_with_backoff_until_it_answers(stubbed: StubbedAws) -> None:
+    plan = planned(stubbed)
+    interrupt_run_instances(stubbed)
+    stubbed.ec2.add_client_error("describe_instances", "RequestLimitExceeded", "slow down",
+                                 expected_params=TOKEN_FILTER)
+    stubbed.ec2.add_client_error("describe_instances", "InternalError", "try again", expected_params=TOKEN_FILTER)
+    stubbed.ec2.add_response("describe_instances", reservations(instance(state="pending")), TOKEN_FILTER)
+    queue_terminate(stubbed)
+    clock = FakeClock()
+    with pytest.raises(RuntimeProblem) as raised:
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(clock), console=QUIET)
+    assert raised.value.problems[-1].value == INSTANCE_ID and "terminated" in raised.value.problems[-1].rule
+    assert clock.sleeps == [0.0, 2.0, 4.0]  # backoff between the lookups
+    stubbed.assert_done()
+
+
+def test_a_failed_client_token_lookup_says_could_not_check_and_what_to_run(stubbed: StubbedAws) -> None:
+    plan = planned(stubbed)
+    interrupt_run_instances(stubbed)
+    for _ in launch.CLIENT_TOKEN_BACKOFF_S:
+        stubbed.ec2.add_client_error("describe_instances", "RequestLimitExceeded", "slow down",
+                                     expected_params=TOKEN_FILTER)
+    with pytest.raises(RuntimeProblem) as raised:
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+    unknown = raised.value.problems[-1]
+    assert "could not check" in unknown.rule and "no instance" not in unknown.rule
+    assert "aws ec2 describe-instances --region us-east-1 --filters Name=client-token,Values=tok-1" in unknown.fix
+    assert "aws ec2 terminate-instances --region us-east-1" in unknown.fix
     stubbed.assert_done()
 
 
@@ -291,6 +373,30 @@ def test_cli_ctrl_c_terminates_and_exits_cleanly(cli_on_stubs: StubbedAws, monke
     code, out = invoke(*launch_args("--yes"))
     assert code == 1 and "Ctrl-C" in out and "terminated because the launch did not finish" in out
     assert "Aborted" not in out and "Traceback" not in out
+    cli_on_stubs.assert_done()
+
+
+def test_cli_failed_bootstrap_prints_the_log_tail_and_terminates(cli_on_stubs: StubbedAws) -> None:
+    queue_plan(cli_on_stubs, "trn1")
+    queue_failed_bootstrap(cli_on_stubs)
+    queue_terminate(cli_on_stubs)
+    code, out = invoke(*launch_args("--yes"))
+    assert code == 1 and LOG_LINE in out and "failed at step 'weights'" in out
+    assert "terminated because the launch did not finish" in out and "Traceback" not in out
+    cli_on_stubs.assert_done()
+
+
+def test_cli_confirm_prompt_shows_the_capacity_block_price_not_on_demand(cli_on_stubs: StubbedAws) -> None:
+    block = {"CapacityReservationId": "cr-0123456789abcdef0", "InstanceType": "trn1.32xlarge",
+             "AvailabilityZone": "us-east-1d", "State": "active", "AvailableInstanceCount": 1,
+             "ReservationType": "capacity-block", "EndDate": datetime(2099, 1, 1, 11, 30, tzinfo=timezone.utc)}
+    queue_plan(cli_on_stubs, "trn1", reservation=block)
+    result = CliRunner().invoke(main, ["deploy", *launch_args("--capacity-block-id", "cr-0123456789abcdef0")],
+                                input="n\n")
+    question = next(line for line in result.output.splitlines() if line.startswith("Launch "))
+    assert "Capacity Block cr-0123456789abcdef0" in question and "upfront fee" in question
+    assert "$21.50" not in result.output and "at most" not in result.output
+    assert "nothing was created" in result.output
     cli_on_stubs.assert_done()
 
 

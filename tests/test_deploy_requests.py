@@ -17,6 +17,7 @@ import deploy_fixtures
 import pytest
 import yaml
 from botocore.stub import ANY
+from botocore.validate import ParamValidator
 from deploy_fixtures import (
     INF2_CONFIG,
     INSTANCE_ID,
@@ -27,8 +28,8 @@ from deploy_fixtures import (
     StubbedAws,
     dlami_images,
     instant_pacing,
-    queue_ping,
     queue_bootstrap,
+    queue_ping,
     queue_plan,
     queue_run_instances,
     queue_running,
@@ -38,8 +39,9 @@ from rich.console import Console
 from neuron_ssp.config import config_from_dict, load_config
 from neuron_ssp.deploy import ami
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation
+from neuron_ssp.deploy.inventory import Deployment
 from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
-from neuron_ssp.deploy.ssm_run import S3Location, bash_commands
+from neuron_ssp.deploy.ssm_run import S3Location, bash_commands, run_remote
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
 from neuron_ssp.errors import RuntimeProblem, UsageError
 
@@ -122,6 +124,35 @@ def test_on_demand_request_uses_the_given_network_and_no_market_options(stubbed:
     assert any("padded" in w for w in plan.warnings)  # the topology's warnings reach the user
     assert any("--weights-s3-uri" in w for w in plan.warnings)
     stubbed.assert_done()
+
+
+def test_root_volume_is_encrypted_with_the_given_kms_key_and_fast_enough_for_the_weights(
+        stubbed: StubbedAws) -> None:
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    queue_plan(stubbed, "x")
+    options = LaunchOptions(region=REGION, kms_key=key)
+    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    (root,) = params["BlockDeviceMappings"]
+    assert root["Ebs"]["Encrypted"] is True and root["Ebs"]["KmsKeyId"] == key
+    assert root["Ebs"]["VolumeSize"] >= 512 and root["Ebs"]["Throughput"] == 1000 and root["Ebs"]["Iops"] == 4000
+    assert root["Ebs"]["Throughput"] <= 0.25 * root["Ebs"]["Iops"]  # gp3: at most 0.25 MiB/s per IOPS
+    # the whole request, as botocore's validator sees it against the EC2 service model
+    ec2_model = stubbed.clients.ec2.meta.service_model.operation_model("RunInstances").input_shape
+    report = ParamValidator().validate(params, ec2_model)
+    assert not report.has_errors(), report.generate_report()
+    stubbed.assert_done()
+
+
+@pytest.mark.parametrize(("options", "field", "rule"), [
+    ({"volume_gb": 500}, "--volume-gb", "must be >= 512 on trn1.32xlarge"),
+    ({"kms_key": "my key"}, "--kms-key", "not a KMS key id"),
+])
+def test_too_small_trn1_volume_and_bad_kms_key_are_refused(stubbed: StubbedAws, options: dict, field: str,
+                                                            rule: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, LaunchOptions(region=REGION, **options), stubbed.clients)
+    assert [(p.field, rule in p.rule) for p in raised.value.problems] == [(field, True)]
+    stubbed.assert_done()  # refused before any AWS call
 
 
 def test_capacity_reservation_targets_it_without_capacity_block_market(stubbed: StubbedAws) -> None:
@@ -280,7 +311,7 @@ def test_user_data_is_valid_bash_with_ttl_venv_weights_and_no_secret() -> None:
     assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-7b-hf/ /opt/models/Llama-2-7b-hf" in script
     assert "secretsmanager get-secret-value --secret-id neuron-ssp/hf-token" in script
     assert "--extra-index-url https://pip.repos.neuron.amazonaws.com" in script
-    assert "{{" not in script and "hf_" not in script.lower().replace("hf_token", "")
+    assert "{{" not in script
 
 
 def test_user_data_carries_the_validated_config_verbatim() -> None:
@@ -295,6 +326,44 @@ def test_user_data_with_ssm_token_and_without_weights() -> None:
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     assert "aws ssm get-parameter --name /neuron-ssp/hf --with-decryption" in script
     assert "s3 sync" not in script and "test -d /opt/models/Llama-2-70b-hf" in script
+
+
+HF_TOKEN = "hf_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd6Pf1Hs5Jy0Ga4Ue"  # the shape of a real token, valid for nothing
+
+
+def decoded_user_data(script: str) -> str:
+    """The script plus the config it carries base64-encoded: a secret could hide in either."""
+    encoded = next(line.split()[1] for line in script.splitlines() if line.startswith("echo ") and "base64 -d" in line)
+    return script + base64.b64decode(encoded).decode()
+
+
+def test_a_real_token_in_the_environment_never_reaches_user_data(stubbed: StubbedAws, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", HF_TOKEN)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".cache/huggingface").mkdir(parents=True)
+    (tmp_path / ".cache/huggingface/token").write_text(HF_TOKEN)
+    queue_plan(stubbed, "x")
+    options = LaunchOptions(region=REGION, instance_profile="p",
+                            hf_token=HfTokenSource("secretsmanager", "neuron-ssp/hf"))
+    user_data = decoded_user_data(
+        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params["UserData"])
+    assert "--secret-id neuron-ssp/hf" in user_data  # the token's source went through the render path ...
+    assert HF_TOKEN not in user_data and HF_TOKEN[3:] not in user_data  # ... the token itself did not
+
+
+@pytest.mark.parametrize(("overrides", "field"), [
+    ({"config_yaml": f"name: team-{HF_TOKEN}\n"}, "config"),
+    ({"config_yaml": "neuron:\n  compile_cache_url: https://bob:s3cr3t@cache.example.com/neuron\n"}, "config"),
+    ({"package_spec": f"git+https://x-token:{HF_TOKEN}@github.com/me/neuron-ssp"}, "--package-spec"),
+])
+def test_a_credential_in_what_goes_into_user_data_is_refused_without_echoing_it(overrides: dict,
+                                                                                  field: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        render(spec(**overrides))
+    assert field in [p.field for p in raised.value.problems]
+    assert HF_TOKEN not in str(raised.value) and "s3cr3t" not in str(raised.value)
 
 
 def test_oversized_user_data_is_a_usage_error() -> None:
@@ -320,6 +389,29 @@ def test_output_location_parsing(uri: str, bucket: str, prefix: str) -> None:
     location = S3Location.parse(uri)
     assert (location.bucket, location.prefix) == (bucket, prefix)
     assert location.key_prefix("cmd", "i-1") == "/".join(p for p in (prefix, "cmd", "i-1") if p) + "/"
+
+
+def test_cancelling_is_waited_through_until_the_command_is_cancelled(stubbed: StubbedAws) -> None:
+    command_id = "22222222-2222-4222-8222-222222222222"
+    deployment = Deployment("trn1", INSTANCE_ID, "trn1.32xlarge", "running", REGION, "us-east-1a", NOW, {})
+    stubbed.ssm.add_response("send_command", {"Command": {"CommandId": command_id}}, None)
+    for status in ("InProgress", "Cancelling", "Cancelled"):
+        stubbed.ssm.add_response("get_command_invocation", {"Status": status, "ResponseCode": -1},
+                                 {"CommandId": command_id, "InstanceId": INSTANCE_ID})
+    result = run_remote(stubbed.clients.ssm, stubbed.clients.s3, deployment, bash_commands(["true"]), output=None,
+                        timeout_s=60, pacing=instant_pacing(), console=QUIET, what="run")
+    assert result.status == "Cancelled"
+    stubbed.assert_done()
+
+
+def test_logs_console_help_says_console_output() -> None:
+    from click.testing import CliRunner
+
+    from neuron_ssp.cli import main
+
+    result = CliRunner().invoke(main, ["deploy", "logs", "--help"], terminal_width=200)
+    line = next(line for line in result.output.splitlines() if "--console" in line)
+    assert "console output" in line and "serial" not in line
 
 
 def test_bad_output_uri_is_a_usage_error() -> None:

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import AwsClients
+from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
 from neuron_ssp.deploy.capacity import CapacityTarget
 from neuron_ssp.deploy.errors import OPERATOR_POLICY, aws_errors
 from neuron_ssp.deploy.inventory import Deployment, find_deployment, list_deployments
@@ -24,10 +25,11 @@ from neuron_ssp.deploy.ssm_run import (
     S3Location,
     bash_commands,
     run_remote,
+    run_snippet,
     ssm_ping_status,
 )
 from neuron_ssp.deploy.teardown import terminate
-from neuron_ssp.deploy.userdata import CONFIG_FILE, LOG_FILE, STATUS_FILE, HfTokenSource
+from neuron_ssp.deploy.userdata import CONFIG_FILE, LOG_FILE, HfTokenSource
 from neuron_ssp.deploy.waiting import Pacing
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
@@ -245,7 +247,7 @@ def _plan_table(plan: LaunchPlan) -> Table:
         ("region", plan.region),
         ("instance type", plan.instance_type),
         ("AMI", f"{plan.ami.image_id}  {plan.ami.name}  ({plan.ami.source})"),
-        ("price", CAPACITY_BLOCK_PRICE if plan.in_capacity_block else f"{format_usd(plan.hourly_usd)}/h on demand (estimate)"),
+        ("price", _price_text(plan)),
         ("TTL", _ttl_text(plan)),
         ("capacity", _capacity_text(plan)),
         ("subnet", plan.params.get("SubnetId", "default VPC")),
@@ -255,6 +257,10 @@ def _plan_table(plan: LaunchPlan) -> Table:
     for key, value in rows:
         table.add_row(key, str(value))
     return table
+
+
+def _price_text(plan: LaunchPlan) -> str:
+    return CAPACITY_BLOCK_PRICE if plan.in_capacity_block else f"{format_usd(plan.hourly_usd)}/h on demand (estimate)"
 
 
 def _ttl_text(plan: LaunchPlan) -> str:
@@ -375,16 +381,8 @@ def status(name: str, region: str | None, as_json: bool) -> None:
 
 
 def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) -> str:
-    result = run_remote(
-        clients.ssm,
-        clients.s3,
-        deployment,
-        bash_commands(f"cat {STATUS_FILE} 2>/dev/null || echo not-started", require_ready=False),
-        output=None,
-        timeout_s=60,
-        pacing=PACING,
-        console=err,
-        what="status",
+    result = run_snippet(
+        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, console=err, what="status"
     )
     return result.stdout.strip() or result.status
 
@@ -410,16 +408,9 @@ def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
         click.echo("\n".join(text.splitlines()[-lines:]))
         return
     output = S3Location.parse(deployment.output_s3_uri) if deployment.output_s3_uri else None
-    result = run_remote(
-        clients.ssm,
-        clients.s3,
-        deployment,
-        bash_commands(f"tail -n {int(lines)} {LOG_FILE}", require_ready=False),
-        output=output,
-        timeout_s=60,
-        pacing=PACING,
-        console=err,
-        what="logs",
+    snippet = f"tail -n {int(lines)} {LOG_FILE}"
+    result = run_snippet(
+        clients.ssm, clients.s3, deployment, snippet, output=output, pacing=PACING, console=err, what="logs"
     )
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)

@@ -13,13 +13,13 @@ from typing import Any
 from rich.console import Console
 
 from neuron_ssp.deploy.inventory import Deployment
-from neuron_ssp.deploy.ssm_run import FINAL_STATUSES, bash_commands, read_invocation, run_remote, send_shell
+from neuron_ssp.deploy.ssm_run import FINAL_STATUSES, bash_commands, read_invocation, run_snippet, send_shell
 from neuron_ssp.deploy.userdata import FAILED_PREFIX, LOG_FILE, READY, STATUS_FILE
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem
 
 LOG_TAIL_LINES = 30
-_READ_STATUS = bash_commands(f"cat {STATUS_FILE} 2>/dev/null || echo not-started", require_ready=False)
+STATUS_SNIPPET = f"cat {STATUS_FILE} 2>/dev/null || echo not-started"
 
 
 class BootstrapFailed(RuntimeProblem):
@@ -37,8 +37,9 @@ class StatusProbe:
 
     def __call__(self) -> tuple[bool, str]:
         if self.command_id is None:
+            commands = bash_commands(STATUS_SNIPPET, require_ready=False)
             self.command_id = send_shell(
-                self.ssm, self.deployment, _READ_STATUS, output=None, timeout_s=60, what="bootstrap status"
+                self.ssm, self.deployment, commands, output=None, timeout_s=60, what="bootstrap status"
             )
             return False, self.status
         invocation = read_invocation(self.ssm, self.command_id, self.deployment)
@@ -82,16 +83,9 @@ def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, co
 def log_tail(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, console: Console) -> str:
     """The bootstrap log's last lines, or why they could not be read (never raises: we are already failing)."""
     try:
-        result = run_remote(
-            ssm,
-            s3,
-            deployment,
-            bash_commands(f"tail -n {LOG_TAIL_LINES} {LOG_FILE}", require_ready=False),
-            output=None,
-            timeout_s=60,
-            pacing=pacing,
-            console=console,
-            what="bootstrap log",
+        snippet = f"tail -n {LOG_TAIL_LINES} {LOG_FILE}"
+        result = run_snippet(
+            ssm, s3, deployment, snippet, output=None, pacing=pacing, console=console, what="bootstrap log"
         )
     except NeuronSSPError as exc:
         return f"  (could not read it: {exc.problems[0].rule})"

@@ -212,7 +212,9 @@ def default_package_spec() -> str:
 MIN_ROOT_VOLUME_GB = {"trn1": 512}
 ROOT_VOLUME_THROUGHPUT_MIBS = 1000
 ROOT_VOLUME_IOPS = 4000
-_KMS_KEY = re.compile(r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+|alias/[\w/-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$")
+_KMS_KEY = re.compile(  # key id, multi-Region key id, alias, or the ARN of a key or an alias
+    r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+|alias/[\w/-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$"
+)
 
 
 def min_root_volume_gb(instance_type: str) -> int:

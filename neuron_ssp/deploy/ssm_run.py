@@ -116,6 +116,24 @@ def run_remote(
     )
 
 
+def run_snippet(
+    ssm: Any,
+    s3: Any,
+    deployment: Deployment,
+    snippet: str,
+    *,
+    output: S3Location | None,
+    pacing: Pacing,
+    console: Console,
+    what: str,
+) -> CommandResult:
+    """A short shell snippet of ours (status, log tail): allowed before the bootstrap is ready, 60 s at most."""
+    commands = bash_commands(snippet, require_ready=False)
+    return run_remote(
+        ssm, s3, deployment, commands, output=output, timeout_s=60, pacing=pacing, console=console, what=what
+    )
+
+
 def send_shell(
     ssm: Any, deployment: Deployment, commands: list[str], *, output: S3Location | None, timeout_s: int, what: str
 ) -> str:
