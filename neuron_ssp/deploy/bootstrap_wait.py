@@ -64,7 +64,7 @@ def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, co
             pacing=replace(pacing, interval_s=pacing.bootstrap_interval_s),
             console=console,
             fix=f"see how far it got: neuron-ssp deploy logs {deployment.name} --region {deployment.region} "
-            "(launch with --keep-on-failure to keep the instance for that)",
+            "(--console if SSM cannot run commands); launch with --keep-on-failure to keep the instance for that",
         )
     except BootstrapFailed as failed:
         step = failed.problems[0].value
