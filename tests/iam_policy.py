@@ -1,8 +1,8 @@
 """Just enough IAM policy evaluation to test our policies by the requests they must allow and refuse.
 
 Supported: Allow/Deny statements (an explicit Deny wins), `Action`/`Resource` with `*`/`?` wildcards,
-and the condition operators StringEquals, StringLike and Bool (a missing key fails the condition, as
-in IAM). Anything else (NotAction, other operators, ...IfExists) raises, so a policy that outgrows
+and the condition operators StringEquals/ArnEquals, StringLike/ArnLike and Bool (a missing key fails
+the condition, as in IAM). Anything else (NotAction, other operators, ...IfExists) raises, so a policy that outgrows
 this evaluator fails its tests instead of passing unexamined.
 """
 
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-_OPERATORS = {"StringEquals", "StringLike", "Bool"}
+_OPERATORS = {"StringEquals", "StringLike", "ArnEquals", "ArnLike", "Bool"}
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -58,9 +58,9 @@ def _conditions_hold(conditions: dict[str, dict[str, Any]], context: dict[str, A
             if actual is None:
                 return False
             wanted = _listed(expected)
-            if operator == "StringEquals" and str(actual) not in wanted:
+            if operator in ("StringEquals", "ArnEquals") and str(actual) not in wanted:
                 return False
-            if operator == "StringLike" and not any(_wildcard(w, str(actual)) for w in wanted):
+            if operator in ("StringLike", "ArnLike") and not any(_wildcard(w, str(actual)) for w in wanted):
                 return False
             if operator == "Bool" and str(actual).lower() not in [str(w).lower() for w in wanted]:
                 return False

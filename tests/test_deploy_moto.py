@@ -80,6 +80,9 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     shutdown = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"],
                                                Attribute="instanceInitiatedShutdownBehavior")
     assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+    attached = [{"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}]
+    (root,) = ec2.describe_volumes(Filters=attached)["Volumes"]
+    assert root["Encrypted"] and root["Size"] == 512 and root["VolumeType"] == "gp3"
 
     code, out = cli("status", "it-trn1", "--region", REGION, "--json")
     assert code == 0, out
