@@ -207,9 +207,10 @@ def default_package_spec() -> str:
         return "neuron-ssp"
 
 
-# Root volume: Neuron's setup guides ask for >= 512 GB on trn1. gp3's baseline of 125 MiB/s would make
-# the ~150 GB weight sync take 20 min; 1000 MiB/s needs >= 4000 IOPS (gp3 allows 0.25 MiB/s per IOPS).
-MIN_ROOT_VOLUME_GB = {"trn1": 512}
+# Root volume: Neuron's setup guides ("when launching a Trn1, adjust your primary EBS volume size to a
+# minimum of 512GB"). gp3's baseline of 125 MiB/s would make the ~150 GB weight sync take 20 min;
+# 1000 MiB/s needs >= 4000 IOPS (gp3 allows 0.25 MiB/s per IOPS).
+MIN_ROOT_VOLUME_GB = {"trn1": 512, "trn1n": 512, "trn2": 512}
 ROOT_VOLUME_THROUGHPUT_MIBS = 1000
 ROOT_VOLUME_IOPS = 4000
 _KMS_KEY = re.compile(  # key id, multi-Region key id, alias, or the ARN of a key or an alias
@@ -254,8 +255,8 @@ def _check_options(options: LaunchOptions, instance_type: str) -> None:
                 "--volume-gb",
                 options.volume_gb,
                 f"must be >= {minimum} on {instance_type}",
-                "Neuron asks for at least 512 GB on trn1; Llama-2-70B + 7B in bf16 need ~150 GB of weights "
-                f"plus compiled artifacts; keep the default {LaunchOptions.volume_gb}",
+                "Neuron's setup guide asks for at least 512 GB on Trn instances; Llama-2-70B + 7B in bf16 need "
+                f"~150 GB of weights plus compiled artifacts; keep the default {LaunchOptions.volume_gb}",
             )
         )
     if options.kms_key is not None and not _KMS_KEY.match(options.kms_key):
