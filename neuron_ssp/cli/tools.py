@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from neuron_ssp.cli.generate import load_with_status, require_prompt
 from neuron_ssp.cli.neuron import parse_ks
-from neuron_ssp.cli.options import echo_json, with_config
+from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_config
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.cli.tools_report import (
     bench_json,
@@ -43,17 +43,6 @@ def _without_k_flag(func: Callable[..., Any]) -> Callable[..., Any]:
     """tune-k takes a range for --k, so the single-value --k of the shared options is dropped."""
     func.__click_params__ = [p for p in func.__click_params__ if p.name != "k"]  # type: ignore[attr-defined]
     return func
-
-
-def _threads_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--threads", type=click.IntRange(min=1),
-                        help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
-                        "threads spinning against other jobs.")(func)
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads is not None:
-        torch.set_num_threads(threads)
 
 
 def _check_output(path: Path | None, option: str, suffix: str | None = None) -> None:
@@ -108,7 +97,7 @@ def _device(config: Config) -> str:
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedup and α vs k to this PNG.")
 @click.option("--write", "write_path", type=click.Path(path_type=Path),
               help="Write the recommended k into this YAML config (comments kept).")
-@_threads_option
+@threads_option
 @_without_k_flag
 @with_config
 def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, plot_path: Path | None,
@@ -127,7 +116,7 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     _check_output(plot_path, "--plot", ".png")
     _check_output(write_path, "--write")
     prompts = balanced(load_prompts(prompts_file), nb_prompts)
-    _set_threads(threads)
+    set_threads(threads)
     neuron = config.platform.backend == "neuron"
     groups = compiled_target_groups(config, ks) if neuron else shared_target_groups(load_with_status(config), ks)
     with _progress("tune-k", len(ks) * len(prompts)) as step:
@@ -173,7 +162,7 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
 @click.option("--samples", type=int, default=8000, show_default=True, help="--lossless: samples per method.")
 @click.option("--prompt", "lossless_prompt", help="--lossless: a prompt where the drafter proposes (one the "
               "answer copies from). Default: a copy task.")
-@_threads_option
+@threads_option
 @with_config
 def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: bool, samples: int,
                  lossless_prompt: str | None, threads: int | None, as_json: bool) -> None:
@@ -183,7 +172,7 @@ def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: 
     With --lossless: the first two new tokens sampled --samples times from each, at temperature 1
     unless --temperature is given, compared by total-variation distance with a 95% upper bound.
     """
-    _set_threads(threads)
+    set_threads(threads)
     if lossless:
         _eval_lossless(config, samples, lossless_prompt, as_json)
         return
@@ -239,7 +228,7 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face generate() runs.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Measure the whole prompt set this many times (a noisy machine needs more).")
-@_threads_option
+@threads_option
 @with_config
 def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_prompts: int | None,
           plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int, threads: int | None,
@@ -257,7 +246,7 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
     if config.sampling.temperature != 0:
         status_console.print(f"bench is greedy: temperature {config.sampling.temperature} -> 0")
         config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.0})})
-    _set_threads(threads)
+    set_threads(threads)
     pipeline = load_with_status(config)
     hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
     with _progress("bench", repeat * sum(len(group) for group in prompts.values())) as step:
