@@ -136,14 +136,14 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
                         p.model.batch_size).bytes_per_core
         for role, p in placed.items()
     }
-    limit = (f"more than the {gib(usable):.1f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "
+    limit = (f"more than the {gib(usable):.2f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "
              f"per core ({HEADROOM_FRACTION:.0%} kept as headroom)")
     models = list(placed.values())
     for role, p in placed.items():
         if per_core[role] > usable:
             report.errors.append(Problem(
                 f"{role}.tp_degree", p.model.tp_degree,
-                f"{p.architecture.name} in {p.model.dtype} needs {gib(per_core[role]):.1f} GiB per core "
+                f"{p.architecture.name} in {p.model.dtype} needs {gib(per_core[role]):.2f} GiB per core "
                 f"at tp_degree {p.model.tp_degree}, {limit}", _memory_fix(models, instance)))
     if any(per_core[role] > usable for role in placed):
         return
@@ -152,7 +152,7 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
     if busiest > usable:
         report.errors.append(Problem(
             "target.tp_degree", placed["target"].model.tp_degree,
-            f"target and draft share cores and need {gib(busiest):.1f} GiB on a core together, {limit}",
+            f"target and draft share cores and need {gib(busiest):.2f} GiB on a core together, {limit}",
             _memory_fix(models, instance)))
 
 
