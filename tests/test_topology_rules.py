@@ -116,7 +116,7 @@ def test_table_is_large_and_mixed() -> None:
     assert len(CASES) >= 25 and len(valid) >= 10 and len(CASES) - len(valid) >= 15
 
 
-def test_seed_fp32_fix_names_the_targets_tp() -> None:
+def test_blog_fp32_fix_names_the_targets_tp() -> None:
     errors, _ = problems(merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}))
     assert errors[0].fix == "set the draft's tp_degree to 32, like the target"
 

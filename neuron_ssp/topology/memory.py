@@ -17,8 +17,8 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # Share of each core's HBM we keep free for what the weights and KV cache do not account for:
 # the runtime's scratchpad, the compiled programs (one per context-length bucket and the
-# speculation window), I/O and collective-communication buffers. DESIGN.md (from the seed blog)
-# says keep 20-30 %; we take the middle, so a 16 GiB core offers 12 GiB to weights and KV cache.
+# speculation window), I/O and collective-communication buffers. The AWS Machine Learning Blog post
+# of 2024-08-05 says keep 20-30 %; we take the middle, so a 16 GiB core offers 12 GiB to weights and KV cache.
 HEADROOM_FRACTION = 0.25
 
 

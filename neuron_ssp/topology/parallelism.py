@@ -20,7 +20,8 @@ TP_RULE: dict[str, str] = {
 
 
 def tp_allowed(generation: Generation, tp_degree: int) -> bool:
-    """The seed blog's rule: Trn1 1, 2, 8, 16 or a multiple of 32; Inf2 1 or a multiple of 2."""
+    """The rule of the AWS Machine Learning Blog post of 2024-08-05: Trn1 1, 2, 8, 16 or a multiple
+    of 32; Inf2 1 or a multiple of 2."""
     if generation == "trn1":
         return tp_degree in (1, 2, 8, 16) or tp_degree % 32 == 0
     if generation == "inf2":
