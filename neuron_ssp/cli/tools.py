@@ -17,7 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from neuron_ssp.cli.generate import load_with_status, require_prompt
 from neuron_ssp.cli.neuron import parse_ks
-from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_config
+from neuron_ssp.cli.options import echo_json, with_config
+from neuron_ssp.cli.options import set_threads as _set_threads
+from neuron_ssp.cli.options import threads_option as _threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.cli.tools_report import (
     bench_json,
@@ -97,7 +99,7 @@ def _device(config: Config) -> str:
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedup and α vs k to this PNG.")
 @click.option("--write", "write_path", type=click.Path(path_type=Path),
               help="Write the recommended k into this YAML config (comments kept).")
-@threads_option
+@_threads_option
 @_without_k_flag
 @with_config
 def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, plot_path: Path | None,
@@ -116,7 +118,7 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     _check_output(plot_path, "--plot", ".png")
     _check_output(write_path, "--write")
     prompts = balanced(load_prompts(prompts_file), nb_prompts)
-    set_threads(threads)
+    _set_threads(threads)
     neuron = config.platform.backend == "neuron"
     groups = compiled_target_groups(config, ks) if neuron else shared_target_groups(load_with_status(config), ks)
     with _progress("tune-k", len(ks) * len(prompts)) as step:
@@ -162,7 +164,7 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
 @click.option("--samples", type=int, default=8000, show_default=True, help="--lossless: samples per method.")
 @click.option("--prompt", "lossless_prompt", help="--lossless: a prompt where the drafter proposes (one the "
               "answer copies from). Default: a copy task.")
-@threads_option
+@_threads_option
 @with_config
 def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: bool, samples: int,
                  lossless_prompt: str | None, threads: int | None, as_json: bool) -> None:
@@ -172,7 +174,7 @@ def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: 
     With --lossless: the first two new tokens sampled --samples times from each, at temperature 1
     unless --temperature is given, compared by total-variation distance with a 95% upper bound.
     """
-    set_threads(threads)
+    _set_threads(threads)
     if lossless:
         _eval_lossless(config, samples, lossless_prompt, as_json)
         return
@@ -228,7 +230,7 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face generate() runs.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Measure the whole prompt set this many times (a noisy machine needs more).")
-@threads_option
+@_threads_option
 @with_config
 def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_prompts: int | None,
           plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int, threads: int | None,
@@ -246,7 +248,7 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
     if config.sampling.temperature != 0:
         status_console.print(f"bench is greedy: temperature {config.sampling.temperature} -> 0")
         config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.0})})
-    set_threads(threads)
+    _set_threads(threads)
     pipeline = load_with_status(config)
     hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
     with _progress("bench", repeat * sum(len(group) for group in prompts.values())) as step:
@@ -264,7 +266,7 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
     console.print(bench_table(result, title))
     console.print("speedup = SSp tok/s ÷ plain tok/s (same run); predicted = Leviathan model from the measured α, c "
                   "and draft lengths; call cost = mean SSp target call time ÷ mean plain one (the model assumes 1x); "
-                  f"HF prompt lookup = HF's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}).")
+                  f"HF lookup = HF prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}).")
     hf_equal = [m.hf_equal for m in result.overall.measures if m.hf_equal is not None]
     if hf_equal:
         console.print(f"HF greedy output equals our plain output on {sum(hf_equal)}/{len(hf_equal)} prompts.")
