@@ -109,8 +109,8 @@ def check_placement(models: dict[str, ModelConfig], instance: Instance, report: 
             "draft.tp_degree", draft.tp_degree,
             f"draft cores {draft_cores} vs target cores {target_cores}: transformers-neuronx loads "
             "draft and target of one process onto the same cores, so their tp_degree must match "
-            "(a different one fails to load, as the Llama-2-70B/7B sample of the AWS Machine Learning "
-            "Blog post of 2024-08-05 warns)",
+            "(a different one fails to load, as the AWS Neuron Samples notebook speculative_sampling.ipynb "
+            "warns)",
             _same_tp_fix(target.tp_degree, report)))
     if draft.first_core != target.first_core:
         why = ("the runtime never accepts a partial overlap of core sets" if relation == "partial"
