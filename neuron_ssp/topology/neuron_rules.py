@@ -74,7 +74,8 @@ def check_tp(role: str, model: ModelConfig, architecture: Architecture | None, i
         report.warnings.append(Problem(
             field, tp,
             f"{architecture.name} has {architecture.heads} attention heads, not divisible by {tp}: "
-            f"they are padded to {padded_heads(architecture.heads, tp)}, costing memory and time",
+            f"they are padded to {padded_heads(architecture.heads, tp)}, costing time and memory "
+            "(`neuron-ssp plan` counts it per core)",
             "use a tp_degree that divides the head count, if one fits"))
 
 
