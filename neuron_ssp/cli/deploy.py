@@ -425,7 +425,7 @@ def list_(region: str | None, as_json: bool) -> None:
             f"{d.uptime_hours(now):.1f} h",
             format_usd(d.hourly_usd),
             format_usd(d.cost_so_far(now)),
-            ("[red]" if overdue else "") + (f"{expires:%m-%d\n%H:%M}" if expires else "-"),
+            ("[red]" if overdue else "") + (expires.strftime("%m-%d\n%H:%M") if expires else "-"),
         )
     out.print(table)
     running = [d.hourly_usd or 0.0 for d in deployments if d.state in ("pending", "running")]
