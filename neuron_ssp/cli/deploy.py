@@ -413,9 +413,11 @@ def list_(region: str | None, as_json: bool) -> None:
     if not deployments:
         out.print(f"no neuron-ssp deployments in {clients.region}")
         return
-    table = Table(title=f"neuron-ssp deployments in {clients.region}")  # six narrow columns: 80 characters
-    for column in ("deployment", "instance", "uptime", "$/h", "so far", "expires UTC"):
-        table.add_column(column, justify="left" if column in ("deployment", "instance") else "right")
+    table = Table(title=f"neuron-ssp deployments in {clients.region}",  # six narrow columns: 80 characters
+                  caption="expires: when the TTL terminates the instance (UTC)")
+    table.add_column("deployment", overflow="fold", min_width=min(24, max(len(d.name) for d in deployments)))
+    for column in ("instance", "up", "$/h", "so far", "expires"):
+        table.add_column(column, justify="left" if column == "instance" else "right")
     for d in deployments:
         expires = d.expires_at
         overdue = expires is not None and expires < now
