@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from typing import Any
 
 import torch
@@ -153,11 +155,12 @@ def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generat
 def _import_plugin(spec: str) -> type:
     module_name, _, class_name = spec.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_from_cwd_first(module_name)
     except Exception as exc:  # any import-time failure is the plug-in's, reported as such
         raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' does not import "
                                  f"({type(exc).__name__}: {exc})",
-                                 "install the module or run from the directory that contains it")) from None
+                                 f"run from the directory that contains {module_name.replace('.', '/')}.py "
+                                 f"(now: {os.getcwd()}), or install the module")) from None
     cls = getattr(module, class_name, None)
     if cls is None:
         raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' has no '{class_name}'",
@@ -166,3 +169,15 @@ def _import_plugin(spec: str) -> type:
         raise UsageError(Problem("speculation.acceptor", spec, f"'{class_name}' is not a class with __call__",
                                  "define __call__(self, draft_ids, draft_scores, target_scores)"))
     return cls
+
+
+def _import_from_cwd_first(module_name: str) -> Any:
+    """Import with the working directory first on sys.path, as uvicorn does for `module:attr`
+    (its `--app-dir`, default '.'): the console script's sys.path starts at its own bin/ directory,
+    so `my_acceptors.py` next to the user would otherwise not be found."""
+    cwd = os.getcwd()
+    sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(module_name)
+    finally:
+        sys.path.remove(cwd)  # the first occurrence: the one inserted above

@@ -68,7 +68,8 @@ class DraftConfidencePolicy(FixedPolicy):
 class TargetConfidencePolicy(FixedPolicy):
     """Draft only when the target was confident in its last token; otherwise decode plainly.
 
-    The seed's strategy (1.24x -> 1.66x for SmolLM2-1.7B/135M): where the target hesitates the draft
+    The strategy of Clay's post of 2024-11-21 (clay-atlas.com; code in ccs96307/fast-llm-inference:
+    1.24x -> 1.66x for SmolLM2-1.7B/135M): where the target hesitates the draft
     is usually wrong, and a rejected window costs more than a plain step.
     """
 

@@ -107,6 +107,8 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     code, out = cli("list", "--region", REGION, "--json")
     listed = json.loads(out)
     assert [d["name"] for d in listed] == ["it-trn1"] and listed[0]["usd_so_far"] is not None
+    table = CliRunner().invoke(main, ["deploy", "list", "--region", REGION], env={"COLUMNS": "80"}).output
+    assert "it-trn1" in table and "trn1.32xlarge" in table and "…" not in table, table  # reads at 80 columns
 
     code, out = cli("teardown", "it-trn1", "--region", REGION, "--yes")
     assert code == 0, out

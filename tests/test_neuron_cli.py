@@ -50,9 +50,29 @@ def test_doctor_json_checks_configs_against_a_given_instance(no_neuron_here: Non
     status = {Path(row["config"]).name: row["status"] for row in report["configs"]}
     assert status["default.yaml"] == "runs here"
     neuron_rows = [s for name, s in status.items() if name != "default.yaml"]
-    assert neuron_rows and set(neuron_rows) <= {"fits", "not valid here"}
+    assert neuron_rows and set(neuron_rows) <= {"fits", "not valid here", "made for trn1.32xlarge"}
     if "llama2-70b-7b-inf2-bf16.yaml" in status:
         assert status["llama2-70b-7b-inf2-bf16.yaml"] == "fits"
+
+
+def test_doctor_says_an_inf2_config_is_made_for_inf2_not_how_to_rewrite_it(no_neuron_here: None) -> None:
+    """Today's code says 'not valid here ... Fix: use 16 or 32': trn1 tp values for an inf2 config."""
+    result = CliRunner().invoke(
+        main, ["doctor", "--instance", "trn1.32xlarge", "--configs", str(REPO_CONFIGS), "--json"]
+    )
+    rows = {Path(row["config"]).name: row for row in json.loads(result.output)["configs"]}
+    inf2 = rows["llama2-70b-7b-inf2-bf16.yaml"]
+    assert inf2["status"] == "made for inf2.48xlarge"
+    assert "this is trn1.32xlarge" in inf2["detail"] and "use llama2-70b-7b-trn1-bf16.yaml" in inf2["detail"]
+    assert "16 or 32" not in inf2["detail"]
+
+
+def test_doctor_prints_the_install_command_on_one_line(no_neuron_here: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns today's output breaks 'pip' / 'install ...' over two lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(main, ["doctor", "--configs", str(REPO_CONFIGS)])
+    command = "pip install transformers-neuronx --extra-index-url=https://pip.repos.neuron.amazonaws.com"
+    assert any(command in line for line in result.output.splitlines()), result.output
 
 
 def test_doctor_reads_the_core_count_from_neuron_ls(

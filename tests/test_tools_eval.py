@@ -24,7 +24,7 @@ def test_problems_are_reproducible_and_in_range():
 @pytest.mark.parametrize(("text", "number"), [
     ("408", 408),
     (" The answer is 1,234.", 1234),
-    ("12 x 34 = 408", 12),  # the first integer, as the seed scores it
+    ("12 x 34 = 408", 12),  # the first integer, as dust-tt/llama2-ssp scores it
     ("-5 degrees", -5),
     ("3,45", 3),
     ("9801!", 9801),

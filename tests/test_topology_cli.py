@@ -31,7 +31,7 @@ def _run(*args: str) -> Any:
 
 @pytest.fixture
 def invalid(tmp_path: Path) -> str:
-    return _write(tmp_path, "bad.yaml", merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 8}))
+    return _write(tmp_path, "bad.yaml", merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}))
 
 
 def test_validate_valid_config_exits_0() -> None:
@@ -43,7 +43,7 @@ def test_validate_valid_config_exits_0() -> None:
 def test_validate_invalid_config_prints_every_problem_and_exits_1(invalid: str) -> None:
     result = _run("validate", invalid)
     assert result.exit_code == 1
-    assert "draft.tp_degree" in result.output and "like the target" in result.output
+    assert "draft.tp_degree" in result.output and "tp_degree must match" in result.output
     assert "Traceback" not in result.output
 
 
@@ -53,7 +53,7 @@ def test_validate_json_for_one_config(invalid: str) -> None:
     data = json.loads(result.output)
     assert set(data) == {"valid", "errors", "warnings", "load_order"} and data["valid"] is False
     assert all(set(p) == PROBLEM_KEYS for p in data["errors"])
-    assert data["errors"][0]["field"] == "draft.tp_degree" and data["errors"][0]["value"] == 8
+    assert data["errors"][0]["field"] == "draft.tp_degree" and data["errors"][0]["value"] == 16
 
 
 def test_validate_json_for_several_configs_maps_paths(invalid: str) -> None:

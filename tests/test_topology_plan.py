@@ -1,4 +1,5 @@
-"""The seed's worked examples come out of plan_deployment; memory, placement and catalog arithmetic."""
+"""The worked examples of the AWS Machine Learning Blog post (2024-08-05) come out of plan_deployment;
+memory, placement and catalog arithmetic."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from neuron_ssp.topology import (
     plan_all_instances,
     plan_deployment,
 )
-from neuron_ssp.topology.catalog import GIB, PRICE_FROM_DESIGN
+from neuron_ssp.topology.catalog import GIB, PRICE_FROM_NEURON_DOCS
 from neuron_ssp.topology.costs import cost_per_million_tokens
 from neuron_ssp.topology.memory import HEADROOM_FRACTION, footprint
 from neuron_ssp.topology.models import ARCHITECTURES, architecture_for_name, resolve_architecture
@@ -28,7 +29,7 @@ def _plan(**kwargs: Any) -> DeploymentPlan:
     return plan_deployment(config_from_dict(neuron_pair(**kwargs)))
 
 
-# ---------------------------------------------------------------- the seed blog's worked example
+# ---------------------------------------------------------------- the AWS ML Blog post's worked example
 
 
 def test_bf16_70b_needs_more_than_10_cores_and_tp16_on_trn1() -> None:
@@ -51,13 +52,13 @@ def test_fp32_70b_needs_more_than_18_cores_so_the_7b_reuses_the_same_32() -> Non
     assert plan.fits
 
 
-def test_seed_totals_with_buffers_lie_between_bare_weights_and_our_headroom() -> None:
-    """Seed blog: 70B + 7B need almost 200 GB in bf16 and ~360 GB in fp32 with buffers. Our 25 %
-    headroom is at least as cautious: bare weights + KV < the seed's total <= ours."""
-    for dtype, seed_total in (("bf16", 200e9), ("fp32", 360e9)):
+def test_blog_totals_with_buffers_lie_between_bare_weights_and_our_headroom() -> None:
+    """AWS ML Blog post: 70B + 7B need almost 200 GB in bf16 and ~360 GB in fp32 with buffers. Our 25 %
+    headroom is at least as cautious: bare weights + KV < the blog's total <= ours."""
+    for dtype, blog_total in (("bf16", 200e9), ("fp32", 360e9)):
         models = _plan(dtype=dtype).models.values()
         bare = sum(m.footprint.weight_bytes + m.footprint.kv_bytes for m in models)
-        assert bare < seed_total <= bare / (1 - HEADROOM_FRACTION), (dtype, bare / 1e9)
+        assert bare < blog_total <= bare / (1 - HEADROOM_FRACTION), (dtype, bare / 1e9)
 
 
 def test_plan_exposes_what_the_neuron_backend_reads() -> None:
@@ -149,7 +150,7 @@ def test_instance_catalog_matches_design() -> None:
         "trn1n.32xlarge": (32, 16), "trn2.48xlarge": (64, 24),
     }
     assert INSTANCES["trn1.32xlarge"].hbm_per_core_bytes == 16 * GIB
-    assert {n for n, i in INSTANCES.items() if i.price_source == PRICE_FROM_DESIGN} == {"inf2.48xlarge",
+    assert {n for n, i in INSTANCES.items() if i.price_source == PRICE_FROM_NEURON_DOCS} == {"inf2.48xlarge",
                                                                                          "trn1.32xlarge"}
     assert hourly_price_usd("TRN1.32xlarge") == 21.50 and hourly_price_usd("p5.48xlarge") is None
     assert cost_per_million_tokens(3.6, 1.0) == pytest.approx(1.0)

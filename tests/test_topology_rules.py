@@ -67,7 +67,7 @@ CASES: list[tuple[str, dict[str, Any], set[str], set[str]]] = [
      {"target.tp_degree"}, set()),
     ("tp-above-instance-cores", neuron_pair(tp=64), {"target.tp_degree", "draft.tp_degree"}, set()),
     # ---- invalid: placement
-    ("fp32-draft-on-fewer-cores", merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 8}),
+    ("fp32-draft-on-fewer-cores", merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}),
      {"draft.tp_degree"}, set()),
     ("partial-overlap", merged(neuron_pair(tp=16), draft={"first_core": 8}), {"draft.first_core"}, set()),
     ("disjoint-needs-two-processes", merged(neuron_pair(tp=16), draft={"first_core": 16}),
@@ -116,8 +116,8 @@ def test_table_is_large_and_mixed() -> None:
     assert len(CASES) >= 25 and len(valid) >= 10 and len(CASES) - len(valid) >= 15
 
 
-def test_seed_fp32_fix_names_the_targets_tp() -> None:
-    errors, _ = problems(merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 8}))
+def test_blog_fp32_fix_names_the_targets_tp() -> None:
+    errors, _ = problems(merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}))
     assert errors[0].fix == "set the draft's tp_degree to 32, like the target"
 
 

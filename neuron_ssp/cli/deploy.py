@@ -436,22 +436,21 @@ def list_(region: str | None, as_json: bool) -> None:
     if not deployments:
         out.print(f"no neuron-ssp deployments in {clients.region}")
         return
-    table = Table(title=f"neuron-ssp deployments in {clients.region}")
-    for column in ("name", "instance", "type", "state", "AZ", "uptime", "$/h", "so far", "expires UTC"):
-        table.add_column(column, no_wrap=column in ("instance", "type"))
+    table = Table(title=f"neuron-ssp deployments in {clients.region}",  # six narrow columns: 80 characters
+                  caption="expires: when the TTL terminates the instance (UTC)")
+    table.add_column("deployment", overflow="fold", min_width=min(24, max(len(d.name) for d in deployments)))
+    for column in ("instance", "up", "$/h", "so far", "expires"):
+        table.add_column(column, justify="left" if column == "instance" else "right")
     for d in deployments:
         expires = d.expires_at
         overdue = expires is not None and expires < now
         table.add_row(
-            d.name,
-            d.instance_id,
-            d.instance_type,
-            d.state,
-            d.availability_zone,
+            f"{d.name}\n[dim]{d.instance_id}\n{d.availability_zone}[/dim]",
+            f"{d.instance_type}\n{d.state}",
             f"{d.uptime_hours(now):.1f} h",
             format_usd(d.hourly_usd),
             format_usd(d.cost_so_far(now)),
-            ("[red]" if overdue else "") + (f"{expires:%m-%d %H:%M}" if expires else "-"),
+            ("[red]" if overdue else "") + (expires.strftime("%m-%d\n%H:%M") if expires else "-"),
         )
     out.print(table)
     running = [d.hourly_usd or 0.0 for d in deployments if d.state in ("pending", "running")]

@@ -10,7 +10,7 @@ import click
 from rich.progress import Progress
 from rich.table import Table
 
-from neuron_ssp.cli.options import echo_json, with_config
+from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_config
 from neuron_ssp.cli.report import console, describe, stats_table, status_console
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
@@ -33,10 +33,12 @@ def load_with_status(config: Config) -> Pipeline:
 
 @click.command()
 @click.argument("prompt")
+@threads_option
 @with_config
-def generate(config: Config, prompt: str, as_json: bool) -> None:
+def generate(config: Config, prompt: str, threads: int | None, as_json: bool) -> None:
     """Generate from PROMPT with speculative sampling; stream the text, then print stats."""
     require_prompt(prompt)
+    set_threads(threads)
     pipeline = load_with_status(config)
     if as_json:
         out = pipeline.speculative(prompt)
@@ -52,10 +54,12 @@ def generate(config: Config, prompt: str, as_json: bool) -> None:
 @click.command()
 @click.argument("prompt")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed warm-up runs of each.")
+@threads_option
 @with_config
-def compare(config: Config, prompt: str, warmup: int, as_json: bool) -> None:
+def compare(config: Config, prompt: str, warmup: int, threads: int | None, as_json: bool) -> None:
     """Plain target decoding vs speculative sampling on the same PROMPT, side by side."""
     require_prompt(prompt)
+    set_threads(threads)
     pipeline = load_with_status(config)
     for _ in range(warmup):
         pipeline.plain(prompt, max_new_tokens=8)
@@ -93,9 +97,12 @@ def compare(config: Config, prompt: str, warmup: int, as_json: bool) -> None:
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed warm-up prompts.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, path_type=Path), default=DEFAULT_PROMPTS,
               help="JSONL with a 'prompt' field per line.")
+@threads_option
 @with_config
-def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, as_json: bool) -> None:
+def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, threads: int | None,
+            as_json: bool) -> None:
     """ms/token of plain and speculative decoding over N prompts, after warm-up."""
+    set_threads(threads)
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
     pipeline = load_with_status(config)
     for prompt in prompts[:warmup]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -165,30 +166,51 @@ def _library_status() -> dict[str, Any]:
 
 
 def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str, Any]]:
-    rows = []
+    rows, loaded = [], {}
     for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
         try:
             config = load_config(path)
         except UsageError as exc:
             rows.append({"config": str(path), "status": "invalid", "detail": str(exc.problems[0])})
             continue
+        loaded[str(path)] = config
         rows.append({"config": str(path), **_fit(config, instance_type)})
+    for row in rows:
+        if row["status"].startswith("made for"):
+            row["detail"] += _sibling_hint(loaded[row["config"]], loaded, instance_type)
     return rows
 
 
 def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
+    """A config made for another instance says so; it is not a config to rewrite with this one's rules."""
     if config.platform.backend == "torch":
         return {"status": "runs here", "detail": "torch reference backend: any machine"}
+    made_for = config.platform.instance_type
     if instance_type is None:
         return {
             "status": "unknown",
-            "detail": f"made for {config.platform.instance_type}; pass --instance to check it against this machine",
+            "detail": f"made for {made_for}; pass --instance to check it against this machine",
         }
     platform = config.platform.model_copy(update={"instance_type": instance_type})
     report = validate_config(config.model_copy(update={"platform": platform}))
+    elsewhere = made_for is not None and made_for != instance_type
     if report.ok:
-        return {"status": "fits", "detail": f"valid on {instance_type}"}
+        return {"status": "fits", "detail": f"valid on {instance_type}"
+                + (f" (made for {made_for})" if elsewhere else "")}
+    if elsewhere:
+        return {"status": f"made for {made_for}", "detail": f"this is {instance_type}"}
     return {"status": "not valid here", "detail": f"on {instance_type}: {report.errors[0]}"}
+
+
+def _sibling_hint(config: Config, loaded: dict[str, Config], instance_type: str | None) -> str:
+    """The config of the same models and dtype made for this instance, if one is in the directory."""
+    def models(c: Config) -> tuple[Any, ...]:
+        return (c.target.path, c.target.dtype, c.draft.path if c.draft else None)
+
+    for path, other in loaded.items():
+        if other.platform.instance_type == instance_type and models(other) == models(config):
+            return f"; here use {Path(path).name}"
+    return ""
 
 
 def _commands_without_neuron(ctx: click.Context) -> list[str]:
@@ -224,7 +246,9 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
     if library["usable"]:
         console.print(f"transformers-neuronx {library['version']} usable (API {library['api_generation']})")
     else:
-        console.print(f"transformers-neuronx: [yellow]{library['problem']}[/yellow]\n  fix: {library['fix']}")
+        console.print(f"transformers-neuronx: [yellow]{escape(library['problem'])}[/yellow]")
+        # soft_wrap: a command split over two lines does not paste into a shell
+        console.print(f"  fix: {library['fix']}", soft_wrap=True, markup=False, highlight=False)
     venv_note = (
         "the DLAMI transformers-neuronx venv"
         if report["dlami_venv"]
@@ -238,11 +262,12 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
     )
 
     if report["configs"]:
-        configs = Table(title="configs", title_justify="left")
-        for column in ("config", "status", "detail"):
-            configs.add_column(column)
+        folder = Path(report["configs"][0]["config"]).parent
+        configs = Table(title=f"configs in {folder}/", title_justify="left")
+        configs.add_column("config", no_wrap=True)
+        configs.add_column("status")
         for row in report["configs"]:
-            configs.add_row(row["config"], row["status"], row["detail"])
+            configs.add_row(Path(row["config"]).name, f"[bold]{escape(row['status'])}[/bold]: {escape(row['detail'])}")
         console.print(configs)
     works = ", ".join(report["works_here"])
     if report["neuron_device_present"]:

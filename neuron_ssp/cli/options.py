@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import torch
 
 from neuron_ssp.config import Config, load_config
 
@@ -70,3 +71,15 @@ def with_config(func: Callable[..., Any]) -> Callable[..., Any]:
         return func(config=config, **kwargs)
 
     return wrapper
+
+
+def threads_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--threads for every command that prints timings."""
+    return click.option("--threads", type=click.IntRange(min=1),
+                        help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
+                        "threads spinning against other jobs.")(func)
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(threads)

@@ -18,6 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from neuron_ssp.cli.generate import load_with_status, require_prompt
 from neuron_ssp.cli.neuron import parse_ks
 from neuron_ssp.cli.options import echo_json, with_config
+from neuron_ssp.cli.options import set_threads as _set_threads
+from neuron_ssp.cli.options import threads_option as _threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.cli.tools_report import (
     bench_json,
@@ -43,17 +45,6 @@ def _without_k_flag(func: Callable[..., Any]) -> Callable[..., Any]:
     """tune-k takes a range for --k, so the single-value --k of the shared options is dropped."""
     func.__click_params__ = [p for p in func.__click_params__ if p.name != "k"]  # type: ignore[attr-defined]
     return func
-
-
-def _threads_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--threads", type=click.IntRange(min=1),
-                        help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
-                        "threads spinning against other jobs.")(func)
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads is not None:
-        torch.set_num_threads(threads)
 
 
 def _check_output(path: Path | None, option: str, suffix: str | None = None) -> None:
@@ -275,7 +266,7 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
     console.print(bench_table(result, title))
     console.print("speedup = SSp tok/s ÷ plain tok/s (same run); predicted = Leviathan model from the measured α, c "
                   "and draft lengths; call cost = mean SSp target call time ÷ mean plain one (the model assumes 1x); "
-                  f"HF prompt lookup = HF's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}).")
+                  f"HF lookup = HF prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}).")
     hf_equal = [m.hf_equal for m in result.overall.measures if m.hf_equal is not None]
     if hf_equal:
         console.print(f"HF greedy output equals our plain output on {sum(hf_equal)}/{len(hf_equal)} prompts.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 
 from neuron_ssp.tools.bench import BenchResult, CategoryResult
@@ -123,26 +124,31 @@ def bench_json(result: BenchResult, machine: dict[str, Any]) -> dict[str, Any]:
     return {"machine": machine, "categories": {c.category: c.summary() for c in result.categories}}
 
 
-def bench_table(result: BenchResult, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for name in ("category", "prompts", "plain tok/s", "HF plain tok/s", "plain ÷ HF", "SSp tok/s", "speedup",
-                 "predicted", "HF prompt lookup", "α", "accepted len", "call cost", "SSp = plain"):
-        table.add_column(name, justify="right")
-    if result.categories and result.categories[0].hf_speedup("hf_assisted") is not None:
-        table.add_column("HF assisted", justify="right")
-    for c in [*result.categories, result.overall]:
-        table.add_row(*_bench_cells(c), style="bold" if c is result.overall else None)
-    return table
+def bench_table(result: BenchResult, title: str) -> Group:
+    """Two tables of at most eight short columns (speed; acceptance and costs), so each reads at 80
+    characters; --json has every figure."""
+    rows = [*result.categories, result.overall]
+    speed = Table(title=title, title_justify="left")
+    for name in ("category", "prompts", "plain tok/s", "SSp tok/s", "speedup", "predicted", "HF lookup"):
+        speed.add_column(name, justify="right")
+    for c in rows:
+        speed.add_row(c.category, str(c.summary()["prompts"]), f"{c.plain_tok_s:.1f}", f"{c.ssp_tok_s:.1f}",
+                      _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted), _x(c.hf_speedup("hf_lookup")),
+                      style="bold" if c is result.overall else None)
+    assisted = bool(result.categories) and result.categories[0].hf_speedup("hf_assisted") is not None
+    costs = Table()
+    for name in ("category", "α", "accepted len", "call cost", "HF plain tok/s", "plain ÷ HF",
+                 *(["HF assisted"] if assisted else []), "SSp = plain"):
+        costs.add_column(name, justify="right")
+    for c in rows:
+        costs.add_row(*_cost_cells(c, assisted), style="bold" if c is result.overall else None)
+    return Group(speed, costs)
 
 
-def _bench_cells(c: CategoryResult) -> list[str]:
+def _cost_cells(c: CategoryResult, assisted: bool) -> list[str]:
     hf_plain = c.hf_tok_s("hf_plain")
     equal = sum(m.outputs_equal for m in c.measures)
     call_cost = c.fit.ssp_call_ms / c.fit.plain_call_ms if c.fit.plain_call_ms else None
-    cells = [c.category, str(c.summary()["prompts"]), f"{c.plain_tok_s:.1f}",
-             "-" if hf_plain is None else f"{hf_plain:.1f}", _x(c.plain_vs_hf_plain), f"{c.ssp_tok_s:.1f}",
-             _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted), _x(c.hf_speedup("hf_lookup")),
-             f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}", _x(call_cost), f"{equal}/{len(c.measures)}"]
-    if (assisted := c.hf_speedup("hf_assisted")) is not None:
-        cells.append(_x(assisted))
-    return cells
+    return [c.category, f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}", _x(call_cost),
+            "-" if hf_plain is None else f"{hf_plain:.1f}", _x(c.plain_vs_hf_plain),
+            *([_x(c.hf_speedup("hf_assisted"))] if assisted else []), f"{equal}/{len(c.measures)}"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from neuron_ssp.config import Config, load_config
@@ -111,31 +112,46 @@ ERROR, WARNING = "[red]error[/red]", "[yellow]warning[/yellow]"
 def _print_report(console: Console, path: str, report: ValidationReport) -> None:
     verdict = "[green]valid[/green]" if report.ok else f"[red]invalid: {len(report.errors)} error(s)[/red]"
     warned = f", {len(report.warnings)} warning(s)" if report.warnings else ""
-    console.print(f"[bold]{path}[/bold]: {verdict}{warned}")
+    console.print(f"[bold]{escape(path)}[/bold]: {verdict}{warned}")
     if report.errors or report.warnings:
-        table = _table("", "field", "value", "rule", "fix", show_lines=True)
+        table = Table(show_header=False, show_lines=True)  # two columns: reads at 80 characters
+        table.add_column(no_wrap=True)
+        table.add_column()
         for kind, problems in ((ERROR, report.errors), (WARNING, report.warnings)):
             for p in problems:
-                table.add_row(kind, p.field, repr(p.value), p.rule, p.fix)
+                table.add_row(kind, f"[bold]{escape(p.field)}[/bold] = {escape(repr(p.value))}\n"
+                                    f"rule: {escape(p.rule)}\nfix:  {escape(p.fix)}")
         console.print(table)
     if report.load_order:
         console.print(f"  load order: {' -> '.join(report.load_order)}")
 
 
 def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
+    """One row per quantity, one column per model: reads at 80 characters."""
     instance = deployment.instance
     console.print(f"[bold]plan: {deployment.config_name} on {instance.name}[/bold] ({instance.neuron_cores} "
                   f"NeuronCores x {instance.hbm_per_core_gib} GiB HBM, {instance.generation})")
-    table = _table("model", "architecture", "params", "dtype", "weights", "KV cache", "tp", "cores",
-                   "GiB/core = weights + KV", "cores needed", "smallest tp alone")
-    for role, m in deployment.models.items():
-        usage = m.footprint
-        per_core = (f"{gib(usage.bytes_per_core):.2f} = {gib(usage.weight_bytes_per_core):.2f}"
-                    f" + {gib(usage.kv_bytes_per_core):.2f}")
-        table.add_row(role, m.architecture.name, f"{m.architecture.params / 1e9:.2f} B", m.dtype,
-                      f"{gib(usage.weight_bytes):.1f} GiB", f"{gib(usage.kv_bytes):.2f} GiB",
-                      str(m.tp_degree), str(m.cores), per_core, f"{m.cores_needed:.1f}",
-                      str(m.smallest_fitting_tp or "none"))
+    models = deployment.models
+    table = Table("", *models)
+    for column in table.columns[1:]:
+        column.justify = "right"
+    rows: list[tuple[str, Any]] = [
+        ("architecture", lambda m: m.architecture.name),
+        ("parameters", lambda m: f"{m.architecture.params / 1e9:.2f} B"),
+        ("dtype", lambda m: m.dtype),
+        ("tp degree (cores)", lambda m: f"{m.tp_degree} ({m.cores})"),
+        ("heads query/kv", lambda m: f"{m.architecture.heads}/{m.architecture.kv_heads}"),
+        ("  on device, padded", lambda m: f"{m.footprint.q_heads_on_device}/{m.footprint.kv_heads_on_device}"),
+        ("weights, whole model", lambda m: f"{gib(m.footprint.weight_bytes):.1f} GiB"),
+        ("KV cache, whole model", lambda m: f"{gib(m.footprint.kv_bytes):.2f} GiB"),
+        ("weights per core", lambda m: f"{gib(m.footprint.weight_bytes_per_core):.2f} GiB"),
+        ("KV cache per core", lambda m: f"{gib(m.footprint.kv_bytes_per_core):.2f} GiB"),
+        ("total per core", lambda m: f"{gib(m.footprint.bytes_per_core):.2f} GiB"),
+        ("cores needed (memory)", lambda m: f"{m.cores_needed:.1f}"),
+        ("smallest tp alone", lambda m: str(m.smallest_fitting_tp or "none")),
+    ]
+    for name, cell in rows:
+        table.add_row(name, *(cell(m) for m in models.values()))
     console.print(table)
     busiest, usable = deployment.busiest_core_bytes, deployment.usable_bytes_per_core
     if not deployment.within_instance:
@@ -147,20 +163,21 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     console.print(f"busiest core: {gib(busiest):.2f} GiB of {gib(usable):.2f} GiB usable "
                   f"({instance.hbm_per_core_gib} GiB HBM, {deployment.headroom_fraction:.0%} kept as "
                   f"headroom) -> {verdict}")
-    fitting = ", ".join(str(tp) for tp in deployment.fitting_tp_degrees) or "none"
+    fitting = ", ".join(str(tp) for tp in deployment.fitting_tp_degrees) or f"none ({deployment.refusal})"
     console.print(f"one tp for all models that fits: {fitting}; "
                   f"recommended: {deployment.recommended_tp or 'none'}")
     console.print(f"load order: {' -> '.join(deployment.load_order)}; "
                   f"NEURON_RT_VISIBLE_CORES={deployment.visible_cores}")
     console.print(_cost_line(deployment))
-    console.print("cores needed = (weights + KV cache) / usable HBM per core, before rounding up to a tp "
-                  "degree the platform accepts (smallest tp alone)")
+    console.print("Per core counts the heads as transformers-neuronx places them: query heads padded to a "
+                  "multiple of tp, kv heads replicated. Cores needed = (weights + KV cache) / usable HBM per "
+                  "core, before rounding up to a tp the platform accepts (smallest tp alone).")
 
 
 def _cost_line(deployment: DeploymentPlan) -> str:
     if deployment.cost_per_hour is None:
         return f"cost: no on-demand price for {deployment.instance.name}"
-    line = f"cost: ${deployment.cost_per_hour:.2f}/h on demand [{deployment.instance.price_source}]"
+    line = f"cost: ${deployment.cost_per_hour:.2f}/h on demand [{escape(deployment.instance.price_source)}]"
     if deployment.cost_per_million_tokens is None:
         return f"{line}; per million tokens: {deployment.ms_per_token_source}"
     return (f"{line}; ${deployment.cost_per_million_tokens:.2f} per million generated tokens at "
@@ -171,24 +188,27 @@ def _print_instances(console: Console, config: Config, plans: list[DeploymentPla
     names = " + ".join(m.architecture.name for m in plans[0].models.values())
     console.print(f"[bold]{config.name}: which instances can host {names}[/bold] "
                   f"(one tp for all models, {plans[0].headroom_fraction:.0%} of HBM kept as headroom)")
-    table = _table("instance", "cores", "hosts?", "tp that fit", "recommended tp", "GiB/core", "$/h",
-                   "$/M tokens")
+    table = Table("instance", "cores", "hosts?", "tp", "GiB/core", "$/h", "$/M tok")
+    for column in table.columns[1:]:
+        column.justify = "right"
+    table.columns[2].justify = "left"
+    table.columns[0].no_wrap = True
     for p in plans:
         hosts = _hosts(p)
-        table.add_row(p.instance.name, str(p.instance.neuron_cores), _option_dict(p)["hosts"],
-                      ", ".join(str(tp) for tp in p.fitting_tp_degrees) or "-", str(p.recommended_tp or "-"),
-                      f"{gib(p.busiest_core_bytes):.2f}" if hosts else "-", _money(p.cost_per_hour),
-                      _money(p.cost_per_million_tokens) if hosts else "-")
+        table.add_row(p.instance.name, str(p.instance.neuron_cores), "yes" if hosts else "no",
+                      str(p.recommended_tp or "-"), f"{gib(p.busiest_core_bytes):.2f}" if hosts else "-",
+                      _money(p.cost_per_hour), _money(p.cost_per_million_tokens) if hosts else "-")
     console.print(table)
-    console.print("GiB/core at the recommended tp. $/M tokens at the published plain-decoding latency of the "
-                  "target on that platform (or --ms-per-token); '-' where none is published.")
-
-
-def _table(*columns: str, show_lines: bool = False) -> Table:
-    table = Table(show_lines=show_lines)
-    for column in columns:
-        table.add_column(column)
-    return table
+    for p in plans:
+        if not _hosts(p):
+            console.print(f"[bold]{p.instance.name}[/bold]: no, {p.refusal}")
+    for p in plans:
+        if _hosts(p):
+            console.print(f"[bold]{p.instance.name}[/bold]: tp that fit "
+                          f"{', '.join(str(tp) for tp in p.fitting_tp_degrees)}")
+    console.print("tp: recommended (the largest tested that fits); GiB/core: the busiest core at that tp. "
+                  "$/M tok: dollars per million tokens at the target's published plain-decoding latency on "
+                  "that platform (or --ms-per-token); '-' where none is published.")
 
 
 def _money(amount: float | None) -> str:
@@ -196,15 +216,10 @@ def _money(amount: float | None) -> str:
 
 
 def _option_dict(deployment: DeploymentPlan) -> dict[str, Any]:
-    if deployment.instance.generation == "trn2":
-        hosts = "no: trn2 needs NxD Inference"
-    elif deployment.recommended_tp is None:
-        hosts = "no: does not fit at any tp"
-    else:
-        hosts = "yes"
     return {
         "instance": deployment.instance.name, "neuron_cores": deployment.instance.neuron_cores,
-        "hosts": hosts, "fitting_tp_degrees": deployment.fitting_tp_degrees,
+        "hosts": "yes" if _hosts(deployment) else f"no: {deployment.refusal}",
+        "refusal": deployment.refusal, "fitting_tp_degrees": deployment.fitting_tp_degrees,
         "recommended_tp": deployment.recommended_tp, "busiest_core_bytes": deployment.busiest_core_bytes,
         "cost_per_hour": deployment.cost_per_hour, "ms_per_token": deployment.ms_per_token,
         "cost_per_million_tokens": deployment.cost_per_million_tokens,

@@ -1,4 +1,4 @@
-"""The seed's quality check: a×b with a, b drawn from 1..99, scored on the first integer of the answer.
+"""dust-tt/llama2-ssp's quality check: a×b with a, b drawn from 1..99, scored on the first integer of the answer.
 
 Plain sampling and speculative sampling answer the same problems with the same seeds; each gets a
 95% Wald interval, and a pooled two-proportion z-test says whether their accuracies differ. (The

@@ -14,9 +14,9 @@ Generation = Literal["inf2", "trn1", "trn2"]
 
 GIB = 1024**3
 
-# Where the prices come from. DESIGN.md quotes two (Neuron docs, 2023); the others are the public
+# Where the prices come from: two from the AWS Neuron docs (2023); the others are the public
 # on-demand Linux prices in us-east-1 from the AWS price list. trn2 has no on-demand price here.
-PRICE_FROM_DESIGN = "DESIGN.md (Neuron docs 2023, us-east-1 on-demand)"
+PRICE_FROM_NEURON_DOCS = "AWS Neuron docs (2023), us-east-1 on-demand"
 PRICE_FROM_AWS_LIST = "AWS public price list (us-east-1 on-demand, Linux)"
 
 
@@ -45,9 +45,9 @@ INSTANCES: dict[str, Instance] = {
         Instance("inf2.xlarge", "inf2", 1, 2, 16, 4, 16, 0.7582, PRICE_FROM_AWS_LIST),
         Instance("inf2.8xlarge", "inf2", 1, 2, 16, 32, 128, 1.9679, PRICE_FROM_AWS_LIST),
         Instance("inf2.24xlarge", "inf2", 6, 12, 16, 96, 384, 6.4906, PRICE_FROM_AWS_LIST),
-        Instance("inf2.48xlarge", "inf2", 12, 24, 16, 192, 768, 12.98, PRICE_FROM_DESIGN),
+        Instance("inf2.48xlarge", "inf2", 12, 24, 16, 192, 768, 12.98, PRICE_FROM_NEURON_DOCS),
         Instance("trn1.2xlarge", "trn1", 1, 2, 16, 8, 32, 1.3438, PRICE_FROM_AWS_LIST),
-        Instance("trn1.32xlarge", "trn1", 16, 32, 16, 128, 512, 21.50, PRICE_FROM_DESIGN),
+        Instance("trn1.32xlarge", "trn1", 16, 32, 16, 128, 512, 21.50, PRICE_FROM_NEURON_DOCS),
         Instance("trn1n.32xlarge", "trn1", 16, 32, 16, 128, 512, 24.78, PRICE_FROM_AWS_LIST),
         Instance("trn2.48xlarge", "trn2", 16, 64, 24, 192, 2048, None, "no on-demand price recorded"),
     )

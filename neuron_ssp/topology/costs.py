@@ -15,15 +15,17 @@ class Latency:
     source: str
 
 
-_SEED = "seed blog, Trainium, batch 1"
-_INF2_TABLES = "Neuron perf tables, inf2.48xlarge tp 24, batch 1, midpoint of 33-35 ms"
+_AWS_BLOG = ('AWS Machine Learning Blog, "Faster LLMs with speculative decoding and AWS Inferentia2", '
+             "2024-08-05: Trainium, batch 1")
+_INF2_TABLES = ("AWS Neuron docs, transformers-neuronx performance tables: inf2.48xlarge tp 24, batch 1, "
+                "midpoint of 33-35 ms")
 
 # (architecture, instance) -> published latency of plain decoding. Latency depends on the cores used,
 # so a figure is only quoted for the instance it was measured on; trn1n.32xlarge has the same
 # Trainium chips as trn1.32xlarge (it differs in network bandwidth only).
 PUBLISHED_LATENCY: dict[tuple[str, str], Latency] = {
     **{
-        (architecture, instance): Latency(ms, _SEED)
+        (architecture, instance): Latency(ms, _AWS_BLOG)
         for architecture, ms in (("llama-3-70b", 21.4), ("llama-3-8b", 4.7), ("llama-2-70b", 20.6),
                                  ("llama-2-7b", 3.7))
         for instance in ("trn1.32xlarge", "trn1n.32xlarge")

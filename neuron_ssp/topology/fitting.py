@@ -43,6 +43,7 @@ def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:
 
 def recommended_tp(fitting: list[int], instance: Instance) -> int | None:
     """The largest tested degree that fits: decoding is bound by memory bandwidth, so more cores
-    per model mean faster tokens (the seed blog puts both 70B and 7B on all 32 Trn1 cores)."""
+    per model mean faster tokens (the AWS Machine Learning
+    Blog post of 2024-08-05 puts both 70B and 7B on all 32 Trn1 cores)."""
     tested = [tp for tp in fitting if tp_tested(instance.generation, tp)]
     return max(tested or fitting, default=None)

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 
 from neuron_ssp.topology.catalog import GIB
 from neuron_ssp.topology.models import Architecture
+from neuron_ssp.topology.parallelism import heads_on_device
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # Share of each core's HBM we keep free for what the weights and KV cache do not account for:
 # the runtime's scratchpad, the compiled programs (one per context-length bucket and the
-# speculation window), I/O and collective-communication buffers. DESIGN.md (from the seed blog)
-# says keep 20-30 %; we take the middle, so a 16 GiB core offers 12 GiB to weights and KV cache.
+# speculation window), I/O and collective-communication buffers. The AWS Machine Learning Blog post
+# of 2024-08-05 says keep 20-30 %; we take the middle, so a 16 GiB core offers 12 GiB to weights and KV cache.
 HEADROOM_FRACTION = 0.25
 
 
@@ -25,10 +26,12 @@ HEADROOM_FRACTION = 0.25
 class Footprint:
     """Device memory of one model with a given dtype, tp degree, n_positions and batch size."""
 
-    weight_bytes: int  # whole model
+    weight_bytes: int  # whole model, as in the checkpoint
     kv_bytes: int  # whole model, kv heads counted once
-    weight_bytes_per_core: int
+    weight_bytes_per_core: int  # padded query heads and replicated kv heads included
     kv_bytes_per_core: int  # kv heads replicated when tp exceeds them
+    q_heads_on_device: int  # query heads after padding to a multiple of tp
+    kv_heads_on_device: int  # key/value heads after replication and padding, all cores together
 
     @property
     def bytes_per_core(self) -> int:
@@ -37,17 +40,23 @@ class Footprint:
 
 def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int,
               batch_size: int) -> Footprint:
-    """Weights: params x bytes, split over tp. KV: 2 (k and v) x layers x kv heads x head dim x bytes
-    per token; on Neuron each core holds ceil(kv_heads / tp) heads, so few kv heads get replicated."""
+    """Weights: params x bytes, split over tp, plus the attention weights that padding and replication
+    add (`heads_on_device`): 70B's 64 heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv
+    heads x head dim x bytes per token, each core holding its share of the kv heads on device."""
     width = DTYPE_BYTES[dtype]
     tokens = n_positions * batch_size
+    q_heads, kv_heads = heads_on_device(architecture.heads, architecture.kv_heads, tp_degree)
+    added_heads = 2 * (q_heads - architecture.heads) + 2 * (kv_heads - architecture.kv_heads)  # q, o; k, v
+    added_params = architecture.layers * architecture.hidden * architecture.head_dim * added_heads
     weights = architecture.params * width
     kv_row = 2 * architecture.layers * architecture.head_dim * width * tokens
     return Footprint(
         weight_bytes=weights,
         kv_bytes=kv_row * architecture.kv_heads,
-        weight_bytes_per_core=math.ceil(weights / tp_degree),
-        kv_bytes_per_core=kv_row * math.ceil(architecture.kv_heads / tp_degree),
+        weight_bytes_per_core=math.ceil((architecture.params + added_params) * width / tp_degree),
+        kv_bytes_per_core=kv_row * math.ceil(kv_heads / tp_degree),
+        q_heads_on_device=q_heads,
+        kv_heads_on_device=kv_heads,
     )
 
 

@@ -74,7 +74,8 @@ def check_tp(role: str, model: ModelConfig, architecture: Architecture | None, i
         report.warnings.append(Problem(
             field, tp,
             f"{architecture.name} has {architecture.heads} attention heads, not divisible by {tp}: "
-            f"they are padded to {padded_heads(architecture.heads, tp)}, costing memory and time",
+            f"they are padded to {padded_heads(architecture.heads, tp)}, costing time and memory "
+            "(`neuron-ssp plan` counts it per core)",
             "use a tp_degree that divides the head count, if one fits"))
 
 
@@ -109,7 +110,8 @@ def check_placement(models: dict[str, ModelConfig], instance: Instance, report: 
             "draft.tp_degree", draft.tp_degree,
             f"draft cores {draft_cores} vs target cores {target_cores}: transformers-neuronx loads "
             "draft and target of one process onto the same cores, so their tp_degree must match "
-            "(a different one fails to load, as the AWS Llama-2-70B/7B sample warns)",
+            "(a different one fails to load, as the AWS Neuron Samples notebook speculative_sampling.ipynb "
+            "warns)",
             _same_tp_fix(target.tp_degree, report)))
     if draft.first_core != target.first_core:
         why = ("the runtime never accepts a partial overlap of core sets" if relation == "partial"
@@ -136,14 +138,14 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
                         p.model.batch_size).bytes_per_core
         for role, p in placed.items()
     }
-    limit = (f"more than the {gib(usable):.1f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "
+    limit = (f"more than the {gib(usable):.2f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "
              f"per core ({HEADROOM_FRACTION:.0%} kept as headroom)")
     models = list(placed.values())
     for role, p in placed.items():
         if per_core[role] > usable:
             report.errors.append(Problem(
                 f"{role}.tp_degree", p.model.tp_degree,
-                f"{p.architecture.name} in {p.model.dtype} needs {gib(per_core[role]):.1f} GiB per core "
+                f"{p.architecture.name} in {p.model.dtype} needs {gib(per_core[role]):.2f} GiB per core "
                 f"at tp_degree {p.model.tp_degree}, {limit}", _memory_fix(models, instance)))
     if any(per_core[role] > usable for role in placed):
         return
@@ -152,7 +154,7 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
     if busiest > usable:
         report.errors.append(Problem(
             "target.tp_degree", placed["target"].model.tp_degree,
-            f"target and draft share cores and need {gib(busiest):.1f} GiB on a core together, {limit}",
+            f"target and draft share cores and need {gib(busiest):.2f} GiB on a core together, {limit}",
             _memory_fix(models, instance)))
 
 

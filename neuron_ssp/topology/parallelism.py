@@ -20,7 +20,8 @@ TP_RULE: dict[str, str] = {
 
 
 def tp_allowed(generation: Generation, tp_degree: int) -> bool:
-    """The seed blog's rule: Trn1 1, 2, 8, 16 or a multiple of 32; Inf2 1 or a multiple of 2."""
+    """The rule of the AWS Machine Learning Blog post of 2024-08-05: Trn1 1, 2, 8, 16 or a multiple
+    of 32; Inf2 1 or a multiple of 2."""
     if generation == "trn1":
         return tp_degree in (1, 2, 8, 16) or tp_degree % 32 == 0
     if generation == "inf2":
@@ -48,3 +49,30 @@ def nearest_allowed(generation: Generation, tp_degree: int, cores: int) -> list[
 def padded_heads(heads: int, tp_degree: int) -> int:
     """Heads after transformers-neuronx pads them to a multiple of tp (equal to `heads` if none)."""
     return math.ceil(heads / tp_degree) * tp_degree
+
+
+def heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int]:
+    """(query heads, key/value heads) that transformers-neuronx places over all cores when no
+    `group_query_attention` is configured, so that both divide evenly by tp.
+
+    Query heads are padded to a multiple of tp (the output projection with them). Key/value heads:
+    with as many as query heads (MHA) they are padded alike; with fewer (GQA) they are split when tp
+    divides them, and otherwise replicated (GQA.REPLICATED_HEADS): up to tp when that maps each
+    core's query heads onto one kv head, else up to the padded query heads. Source:
+    aws-neuron/transformers-neuronx `decoder.py` (check_gqa_fallback, padding in
+    init_context_decoder) and `utils.py` (get_qkv_padding), as of commit 1ade6d7."""
+    q_heads = padded_heads(heads, tp_degree)
+    if kv_heads == heads:
+        return q_heads, q_heads
+    if kv_heads % tp_degree == 0:
+        return q_heads, kv_heads  # GQA.SHARD_OVER_HEADS
+    extra = q_heads - heads
+    if kv_heads < tp_degree and tp_degree % kv_heads == 0 and (heads % tp_degree == 0 or
+                                                              (extra > 0 and extra % kv_heads == 0)):
+        replicas = tp_degree // kv_heads
+    elif q_heads * kv_heads == heads * tp_degree:  # each core's query heads share one kv head
+        replicas = 1
+    else:
+        replicas = heads // kv_heads
+    replicated = max(kv_heads * replicas, tp_degree)
+    return q_heads, q_heads if replicated == heads else replicated

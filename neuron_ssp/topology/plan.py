@@ -13,15 +13,17 @@ from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology.catalog import INSTANCES, Instance, find_instance, similar_instances
 from neuron_ssp.topology.costs import cost_per_million_tokens, published_latency
-from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees, recommended_tp
+from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees, recommended_tp, shared_bytes_per_core
 from neuron_ssp.topology.memory import (
     HEADROOM_FRACTION,
     Footprint,
     cores_needed,
     footprint,
+    gib,
     usable_bytes_per_core,
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
+from neuron_ssp.topology.parallelism import allowed_tp_degrees, heads_on_device
 from neuron_ssp.topology.placement import (
     CoreSet,
     busiest_core_bytes,
@@ -65,6 +67,7 @@ class DeploymentPlan:
     recommended_tp: int | None
     ms_per_token: float | None
     ms_per_token_source: str
+    refusal: str | None = None  # why no tp fits on this instance; None when one does
 
     @property
     def headroom_fraction(self) -> float:
@@ -104,6 +107,7 @@ class DeploymentPlan:
             "fits": self.fits,
             "fitting_tp_degrees": self.fitting_tp_degrees,
             "recommended_tp": self.recommended_tp,
+            "refusal": self.refusal,
             "cost_per_hour": self.cost_per_hour,
             "ms_per_token": self.ms_per_token,
             "ms_per_token_source": self.ms_per_token_source,
@@ -142,7 +146,27 @@ def plan_deployment(config: Config, instance_type: str | None = None,
         recommended_tp=recommended_tp(fitting, instance),
         ms_per_token=ms_per_token,
         ms_per_token_source=source,
+        refusal=None if fitting else refusal(list(placed.values()), instance),
     )
+
+
+def refusal(models: list[Placed], instance: Instance) -> str:
+    """Why no tp degree hosts `models` on `instance`: the library, the total memory, or the largest tp."""
+    if instance.generation == "trn2":
+        return "transformers-neuronx does not support trn2 (NxD Inference does)"
+    need = sum(cores_needed(footprint(p.architecture, p.model.dtype, 1, p.model.n_positions, p.model.batch_size),
+                            instance.hbm_per_core_bytes) for p in models)
+    if need > instance.neuron_cores:
+        return f"weights + KV cache fill {need:.1f} cores' usable HBM; it has {instance.neuron_cores} cores"
+    tp = max(allowed_tp_degrees(instance.generation, instance.neuron_cores))
+    usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
+    reason = (f"at tp {tp} (its largest) a core holds {gib(shared_bytes_per_core(models, tp)):.2f} GiB, "
+              f"over the {gib(usable):.2f} GiB usable")
+    padded = [f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
+              for p in models
+              for q, kv in [heads_on_device(p.architecture.heads, p.architecture.kv_heads, tp)]
+              if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)]
+    return reason + (f" (padded and replicated, query/kv: {'; '.join(padded)})" if padded else "")
 
 
 def plan_all_instances(config: Config, ms_per_token: float | None = None) -> list[DeploymentPlan]:

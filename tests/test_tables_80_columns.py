@@ -1,0 +1,54 @@
+"""Every table reads in an 80-column terminal: no cell or header cut to '…'."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import tiny_llama
+from tools_support import PROMPT_ROWS, pipeline_on, write_prompts
+
+from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.cli import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.fixture
+def tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commands load a tiny random Llama (with a character tokenizer) instead of the embedded model."""
+    target = TorchBackend(tiny_llama(0), 512)
+    for name in ("neuron_ssp.cli.tools", "neuron_ssp.cli.generate"):  # the package's `generate` is the command
+        monkeypatch.setattr(sys.modules[name], "load_with_status", lambda config: pipeline_on(target, config))
+
+
+def run_at_80(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "80"})
+    assert "Traceback" not in result.output, result.output
+    assert "…" not in result.output, result.output
+    table_lines = [line for line in result.output.splitlines() if line[:1] in set("┏┃┡│└├┌┗┠")]
+    assert all(len(line.rstrip()) <= 80 for line in table_lines), result.output
+    return result.output
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS.glob("llama*.yaml")), ids=lambda p: p.stem)
+def test_plan_and_validate(config: Path) -> None:
+    """Today's plan table cuts every header to 'mod…', 'arc…', 'dty…'."""
+    assert "total per core" in run_at_80("plan", str(config))
+    run_at_80("plan", str(config), "--all-instances")
+    run_at_80("plan", str(config), "--instance", "inf2.24xlarge")
+    run_at_80("validate", str(config))
+
+
+def test_doctor() -> None:
+    assert "made for" in run_at_80("doctor", "--instance", "trn1.32xlarge", "--configs", str(CONFIGS))
+
+
+def test_generation_commands(tiny_model: None, tmp_path: Path) -> None:
+    prompts = str(write_prompts(tmp_path / "prompts.jsonl", PROMPT_ROWS))
+    run_at_80("compare", "--max-new-tokens", "6", "--warmup", "0", "abcabcabc")
+    run_at_80("latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0", "--prompts", prompts)
+    run_at_80("eval", "--nb-prompts", "2", "--answer-tokens", "3")
+    assert "HF lookup" in run_at_80("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")
