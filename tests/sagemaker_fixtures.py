@@ -43,8 +43,14 @@ def endpoint_plan(config_path: Path = INF2_CONFIG, **options: Any):  # type: ign
     from neuron_ssp.config import load_config
 
     defaults: dict[str, Any] = {"name": "ep-test", "model_s3": MODEL_S3, "role_arn": ROLE_ARN}
-    return plan_endpoint(load_config(config_path), config_path, EndpointOptions(**{**defaults, **options}),
-                         region=REGION, identity=IDENTITY, seconds_per_request=10.0)
+    return plan_endpoint(
+        load_config(config_path),
+        config_path,
+        EndpointOptions(**{**defaults, **options}),
+        region=REGION,
+        identity=IDENTITY,
+        seconds_per_request=10.0,
+    )
 
 
 def assert_valid_request(client: Any, operation: str, params: dict[str, Any]) -> None:
@@ -93,8 +99,13 @@ def sm_stub_session() -> Any:
 @pytest.fixture
 def stubbed_sagemaker(sm_stub_session: Any) -> Iterator[StubbedSageMaker]:
     clients = SageMakerClients.for_region(REGION, session=sm_stub_session)
-    stubs = StubbedSageMaker(clients, *(Stubber(c) for c in (clients.sagemaker, clients.runtime, clients.autoscaling,
-                                                              clients.logs, clients.ecr, clients.sts)))
+    stubs = StubbedSageMaker(
+        clients,
+        *(
+            Stubber(c)
+            for c in (clients.sagemaker, clients.runtime, clients.autoscaling, clients.logs, clients.ecr, clients.sts)
+        ),
+    )
     for stubber in stubs.all():
         stubber.activate()
     yield stubs
@@ -102,16 +113,20 @@ def stubbed_sagemaker(sm_stub_session: Any) -> Iterator[StubbedSageMaker]:
         stubber.deactivate()
 
 
-def described(name: str = "ep-test", status: str = "InService", reason: str | None = None,
-              instances: int = 1) -> dict[str, Any]:
+def described(
+    name: str = "ep-test", status: str = "InService", reason: str | None = None, instances: int = 1
+) -> dict[str, Any]:
     """describe_endpoint as SageMaker answers it."""
     answer: dict[str, Any] = {
-        "EndpointName": name, "EndpointArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{name}",
-        "EndpointConfigName": name, "EndpointStatus": status,
+        "EndpointName": name,
+        "EndpointArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{name}",
+        "EndpointConfigName": name,
+        "EndpointStatus": status,
         "CreationTime": datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc),
         "LastModifiedTime": datetime(2026, 11, 1, 12, 5, tzinfo=timezone.utc),
-        "ProductionVariants": [{"VariantName": "AllTraffic", "CurrentInstanceCount": instances,
-                                "DesiredInstanceCount": instances}],
+        "ProductionVariants": [
+            {"VariantName": "AllTraffic", "CurrentInstanceCount": instances, "DesiredInstanceCount": instances}
+        ],
     }
     if reason:
         answer["FailureReason"] = reason
@@ -128,8 +143,9 @@ def moto_hosts_neuron_types(monkeypatch: pytest.MonkeyPatch) -> None:
     import botocore.session
     from moto.sagemaker.models import FakeEndpointConfig
 
-    enum = set(botocore.session.get_session().get_service_model("sagemaker")
-               .shape_for("ProductionVariantInstanceType").enum)
+    enum = set(
+        botocore.session.get_session().get_service_model("sagemaker").shape_for("ProductionVariantInstanceType").enum
+    )
     original = FakeEndpointConfig.validate_instance_type
 
     def validate(self: Any, instance_type: str) -> None:
