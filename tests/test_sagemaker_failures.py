@@ -207,3 +207,34 @@ def test_invoke_access_denied_names_invoke_endpoint(stubs: StubbedSageMaker) -> 
     )
     assert result.exit_code == 1, result.output
     assert "sagemaker:InvokeEndpoint" in result.output and "sagemaker-operator-policy.json" in result.output
+
+
+def test_cleanup_that_is_refused_says_what_may_still_bill(stubs: StubbedSageMaker) -> None:
+    queue_created(stubs)
+    stubs.sagemaker.add_response("describe_endpoint", described(NAME, "Failed", REASON), {"EndpointName": NAME})
+    stubs.logs.add_client_error(
+        "describe_log_streams",
+        service_error_code="ResourceNotFoundException",
+        service_message="The specified log group does not exist.",
+    )
+    stubs.sagemaker.add_response("describe_endpoint", described(NAME, "Failed"), {"EndpointName": NAME})
+    stubs.sagemaker.add_response(
+        "describe_endpoint_config",
+        {
+            "EndpointConfigName": NAME,
+            "EndpointConfigArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint-config/x",
+            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": NAME}],
+            "CreationTime": described()["CreationTime"],
+        },
+        {"EndpointConfigName": NAME},
+    )
+    client_error(stubs.sagemaker, "delete_endpoint", "AccessDeniedException", "not authorized", 403)
+    stubs.sagemaker.add_response("delete_endpoint_config", {}, {"EndpointConfigName": NAME})
+    stubs.sagemaker.add_response("delete_model", {}, {"ModelName": NAME})
+    code, out = create()
+    assert code == 1, out
+    assert "the container never started" in out  # no log group yet
+    assert "could NOT delete endpoint (your AWS identity may not call sagemaker:DeleteEndpoint" in out
+    assert "it may still bill 1 × ml.inf2.48xlarge in us-east-1 at $15.58/h" in out
+    assert f"aws sagemaker delete-endpoint --endpoint-name {NAME} --region {REGION}" in out
+    stubs.assert_done()

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.config import load_config
+from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch, image, lifecycle
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
@@ -33,7 +33,7 @@ from neuron_ssp.deploy.sagemaker.plan import (
     plan_endpoint,
 )
 from neuron_ssp.deploy.waiting import Pacing
-from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
 
 PACING = Pacing(interval_s=30)  # tests replace this with a no-sleep pacing
 DRY_RUN_IDENTITY = Identity("123456789012", "arn:aws:iam::123456789012:user/dry-run")
@@ -173,13 +173,13 @@ def create(
     )
 
 
-def _seconds_per_request(config) -> float | None:  # type: ignore[no-untyped-def]
+def _seconds_per_request(config: Config) -> float | None:
     """Plain decoding time of one request at the published ms/token (before speculation), if known."""
     from neuron_ssp.topology import plan_deployment
 
     try:
         ms = plan_deployment(config).ms_per_token
-    except Exception:  # no published figure for this pair/instance: the caller asks for --target-value
+    except NeuronSSPError:  # architecture unknown here: the invocations metric then asks for --target-value
         return None
     return None if ms is None else ms * config.generation.max_new_tokens / 1000
 
@@ -363,8 +363,6 @@ def delete(name: str, region: str | None, yes: bool) -> None:
         return
     left = lifecycle.delete_endpoint(clients, name)
     if left:
-        from neuron_ssp.errors import RuntimeProblem
-
         raise RuntimeProblem(
             Problem(
                 "endpoint",

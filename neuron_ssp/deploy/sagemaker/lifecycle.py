@@ -177,7 +177,10 @@ def _abandon(created: Created, cause: list[Problem], plan: EndpointPlan, clients
                 ),
             ]
         )
-    left = delete_endpoint(clients, plan.name, only=created)
+    try:
+        left = delete_endpoint(clients, plan.name, only=created)
+    except KeyboardInterrupt:
+        left = [f"{', '.join(pieces)} (interrupted while deleting)"]
     if left:
         return RuntimeProblem(
             [
@@ -186,7 +189,7 @@ def _abandon(created: Created, cause: list[Problem], plan: EndpointPlan, clients
                     "endpoint",
                     plan.name,
                     f"could NOT delete {', '.join(left)}"
-                    + (f"; it may still bill {billing}" if "endpoint" in left else ""),
+                    + (f"; it may still bill {billing}" if created.endpoint else ""),
                     f"run `neuron-ssp deploy endpoint delete {plan.name} --region {plan.region}` "
                     f"(or aws sagemaker delete-endpoint --endpoint-name {plan.name} --region {plan.region})",
                 ),
