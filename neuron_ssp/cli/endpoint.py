@@ -208,7 +208,8 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
         ),
         (
             "price",
-            f"{plan.price.text()} per instance; at most {plan.max_instances}: {plan.price.text(plan.max_instances)}",
+            f"{plan.price.amount()} per instance, at most {plan.max_instances}: "
+            f"{plan.price.amount(plan.max_instances)} ({plan.price.source})",
         ),
         ("billing", "a real-time endpoint bills every instance until it is deleted, traffic or not"),
     ]

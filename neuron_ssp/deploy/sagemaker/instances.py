@@ -42,10 +42,11 @@ class HostingPrice:
     usd_per_hour: float | None
     source: str
 
+    def amount(self, instances: int = 1) -> str:
+        return "unknown" if self.usd_per_hour is None else f"${self.usd_per_hour * instances:,.2f}/h"
+
     def text(self, instances: int = 1) -> str:
-        if self.usd_per_hour is None:
-            return f"unknown ({self.source})"
-        return f"${self.usd_per_hour * instances:,.2f}/h ({self.source})"
+        return f"{self.amount(instances)} ({self.source})"
 
 
 def ml_type(instance_type: str) -> str:

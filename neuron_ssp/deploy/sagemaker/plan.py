@@ -287,16 +287,7 @@ def _check_locations(options: EndpointOptions) -> list[Problem]:
             )
         )
     elif not _S3_PREFIX.match(options.model_s3):
-        problems.append(
-            Problem(
-                "--model-s3",
-                options.model_s3,
-                "not an s3://bucket/prefix/ URI ending with '/' (S3Prefix data source)",
-                f"write it as {options.model_s3.rstrip('/')}/"
-                if options.model_s3.startswith("s3://")
-                else "write it as s3://my-bucket/models/",
-            )
-        )
+        problems.append(_model_s3_problem(options.model_s3))
     if not options.role_arn:
         problems.append(
             Problem(
@@ -325,6 +316,19 @@ def _check_locations(options: EndpointOptions) -> list[Problem]:
             )
         )
     return problems
+
+
+def _model_s3_problem(uri: str) -> Problem:
+    if not uri.startswith("s3://"):
+        return Problem("--model-s3", uri, "not an s3:// URI", "write it as s3://my-bucket/models/")
+    if not uri.endswith("/"):
+        return Problem("--model-s3", uri, "an S3Prefix data source is a prefix ending with '/'", f"write {uri}/")
+    return Problem(
+        "--model-s3",
+        uri,
+        "the bucket name is not valid (3-63 lowercase letters, digits, '.', '-')",
+        "use the name of an existing bucket of this region",
+    )
 
 
 def _config_for_instance(config: Config, options: EndpointOptions) -> tuple[Config, list[Problem], list[str]]:
