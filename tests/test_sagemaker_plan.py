@@ -60,7 +60,7 @@ def test_every_bad_flag_is_reported_at_once_before_any_aws_call(no_aws: None) ->
     assert code == 2, out
     for field in ("--name", "--model-s3", "--role-arn", "--instances", "--image-uri"):
         assert field in out
-    assert "write it as s3://bucket/models/" in out and "within --min 1 and --max 3" in out
+    assert "write s3://bucket/models/" in out and "within --min 1 and --max 3" in out
 
 
 def test_missing_locations_say_how_to_get_them(no_aws: None) -> None:
