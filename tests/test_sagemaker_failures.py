@@ -238,3 +238,11 @@ def test_cleanup_that_is_refused_says_what_may_still_bill(stubs: StubbedSageMake
     assert "it may still bill 1 × ml.inf2.48xlarge in us-east-1 at $15.58/h" in out
     assert f"aws sagemaker delete-endpoint --endpoint-name {NAME} --region {REGION}" in out
     stubs.assert_done()
+
+
+def test_status_of_a_missing_endpoint_points_at_list(stubs: StubbedSageMaker) -> None:
+    client_error(stubs.sagemaker, "describe_endpoint", "ValidationException",
+                 f"Could not find endpoint \"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/nope\".")
+    result = CliRunner().invoke(main, ["deploy", "endpoint", "status", "nope", "--region", REGION])
+    assert result.exit_code == 2, result.output
+    assert "no endpoint of that name in us-east-1" in result.output and "deploy endpoint list" in result.output
