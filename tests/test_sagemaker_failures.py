@@ -101,23 +101,39 @@ def queue_log_tail(stubs: StubbedSageMaker) -> None:
 
 
 def queue_cleanup(stubs: StubbedSageMaker, *, endpoint: bool = True, config: bool = True) -> None:
+    """describe then delete, piece by piece (a delete of something missing would be refused by the policy)."""
     if endpoint:
         stubs.sagemaker.add_response("describe_endpoint", described(NAME, "Failed"), {"EndpointName": NAME})
-    if config:
-        stubs.sagemaker.add_response(
-            "describe_endpoint_config",
-            {
-                "EndpointConfigName": NAME,
-                "EndpointConfigArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint-config/x",
-                "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": NAME}],
-                "CreationTime": described()["CreationTime"],
-            },
-            {"EndpointConfigName": NAME},
-        )
-    if endpoint:
         stubs.sagemaker.add_response("delete_endpoint", {}, {"EndpointName": NAME})
     if config:
+        queue_config_describe(stubs)
         stubs.sagemaker.add_response("delete_endpoint_config", {}, {"EndpointConfigName": NAME})
+    queue_model_delete(stubs)
+
+
+def queue_config_describe(stubs: StubbedSageMaker) -> None:
+    stubs.sagemaker.add_response(
+        "describe_endpoint_config",
+        {
+            "EndpointConfigName": NAME,
+            "EndpointConfigArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint-config/x",
+            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": NAME}],
+            "CreationTime": described()["CreationTime"],
+        },
+        {"EndpointConfigName": NAME},
+    )
+
+
+def queue_model_delete(stubs: StubbedSageMaker) -> None:
+    stubs.sagemaker.add_response(
+        "describe_model",
+        {
+            "ModelName": NAME,
+            "CreationTime": described()["CreationTime"],
+            "ModelArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model/x",
+        },
+        {"ModelName": NAME},
+    )
     stubs.sagemaker.add_response("delete_model", {}, {"ModelName": NAME})
 
 
@@ -218,19 +234,10 @@ def test_cleanup_that_is_refused_says_what_may_still_bill(stubs: StubbedSageMake
         service_message="The specified log group does not exist.",
     )
     stubs.sagemaker.add_response("describe_endpoint", described(NAME, "Failed"), {"EndpointName": NAME})
-    stubs.sagemaker.add_response(
-        "describe_endpoint_config",
-        {
-            "EndpointConfigName": NAME,
-            "EndpointConfigArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint-config/x",
-            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": NAME}],
-            "CreationTime": described()["CreationTime"],
-        },
-        {"EndpointConfigName": NAME},
-    )
     client_error(stubs.sagemaker, "delete_endpoint", "AccessDeniedException", "not authorized", 403)
+    queue_config_describe(stubs)
     stubs.sagemaker.add_response("delete_endpoint_config", {}, {"EndpointConfigName": NAME})
-    stubs.sagemaker.add_response("delete_model", {}, {"ModelName": NAME})
+    queue_model_delete(stubs)
     code, out = create()
     assert code == 1, out
     assert "the container never started" in out  # no log group yet
@@ -241,8 +248,12 @@ def test_cleanup_that_is_refused_says_what_may_still_bill(stubs: StubbedSageMake
 
 
 def test_status_of_a_missing_endpoint_points_at_list(stubs: StubbedSageMaker) -> None:
-    client_error(stubs.sagemaker, "describe_endpoint", "ValidationException",
-                 f"Could not find endpoint \"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/nope\".")
+    client_error(
+        stubs.sagemaker,
+        "describe_endpoint",
+        "ValidationException",
+        f'Could not find endpoint "arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/nope".',
+    )
     result = CliRunner().invoke(main, ["deploy", "endpoint", "status", "nope", "--region", REGION])
     assert result.exit_code == 2, result.output
     assert "no endpoint of that name in us-east-1" in result.output and "deploy endpoint list" in result.output

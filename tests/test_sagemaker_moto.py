@@ -71,7 +71,7 @@ def test_create_status_scale_invoke_logs_list_delete(
     )
     assert code == 0, out
     assert "InService" in out and "$46.74/h" in out  # 3 × ml.inf2.48xlarge at $15.58
-    assert "bills every instance until it is deleted" in out and "as read 2026-09-27" in out
+    assert "bills every instance until it is deleted" in out and "list price as of 2026-09-27" in out
 
     sm = moto_client("sagemaker")
     model = sm.describe_model(ModelName="it-inf2")

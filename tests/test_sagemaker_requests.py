@@ -143,17 +143,6 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
         "ResourceId": f"endpoint/{name}/variant/AllTraffic",
         "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
     }
-    stubs.sagemaker.add_response("describe_endpoint", described(name), {"EndpointName": name})
-    stubs.sagemaker.add_response(
-        "describe_endpoint_config",
-        {
-            "EndpointConfigName": name,
-            "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/g",
-            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": name}],
-            "CreationTime": described()["CreationTime"],
-        },
-        {"EndpointConfigName": name},
-    )
     stubs.autoscaling.add_response(
         "describe_scaling_policies",
         {
@@ -192,9 +181,62 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
         },
     )
     stubs.autoscaling.add_response("deregister_scalable_target", {}, rid)
+    stubs.sagemaker.add_response("describe_endpoint", described(name), {"EndpointName": name})
     stubs.sagemaker.add_response("delete_endpoint", {}, {"EndpointName": name})
+    stubs.sagemaker.add_response(
+        "describe_endpoint_config",
+        {
+            "EndpointConfigName": name,
+            "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/g",
+            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": name}],
+            "CreationTime": described()["CreationTime"],
+        },
+        {"EndpointConfigName": name},
+    )
     stubs.sagemaker.add_response("delete_endpoint_config", {}, {"EndpointConfigName": name})
+    stubs.sagemaker.add_response(
+        "describe_model",
+        {
+            "ModelName": name,
+            "CreationTime": described()["CreationTime"],
+            "ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/g",
+        },
+        {"ModelName": name},
+    )
     stubs.sagemaker.add_response("delete_model", {}, {"ModelName": name})
+    assert lifecycle.delete_endpoint(stubs.clients, name) == []
+    stubs.assert_done()
+
+
+def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -> None:
+    """Second run: every piece is missing, so no delete is sent (the policy would refuse it)."""
+    stubs, name = stubbed_sagemaker, "gone"
+    rid = {
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": f"endpoint/{name}/variant/AllTraffic",
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+    }
+    stubs.autoscaling.add_response("describe_scaling_policies", {"ScalingPolicies": []}, rid)
+    stubs.autoscaling.add_response(
+        "describe_scalable_targets",
+        {"ScalableTargets": []},
+        {
+            "ServiceNamespace": "sagemaker",
+            "ResourceIds": [rid["ResourceId"]],
+            "ScalableDimension": rid["ScalableDimension"],
+        },
+    )
+    for operation, key in (
+        ("describe_endpoint", "EndpointName"),
+        ("describe_endpoint_config", "EndpointConfigName"),
+        ("describe_model", "ModelName"),
+    ):
+        stubs.sagemaker.add_client_error(
+            operation,
+            service_error_code="ValidationException",
+            service_message=f"Could not find {key} 'arn:...:{name}'.",
+            expected_params={key: name},
+        )
     assert lifecycle.delete_endpoint(stubs.clients, name) == []
     stubs.assert_done()
 

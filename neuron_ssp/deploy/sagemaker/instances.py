@@ -16,7 +16,10 @@ ML_PREFIX = "ml."
 # Real-time inference on demand, us-east-1, USD per instance-hour. Not re-checked from this machine
 # (no network): taken from a public table of SageMaker list prices read on 2026-09-27. Other
 # regions differ; check https://aws.amazon.com/sagemaker/pricing/ before relying on it.
-HOSTING_PRICE_SOURCE = "SageMaker real-time inference list price, us-east-1 on demand, as read 2026-09-27"
+HOSTING_PRICE_SOURCE = (
+    "SageMaker real-time inference, us-east-1 on demand, list price as of 2026-09-27 (not re-checked: "
+    "aws.amazon.com/sagemaker/pricing)"
+)
 HOSTING_USD_PER_HOUR: dict[str, float] = {
     "ml.inf2.xlarge": 0.99,
     "ml.inf2.8xlarge": 2.36,

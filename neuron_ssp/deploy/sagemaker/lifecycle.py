@@ -8,6 +8,7 @@ the CloudWatch log and deletes what it created, or with keep_on_failure says wha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -215,41 +216,58 @@ def delete_endpoint(clients: SageMakerClients, name: str, only: Created | None =
     """Remove scaling policy, scalable target, endpoint, endpoint config, model: those that exist.
 
     Returns the pieces that could not be deleted ([] = all gone). `only` limits it to what a failed
-    create made. Missing pieces are fine: running it twice is safe.
+    create made. Each piece is described before it is deleted: under the operator policy a delete of a
+    missing resource is refused (its tag condition cannot match) where a describe says "not found", so
+    running it twice stays safe.
     """
+    wanted = only or Created(model=True, endpoint_config=True, endpoint=True, scaling=True)
     left: list[str] = []
-    config_name, model_names = name, [name]
-    steps = []
-    if only is None or only.scaling:
-        steps.append(("scaling", lambda: _delete_scaling(clients, name)))
-    try:
-        if only is None or only.endpoint:
-            described = _describe_or_none(clients, name)
-            config_name = described.get("EndpointConfigName", name) if described else name
-        if only is None or only.endpoint_config:
-            model_names = _models_of(clients, config_name) or [name]
-    except NeuronSSPError:
-        pass  # the deletes below say what is wrong, piece by piece
-    if only is None or only.endpoint:
-        steps.append(("endpoint", lambda: clients.sagemaker.delete_endpoint(EndpointName=name)))
-    if only is None or only.endpoint_config:
-        steps.append(
-            ("endpoint config", lambda: clients.sagemaker.delete_endpoint_config(EndpointConfigName=config_name))
-        )
-    if only is None or only.model:
-        for model in model_names:
-            steps.append(("model", lambda model=model: clients.sagemaker.delete_model(ModelName=model)))
-    for piece, step in steps:
+    config_name, models = name, [name]
+
+    def attempt(piece: str, service_prefix: str, action: Callable[[], None]) -> None:
         try:
-            step()
+            action()
         except translatable() as exc:
-            if not is_not_found(exc):
-                left.append(
-                    f"{piece} ({translate_sagemaker(exc, 'sagemaker', region=clients.region).problems[0].rule})"
-                )
-        except NeuronSSPError as exc:
-            left.append(f"{piece} ({exc.problems[0].rule})")
+            left.append(f"{piece} ({translate_sagemaker(exc, service_prefix, region=clients.region).problems[0].rule})")
+
+    def endpoint_step() -> None:
+        nonlocal config_name
+        found = _find(lambda: clients.sagemaker.describe_endpoint(EndpointName=name))
+        if found:
+            config_name = found.get("EndpointConfigName", name)
+            clients.sagemaker.delete_endpoint(EndpointName=name)
+
+    def config_step() -> None:
+        nonlocal models
+        found = _find(lambda: clients.sagemaker.describe_endpoint_config(EndpointConfigName=config_name))
+        if found:
+            models = [v["ModelName"] for v in found["ProductionVariants"] if v.get("ModelName")] or [name]
+            clients.sagemaker.delete_endpoint_config(EndpointConfigName=config_name)
+
+    def model_step(model: str) -> None:
+        if _find(lambda: clients.sagemaker.describe_model(ModelName=model)):
+            clients.sagemaker.delete_model(ModelName=model)
+
+    if wanted.scaling:
+        attempt("scaling", "application-autoscaling", lambda: _delete_scaling(clients, name))
+    if wanted.endpoint:
+        attempt("endpoint", "sagemaker", endpoint_step)
+    if wanted.endpoint_config:
+        attempt("endpoint config", "sagemaker", config_step)
+    if wanted.model:
+        for model in models:
+            attempt("model", "sagemaker", lambda model=model: model_step(model))
     return left
+
+
+def _find(describe: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The description, or None when SageMaker says the resource does not exist."""
+    try:
+        return describe()
+    except translatable() as exc:
+        if is_not_found(exc):
+            return None
+        raise
 
 
 def _delete_scaling(clients: SageMakerClients, name: str) -> None:
@@ -275,16 +293,6 @@ def _describe_or_none(clients: SageMakerClients, name: str) -> dict[str, Any] | 
         if is_not_found(exc):
             return None
         raise translate_sagemaker(exc, "sagemaker", region=clients.region) from None
-
-
-def _models_of(clients: SageMakerClients, config_name: str) -> list[str]:
-    try:
-        variants = clients.sagemaker.describe_endpoint_config(EndpointConfigName=config_name)["ProductionVariants"]
-    except translatable() as exc:
-        if is_not_found(exc):
-            return []
-        raise translate_sagemaker(exc, "sagemaker", region=clients.region) from None
-    return [v["ModelName"] for v in variants if v.get("ModelName")]
 
 
 # ---------------------------------------------------------------- status / list / scale
