@@ -224,3 +224,11 @@ def test_entrypoint_drops_sagemakers_serve_argument_and_writes_the_config(tmp_pa
         timeout=30,
     ).stdout
     assert "ARGS serve --sagemaker --config /tmp/neuron-ssp-config.yaml\n" in out and config in out
+
+
+def test_build_context_sends_only_what_the_dockerfile_copies() -> None:
+    ignore = (ROOT / "deploy" / "sagemaker" / "Dockerfile.dockerignore").read_text().split()
+    kept = {line[1:] for line in ignore if line.startswith("!")}
+    dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
+    copied = {p for line in dockerfile.splitlines() if line.startswith("COPY ") for p in line.split()[1:-1]}
+    assert "*" in ignore and copied == kept
