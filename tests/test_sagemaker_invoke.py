@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import deploy_fixtures
 import pytest
 
 from neuron_ssp.deploy.sagemaker.invoke import Answer, invoke, parse_answer, request_body, stream_lines, stream_pieces
 from neuron_ssp.errors import UsageError
+
+aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 
 class FakeRuntime:

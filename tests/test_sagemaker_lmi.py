@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import deploy_fixtures
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -17,6 +18,8 @@ from click.testing import CliRunner
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.sagemaker.lmi import lmi_options
+
+aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 ROOT = Path(__file__).resolve().parents[1]
 NEURON_CONFIGS = sorted(
