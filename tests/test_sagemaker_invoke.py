@@ -80,3 +80,22 @@ def test_whole_answers_of_both_engines(body: Any, text: str) -> None:
     assert answer.text == text
     assert answer.speculative == (body.get("speculative") if isinstance(body, dict) else None)
     assert parse_answer(json.dumps(body).encode()).text == text
+
+
+def test_our_servers_lmi_style_stream_last_line_does_not_repeat_the_text() -> None:
+    """neuron-ssp serve --sagemaker streams LMI JSON lines; the last adds generated_text and speculative."""
+    lines = [
+        json.dumps({"token": {"id": 5, "text": "Par", "log_prob": None, "origin": "target"}}),
+        json.dumps({"token": {"id": 6, "text": "is", "log_prob": None, "origin": "draft"}}),
+        json.dumps(
+            {
+                "token": {"id": -1, "text": "", "log_prob": None, "special_token": True},
+                "generated_text": "Paris",
+                "details": {"finish_reason": "stop"},
+                "speculative": {"acceptance_rate": 0.5},
+            }
+        ),
+    ]
+    raw = ("\n".join(lines) + "\n").encode()
+    answer = invoke(FakeRuntime(parts=[raw[:30], raw[30:]]), "ep", b"{}", stream=True, on_text=lambda _: None)
+    assert answer.text == "Paris" and answer.speculative == {"acceptance_rate": 0.5}
