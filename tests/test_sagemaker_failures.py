@@ -34,15 +34,41 @@ GROUP = f"/aws/sagemaker/Endpoints/{NAME}"
 
 
 @pytest.fixture
-def stubs(stubbed_sagemaker: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch) -> StubbedSageMaker:
+def patched(stubbed_sagemaker: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch) -> StubbedSageMaker:
+    """The CLI gets the stubbed clients."""
     monkeypatch.setattr(
         SageMakerClients, "for_region", classmethod(lambda cls, region, session=None: stubbed_sagemaker.clients)
     )
     monkeypatch.setattr(endpoint_cli, "PACING", instant_pacing())
-    stubbed_sagemaker.sts.add_response(
+    return stubbed_sagemaker
+
+
+@pytest.fixture
+def stubs(patched: StubbedSageMaker) -> StubbedSageMaker:
+    """For create: caller identity and the name check are queued first."""
+    patched.sts.add_response(
         "get_caller_identity", {"Account": ACCOUNT, "UserId": "AIDA", "Arn": f"arn:aws:iam::{ACCOUNT}:user/alice"}, {}
     )
-    return stubbed_sagemaker
+    queue_name_free(patched)
+    return patched
+
+
+def queue_name_free(stubs: StubbedSageMaker, exists: str | None = None) -> None:
+    """The read-only name check before create: nothing of that name exists (or `exists` does)."""
+    for operation, key in (
+        ("describe_endpoint", "EndpointName"),
+        ("describe_endpoint_config", "EndpointConfigName"),
+        ("describe_model", "ModelName"),
+    ):
+        if operation == exists:
+            stubs.sagemaker.add_response(operation, described(NAME, "InService"), {key: NAME})
+            continue
+        stubs.sagemaker.add_client_error(
+            operation,
+            service_error_code="ValidationException",
+            service_message=f"Could not find {key} '{NAME}'.",
+            expected_params={key: NAME},
+        )
 
 
 def create(*extra: str) -> tuple[int, str]:
@@ -216,7 +242,8 @@ def test_quota_exceeded_names_the_quota_to_request_and_cleans_up(stubs: StubbedS
     stubs.assert_done()
 
 
-def test_invoke_access_denied_names_invoke_endpoint(stubs: StubbedSageMaker) -> None:
+def test_invoke_access_denied_names_invoke_endpoint(patched: StubbedSageMaker) -> None:
+    stubs = patched
     client_error(stubs.runtime, "invoke_endpoint_with_response_stream", "AccessDeniedException", "not authorized", 403)
     result = CliRunner().invoke(
         main, ["deploy", "endpoint", "invoke", NAME, "--region", REGION, "--prompt", "hi", "--stream"]
@@ -247,7 +274,8 @@ def test_cleanup_that_is_refused_says_what_may_still_bill(stubs: StubbedSageMake
     stubs.assert_done()
 
 
-def test_status_of_a_missing_endpoint_points_at_list(stubs: StubbedSageMaker) -> None:
+def test_status_of_a_missing_endpoint_points_at_list(patched: StubbedSageMaker) -> None:
+    stubs = patched
     client_error(
         stubs.sagemaker,
         "describe_endpoint",
@@ -257,3 +285,14 @@ def test_status_of_a_missing_endpoint_points_at_list(stubs: StubbedSageMaker) ->
     result = CliRunner().invoke(main, ["deploy", "endpoint", "status", "nope", "--region", REGION])
     assert result.exit_code == 2, result.output
     assert "no endpoint of that name in us-east-1" in result.output and "deploy endpoint list" in result.output
+
+
+def test_a_name_in_use_is_refused_before_anything_is_created(patched: StubbedSageMaker) -> None:
+    patched.sts.add_response(
+        "get_caller_identity", {"Account": ACCOUNT, "UserId": "AIDA", "Arn": f"arn:aws:iam::{ACCOUNT}:user/alice"}, {}
+    )
+    queue_name_free(patched, exists="describe_endpoint")
+    code, out = create()
+    assert code == 2, out
+    assert "already in use in us-east-1: endpoint (InService)" in out and f"deploy endpoint delete {NAME}" in out
+    patched.assert_done()  # no create_* was queued, so none was called

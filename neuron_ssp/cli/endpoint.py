@@ -155,6 +155,7 @@ def create(
         identity=Identity(caller["Account"], caller["Arn"]),
         seconds_per_request=seconds,
     )
+    lifecycle.check_name_free(clients, plan.name)
     _print_plan(out, err, plan)
     cost = plan.usd_per_hour(plan.max_instances)
     question = (

@@ -93,6 +93,26 @@ def create_endpoint(
         raise
 
 
+def check_name_free(clients: SageMakerClients, name: str) -> None:
+    """Refuse a name whose endpoint, endpoint config or model exists (read-only, before creating)."""
+    with sagemaker_errors("sagemaker", region=clients.region):
+        endpoint = _find(lambda: clients.sagemaker.describe_endpoint(EndpointName=name))
+        config = _find(lambda: clients.sagemaker.describe_endpoint_config(EndpointConfigName=name))
+        model = _find(lambda: clients.sagemaker.describe_model(ModelName=name))
+    taken = [f"endpoint ({endpoint['EndpointStatus']})"] if endpoint else []
+    taken += ["endpoint config"] * bool(config) + ["model"] * bool(model)
+    if taken:
+        raise UsageError(
+            Problem(
+                "--name",
+                name,
+                f"already in use in {clients.region}: {', '.join(taken)}",
+                f"delete it first (`neuron-ssp deploy endpoint delete {name} --region "
+                f"{clients.region}`) or pass another --name",
+            )
+        )
+
+
 def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, console: Console) -> None:
     def check() -> tuple[bool, str]:
         with sagemaker_errors("sagemaker", region=clients.region):
