@@ -24,7 +24,7 @@ from sagemaker_fixtures import (
 
 from neuron_ssp.cli import endpoint as endpoint_cli
 from neuron_ssp.cli import main
-from neuron_ssp.deploy.sagemaker import lifecycle
+from neuron_ssp.deploy.sagemaker import create, teardown
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -92,7 +92,7 @@ def test_model_has_network_isolation_and_s3_prefix_and_the_variant_long_timeouts
     )
     stubs.sagemaker.add_response("describe_endpoint", described("shape-trn1"), {"EndpointName": "shape-trn1"})
     clock = sagemaker_fixtures.FakeClock()
-    result = lifecycle.create_endpoint(
+    result = create.create_endpoint(
         plan, stubs.clients, pacing=instant_pacing(clock), console=endpoint_cli.Console(stderr=True)
     )
     assert result["EndpointStatus"] == "InService" and clock.sleeps == [30]
@@ -204,7 +204,7 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
         {"ModelName": name},
     )
     stubs.sagemaker.add_response("delete_model", {}, {"ModelName": name})
-    assert lifecycle.delete_endpoint(stubs.clients, name) == []
+    assert teardown.delete_endpoint(stubs.clients, name) == []
     stubs.assert_done()
 
 
@@ -237,7 +237,7 @@ def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -
             service_message=f"Could not find {key} 'arn:...:{name}'.",
             expected_params={key: name},
         )
-    assert lifecycle.delete_endpoint(stubs.clients, name) == []
+    assert teardown.delete_endpoint(stubs.clients, name) == []
     stubs.assert_done()
 
 

@@ -15,10 +15,12 @@ from rich.table import Table
 
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
-from neuron_ssp.deploy.sagemaker import cloudwatch, image, lifecycle
+from neuron_ssp.deploy.sagemaker import cloudwatch, image
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.container import container_config
+from neuron_ssp.deploy.sagemaker.create import check_name_free, create_endpoint
 from neuron_ssp.deploy.sagemaker.errors import sagemaker_errors
+from neuron_ssp.deploy.sagemaker.inventory import endpoint_info, list_endpoints, now_utc
 from neuron_ssp.deploy.sagemaker.invoke import invoke as invoke_endpoint
 from neuron_ssp.deploy.sagemaker.invoke import request_body
 from neuron_ssp.deploy.sagemaker.lmi import LMI_LIMITS, lmi_options
@@ -32,6 +34,8 @@ from neuron_ssp.deploy.sagemaker.plan import (
     endpoint_name,
     plan_endpoint,
 )
+from neuron_ssp.deploy.sagemaker.scale import scale as scale_endpoint
+from neuron_ssp.deploy.sagemaker.teardown import delete_endpoint
 from neuron_ssp.deploy.waiting import Pacing
 from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
 
@@ -155,7 +159,7 @@ def create(
         identity=Identity(caller["Account"], caller["Arn"]),
         seconds_per_request=seconds,
     )
-    lifecycle.check_name_free(clients, plan.name)
+    check_name_free(clients, plan.name)
     _print_plan(out, err, plan)
     cost = plan.usd_per_hour(plan.max_instances)
     question = (
@@ -165,7 +169,7 @@ def create(
     if not yes and not click.confirm(question, default=False, err=True):
         err.print("cancelled; nothing was created")
         return
-    described = lifecycle.create_endpoint(plan, clients, pacing=PACING, console=err)
+    described = create_endpoint(plan, clients, pacing=PACING, console=err)
     out.print(f"[green]InService:[/green] {plan.name} ({described['EndpointArn']})")
     out.print(
         f"next:  neuron-ssp deploy endpoint invoke {plan.name} --region {region} --prompt 'Hello'\n"
@@ -231,7 +235,7 @@ def status(name: str, region: str | None, as_json: bool) -> None:
     """Status, instances (current/desired, autoscaling range), age and $/h of endpoint NAME."""
     out, _ = _consoles()
     clients = SageMakerClients.for_region(region)
-    info = lifecycle.endpoint_info(clients, name).to_dict(lifecycle.now_utc())
+    info = endpoint_info(clients, name).to_dict(now_utc())
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -309,7 +313,7 @@ def scale(
             Problem("--min/--max/--instances", None, "nothing to change", "pass --min and --max, or --instances")
         )
     clients = SageMakerClients.for_region(region)
-    info = lifecycle.scale(clients, name, min_instances=min_instances, max_instances=max_instances, instances=instances)
+    info = scale_endpoint(clients, name, min_instances=min_instances, max_instances=max_instances, instances=instances)
     out.print(
         f"{name}: {info.status}, {info.current_instances} instance(s) now, desired {info.desired_instances}, "
         f"autoscaling {info.min_instances}-{info.max_instances}"
@@ -323,8 +327,8 @@ def list_(region: str | None, as_json: bool) -> None:
     """neuron-ssp endpoints in the region (by tag), with age, instances and $/h."""
     out, _ = _consoles()
     clients = SageMakerClients.for_region(region)
-    now = lifecycle.now_utc()
-    found = lifecycle.list_endpoints(clients)
+    now = now_utc()
+    found = list_endpoints(clients)
     if as_json:
         click.echo(json.dumps([e.to_dict(now) for e in found], indent=2))
         return
@@ -363,7 +367,7 @@ def delete(name: str, region: str | None, yes: bool) -> None:
     ):
         err.print("cancelled; nothing was deleted")
         return
-    left = lifecycle.delete_endpoint(clients, name)
+    left = delete_endpoint(clients, name)
     if left:
         raise RuntimeProblem(
             Problem(

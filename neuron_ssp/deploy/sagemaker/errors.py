@@ -5,7 +5,7 @@ the quota to request, the flag to correct. Everything else goes through the EC2 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -88,3 +88,13 @@ def is_not_found(exc: BaseException) -> bool:
         or "no scaling policy" in message
         or "does not exist" in message
     )
+
+
+def find_existing(describe: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The description, or None when the service says the resource does not exist."""
+    try:
+        return describe()
+    except translatable() as exc:
+        if is_not_found(exc):
+            return None
+        raise
