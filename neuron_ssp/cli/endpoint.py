@@ -1,4 +1,4 @@
-"""`neuron-ssp deploy endpoint ...` and `deploy image ...`: SageMaker endpoints with autoscaling.
+"""`neuron-ssp deploy endpoint ...`: SageMaker real-time endpoints with autoscaling.
 
 Presentation only: plans, tables, prompts. The AWS work lives in `neuron_ssp.deploy.sagemaker`.
 """
