@@ -232,3 +232,18 @@ def test_build_context_sends_only_what_the_dockerfile_copies() -> None:
     dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
     copied = {p for line in dockerfile.splitlines() if line.startswith("COPY ") for p in line.split()[1:-1]}
     assert "*" in ignore and copied == kept
+
+
+def test_lmis_s3_neff_cache_is_refused_under_network_isolation(tmp_path: Path, no_aws: None) -> None:
+    data = yaml.safe_load(INF2_CONFIG.read_text())
+    data["neuron"]["compile_cache_url"] = "s3://my-artifacts/neff"
+    path = tmp_path / "lmi-s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = create(
+        str(path), "--region", "us-east-1", "--engine", "lmi", "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN
+    )
+    assert code == 2 and "neuron.compile_cache_url" in out and "cannot reach S3" in out
+    plan = endpoint_plan(path, engine="lmi", network_isolation=False)
+    assert (
+        plan.model_request["PrimaryContainer"]["Environment"]["OPTION_COMPILED_GRAPH_PATH"] == "s3://my-artifacts/neff"
+    )

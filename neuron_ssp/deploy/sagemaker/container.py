@@ -57,18 +57,25 @@ def container_problems(config: Config, env: dict[str, str], network_isolation: b
             )
         )
     if network_isolation:
-        for field, value in (
-            ("neuron.compiled_dir", config.neuron.compiled_dir),
-            ("neuron.compile_cache_url", config.neuron.compile_cache_url),
-        ):
-            if value and value.startswith("s3://"):
-                problems.append(
-                    Problem(
-                        field,
-                        value,
-                        "with network isolation the container cannot reach S3",
-                        f"copy it under --model-s3 as {COMPILED_FOLDER}/ and set a local path, "
-                        "or pass --no-network-isolation",
-                    )
-                )
+        problems += s3_under_isolation(
+            (
+                ("neuron.compiled_dir", config.neuron.compiled_dir),
+                ("neuron.compile_cache_url", config.neuron.compile_cache_url),
+            )
+        )
     return problems
+
+
+def s3_under_isolation(fields: tuple[tuple[str, str | None], ...]) -> list[Problem]:
+    """With network isolation the container reaches nothing: an s3:// location it would read is refused."""
+    return [
+        Problem(
+            field,
+            value,
+            "with network isolation the container cannot reach S3",
+            f"copy it under --model-s3 (e.g. as {COMPILED_FOLDER}/) and point to /opt/ml/model, "
+            "or pass --no-network-isolation",
+        )
+        for field, value in fields
+        if value and value.startswith("s3://")
+    ]

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from neuron_ssp.config import Config
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, ScalingMetric, ScalingPlan, target_for
-from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems
+from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems, s3_under_isolation
 from neuron_ssp.deploy.sagemaker.errors import EXECUTION_ROLE_POLICY
 from neuron_ssp.deploy.sagemaker.instances import HostingPrice, catalog_instance, hosting_price, ml_type
 from neuron_ssp.deploy.sagemaker.lmi import lmi_image, lmi_options, lmi_refusals
@@ -121,6 +121,8 @@ def check_endpoint(
     if not instance_problems:
         if options.engine == "lmi":
             problems += lmi_refusals(config)
+            if options.network_isolation:  # LMI reads the NEFF cache from compile_cache_url
+                problems += s3_under_isolation((("neuron.compile_cache_url", config.neuron.compile_cache_url),))
         else:
             problems += container_problems(config, container_environment(config), options.network_isolation)
     if problems:
