@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from neuron_ssp.cli import deploy as deploy_commands
+from neuron_ssp.cli import endpoint as endpoint_commands
+from neuron_ssp.cli import endpoint_image
 from neuron_ssp.cli.app import main
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
@@ -20,5 +22,7 @@ main.add_command(doctor)
 main.add_command(validate)
 main.add_command(plan)
 main.add_command(deploy_commands.deploy)
+deploy_commands.deploy.add_command(endpoint_commands.endpoint)
+deploy_commands.deploy.add_command(endpoint_image.image_group)
 
 __all__ = ["main"]

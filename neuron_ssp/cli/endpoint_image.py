@@ -1,0 +1,79 @@
+"""`neuron-ssp deploy image build|push`: the neuron-ssp serving image for SageMaker, into ECR."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from neuron_ssp.deploy.sagemaker import image
+from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
+from neuron_ssp.deploy.sagemaker.plan import IMAGE_REPOSITORY
+from neuron_ssp.errors import Problem, UsageError
+
+region_option = click.option(
+    "--region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], show_envvar=True, help="AWS region, e.g. us-east-1."
+)
+
+
+def _consoles() -> tuple[Console, Console]:
+    return Console(), Console(stderr=True)
+
+
+@click.group("image")
+def image_group() -> None:
+    """Build the neuron-ssp serving image (deploy/sagemaker/Dockerfile) and push it to ECR."""
+
+
+def _version_tag() -> str:
+    try:
+        return version("neuron-ssp")
+    except PackageNotFoundError:
+        return "latest"
+
+
+@image_group.command("build")
+@click.option("--tag", default=None, help="Image tag (default: this package's version).")
+@click.option("--base-image", help="Override the pinned Neuron DLC (BASE_IMAGE build argument).")
+def image_build(tag: str | None, base_image: str | None) -> None:
+    """docker build from the repository root; without docker, print the command."""
+    _, err = _consoles()
+    if not Path(image.DOCKERFILE).is_file():
+        raise UsageError(
+            Problem(
+                "working directory",
+                str(Path.cwd()),
+                f"{image.DOCKERFILE} is not here",
+                "run this from the neuron-ssp source tree (the build context)",
+            )
+        )
+    steps = image.build_steps(tag or _version_tag(), base_image)
+    if not image.docker_available():
+        err.print("docker is not installed here; run this where it is:")
+        for step in steps:
+            click.echo(step.text())
+        return
+    image.run_steps(steps)
+    err.print(f"[green]built[/green] {image.local_tag(tag or _version_tag())}")
+
+
+@image_group.command("push")
+@region_option
+@click.option("--repository", default=IMAGE_REPOSITORY, show_default=True, help="ECR repository (created if missing).")
+@click.option("--tag", default=None, help="Image tag (default: this package's version).")
+def image_push(region: str | None, repository: str, tag: str | None) -> None:
+    """Create the ECR repository if missing, log docker in, tag and push; print the image URI."""
+    out, err = _consoles()
+    tag = tag or _version_tag()
+    clients = SageMakerClients.for_region(region)
+    uri = image.ensure_repository(clients.ecr, repository, clients.region)
+    steps = image.push_steps(clients.ecr, uri, tag, clients.region)
+    if not image.docker_available():
+        err.print("docker is not installed here; run these where the image was built:")
+        for step in steps:
+            click.echo(step.text())
+    else:
+        image.run_steps(steps)
+    out.print(f"image: {uri}:{tag}  (pass it as --image-uri, or leave it out: it is the default)")

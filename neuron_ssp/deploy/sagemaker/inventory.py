@@ -1,0 +1,108 @@
+"""What exists: one endpoint's status, instances, autoscaling range and $/h, or all of this tool's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from neuron_ssp.deploy import tags
+from neuron_ssp.deploy.sagemaker import autoscaling
+from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
+from neuron_ssp.deploy.sagemaker.errors import find_existing, sagemaker_errors
+from neuron_ssp.deploy.sagemaker.instances import hosting_price
+from neuron_ssp.deploy.sagemaker.plan import ENGINE_KEY, INSTANCE_TYPE_KEY
+from neuron_ssp.errors import Problem, UsageError
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    name: str
+    status: str
+    created: datetime
+    instance_type: str
+    current_instances: int
+    desired_instances: int
+    min_instances: int | None
+    max_instances: int | None
+    engine: str
+    failure_reason: str | None
+
+    def age_hours(self, now: datetime) -> float:
+        return max(0.0, (now - self.created).total_seconds() / 3600)
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        price = hosting_price(self.instance_type).usd_per_hour
+        return None if price is None else price * self.current_instances
+
+    def to_dict(self, now: datetime) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "age_hours": round(self.age_hours(now), 2),
+            "instance_type": self.instance_type,
+            "current_instances": self.current_instances,
+            "desired_instances": self.desired_instances,
+            "min_instances": self.min_instances,
+            "max_instances": self.max_instances,
+            "engine": self.engine,
+            "usd_per_hour": self.usd_per_hour,
+            "price_source": hosting_price(self.instance_type).source,
+            "failure_reason": self.failure_reason,
+        }
+
+
+def endpoint_info(clients: SageMakerClients, name: str) -> EndpointInfo:
+    with sagemaker_errors("sagemaker", region=clients.region):
+        endpoint = find_existing(lambda: clients.sagemaker.describe_endpoint(EndpointName=name))
+        if endpoint is None:
+            raise UsageError(
+                Problem(
+                    "NAME",
+                    name,
+                    f"no endpoint of that name in {clients.region}",
+                    f"see `neuron-ssp deploy endpoint list --region {clients.region}`",
+                )
+            )
+        found = {t["Key"]: t["Value"] for t in clients.sagemaker.list_tags(ResourceArn=endpoint["EndpointArn"])["Tags"]}
+    with sagemaker_errors("application-autoscaling", region=clients.region):
+        target = autoscaling.describe_target(clients.autoscaling, name)
+    return _info(endpoint, found, target)
+
+
+def _info(endpoint: dict[str, Any], found_tags: dict[str, str], target: dict[str, Any] | None) -> EndpointInfo:
+    variants = endpoint.get("ProductionVariants") or [{}]
+    return EndpointInfo(
+        name=endpoint["EndpointName"],
+        status=endpoint["EndpointStatus"],
+        created=endpoint["CreationTime"],
+        instance_type=found_tags.get(INSTANCE_TYPE_KEY, "?"),
+        current_instances=int(variants[0].get("CurrentInstanceCount", 0)),
+        desired_instances=int(variants[0].get("DesiredInstanceCount", 0)),
+        min_instances=target["MinCapacity"] if target else None,
+        max_instances=target["MaxCapacity"] if target else None,
+        engine=found_tags.get(ENGINE_KEY, "?"),
+        failure_reason=endpoint.get("FailureReason"),
+    )
+
+
+def list_endpoints(clients: SageMakerClients) -> list[EndpointInfo]:
+    """Endpoints tagged Project=neuron-ssp in the region."""
+    out = []
+    with sagemaker_errors("sagemaker", region=clients.region):
+        pages = clients.sagemaker.get_paginator("list_endpoints").paginate()
+        summaries = [s for page in pages for s in page["Endpoints"]]
+        for summary in summaries:
+            found = {
+                t["Key"]: t["Value"] for t in clients.sagemaker.list_tags(ResourceArn=summary["EndpointArn"])["Tags"]
+            }
+            if found.get(tags.PROJECT_KEY) != tags.PROJECT:
+                continue
+            endpoint = clients.sagemaker.describe_endpoint(EndpointName=summary["EndpointName"])
+            out.append(_info(endpoint, found, None))
+    return out
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)

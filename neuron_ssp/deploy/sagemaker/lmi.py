@@ -1,0 +1,136 @@
+"""DJL LMI (transformers-neuronx) options derived from a validated config, or why LMI cannot run it.
+
+Option names and meanings are djl-serving's own, read at the parent of commit 1132e3ab (PR #2939,
+which removed Neuron support): `engines/python/setup/djl_python/properties_manager/tnx_properties.py`
+and `serving/docs/lmi/user_guides/tnx_user_guide.md`. There `speculative_length` is passed unchanged
+to transformers-neuronx `enable_speculative_decoder(k)` and to `speculative_forward(speculation_length=)`,
+and the draft proposes `speculative_length - 1` tokens: it is our window k (the user guide's "number
+of tokens the draft generates" is off by one). LMI accepts with `LMIGreedyTokenAcceptor` (the target's
+argmax), speculates only in its naive rolling-batch scheduler (no continuous batching) at batch 1,
+and reports no acceptance metrics per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from neuron_ssp.config import Config
+from neuron_ssp.deploy.sagemaker.mount import MODEL_MOUNT, mounted
+from neuron_ssp.errors import Problem, UsageError
+
+# The last LMI releases with transformers-neuronx: 0.30.0 (SDK 2.20.1) in LMI's README at that parent
+# commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config. 763104351884 hosts the AWS DLCs.
+LMI_IMAGE_TAG = "djl-inference:0.30.0-neuronx-sdk2.20.1"
+LMI_ENTRYPOINT = "djl_python.transformers_neuronx"
+LMI_LIMITS = (
+    "greedy acceptance only (LMIGreedyTokenAcceptor: the target's argmax; no sampling with speculation)",
+    "no continuous batching with speculation (naive rolling batch, batch size 1)",
+    "no per-request acceptance metrics (neuron-ssp's engine returns a `speculative` field)",
+)
+
+
+@dataclass(frozen=True)
+class LmiOptions:
+    """`option.*` keys (without the prefix) in the order they are rendered, plus notes for the user."""
+
+    options: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def serving_properties(self, comment: str = "") -> str:
+        lines = [f"# {line}" for line in comment.splitlines()] + ["engine=Python"]
+        lines += [f"option.{key}={value}" for key, value in self.options.items()]
+        return "\n".join(lines) + "\n"
+
+    def environment(self) -> dict[str, str]:
+        """option.<key> -> OPTION_<KEY> (LMI's configurations.md rule for environment variables)."""
+        return {f"OPTION_{key.upper()}": value for key, value in self.options.items()}
+
+
+def lmi_image(region: str) -> str:
+    return f"763104351884.dkr.ecr.{region}.amazonaws.com/{LMI_IMAGE_TAG}"
+
+
+def lmi_refusals(config: Config) -> list[Problem]:
+    """Every reason LMI cannot express this config (all at once)."""
+    spec, problems = config.speculation, []
+    if spec.drafter != "model" or config.draft is None:
+        problems.append(
+            Problem(
+                "speculation.drafter",
+                spec.drafter,
+                "LMI speculates only with a draft model (option.speculative_draft_model); it has no prompt-lookup "
+                "or suffix drafter",
+                "use --engine neuron-ssp, or set speculation.drafter: model with a draft: section",
+            )
+        )
+    greedy_equivalent = spec.acceptor == "greedy" or (
+        spec.acceptor == "probabilistic" and config.sampling.temperature == 0
+    )
+    if not greedy_equivalent:
+        problems.append(
+            Problem(
+                "speculation.acceptor",
+                f"{spec.acceptor} (temperature {config.sampling.temperature:g})",
+                "LMI accepts greedily (the target's argmax) only; this acceptor samples",
+                "use --engine neuron-ssp for lossless sampling, or set speculation.acceptor: greedy "
+                "(or sampling.temperature: 0)",
+            )
+        )
+    if spec.policy != "fixed":
+        problems.append(
+            Problem(
+                "speculation.policy",
+                spec.policy,
+                "LMI drafts a fixed speculative_length every step",
+                "use --engine neuron-ssp, or set speculation.policy: fixed",
+            )
+        )
+    if config.draft is not None and config.draft.dtype != config.target.dtype:
+        problems.append(
+            Problem(
+                "draft.dtype",
+                config.draft.dtype,
+                f"LMI loads the draft with the target's dtype ({config.target.dtype})",
+                f"set draft.dtype: {config.target.dtype}, or use --engine neuron-ssp",
+            )
+        )
+    return problems
+
+
+def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
+    """The options for LMI's transformers-neuronx engine, or UsageError with every refusal."""
+    problems = lmi_refusals(config)
+    if problems:
+        raise UsageError(problems)
+    assert config.draft is not None  # lmi_refusals requires a draft model
+    target, draft = config.target, config.draft
+    options = {
+        "entryPoint": LMI_ENTRYPOINT,
+        "model_id": mounted(target.path, model_root),
+        "tensor_parallel_degree": str(target.tp_degree),
+        "n_positions": str(target.n_positions),
+        "dtype": target.dtype,
+        "rolling_batch": "auto",
+        "max_rolling_batch_size": "1",
+        "speculative_draft_model": mounted(draft.path, model_root),
+        "speculative_length": str(config.speculation.k),
+        "draft_model_tp_size": str(draft.tp_degree),
+        "model_loading_timeout": "3600",
+    }
+    notes = [f"LMI limits: {limit}" for limit in LMI_LIMITS]
+    cache = config.neuron.compile_cache_url
+    if cache:
+        # compiled_graph_path / draft_model_compiled_path are NEFF caches: LMI sets NEURON_COMPILE_CACHE_URL.
+        options["compiled_graph_path"] = cache
+        options["draft_model_compiled_path"] = cache
+    if config.neuron.compiled_dir:
+        notes.append(
+            f"neuron.compiled_dir ({config.neuron.compiled_dir}) holds neuron-ssp artifacts, which LMI "
+            "cannot load; set neuron.compile_cache_url to a NEFF cache to skip LMI's compile"
+        )
+    if config.generation.max_new_tokens:
+        notes.append(
+            f"generation.max_new_tokens ({config.generation.max_new_tokens}) is a request parameter "
+            "in LMI: send it as parameters.max_new_tokens"
+        )
+    return LmiOptions(options, notes)

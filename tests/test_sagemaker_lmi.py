@@ -1,0 +1,126 @@
+"""`deploy endpoint render --engine lmi`: option names from djl-serving's source, and refusals.
+
+Option names as defined at the parent (afece25d) of djl-serving commit 1132e3ab:
+`engines/python/setup/djl_python/properties_manager/tnx_properties.py` (TransformerNeuronXProperties),
+its base `properties.py` (model_id, tensor_parallel_degree, rolling_batch, max_rolling_batch_size) and
+`serving/docs/lmi/user_guides/tnx_user_guide.md` (entryPoint, model_loading_timeout in its template).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import deploy_fixtures
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from neuron_ssp.cli import main
+from neuron_ssp.config import load_config
+from neuron_ssp.deploy.sagemaker.lmi import lmi_options
+
+aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
+
+ROOT = Path(__file__).resolve().parents[1]
+NEURON_CONFIGS = sorted(
+    p
+    for p in (ROOT / "configs").glob("*.yaml")
+    if yaml.safe_load(p.read_text()).get("platform", {}).get("backend") == "neuron"
+)
+DJL_TNX_OPTIONS = {
+    "entryPoint",
+    "model_id",
+    "tensor_parallel_degree",
+    "n_positions",
+    "dtype",
+    "rolling_batch",
+    "max_rolling_batch_size",
+    "speculative_draft_model",
+    "speculative_length",
+    "draft_model_tp_size",
+    "model_loading_timeout",
+    "compiled_graph_path",
+    "draft_model_compiled_path",
+}
+
+
+def render(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["deploy", "endpoint", "render", *args])
+    return result.exit_code, result.output
+
+
+def test_every_shipped_neuron_config_is_rendered() -> None:
+    assert len(NEURON_CONFIGS) >= 5
+
+
+@pytest.mark.parametrize("config_path", NEURON_CONFIGS, ids=lambda p: p.stem)
+def test_render_lmi_serving_properties(config_path: Path) -> None:
+    config = load_config(config_path)
+    code, out = render(str(config_path), "--engine", "lmi")
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "engine=Python"
+    options = dict(line.removeprefix("option.").split("=", 1) for line in lines[1:])
+    assert set(options) <= DJL_TNX_OPTIONS
+    assert options["speculative_length"] == str(config.speculation.k)  # the tnx window k, not k-1
+    assert options["tensor_parallel_degree"] == str(config.target.tp_degree)
+    assert options["draft_model_tp_size"] == str(config.draft.tp_degree)
+    assert options["n_positions"] == str(config.target.n_positions) and options["dtype"] == config.target.dtype
+    assert options["model_id"] == "/opt/ml/model/" + Path(config.target.path).name
+    assert options["speculative_draft_model"] == "/opt/ml/model/" + Path(config.draft.path).name
+    assert options["entryPoint"] == "djl_python.transformers_neuronx" and options["max_rolling_batch_size"] == "1"
+    assert "greedy acceptance only" in out and "no continuous batching" in out
+
+
+def test_render_env_form_and_model_root() -> None:
+    code, out = render(str(NEURON_CONFIGS[0]), "--engine", "lmi", "--format", "env", "--model-root", "/models")
+    assert code == 0, out
+    env = dict(line.split("=", 1) for line in out.splitlines())
+    assert env["OPTION_SPECULATIVE_LENGTH"] == "5" and env["OPTION_MODEL_ID"].startswith("/models/")
+    assert env["OPTION_ENTRYPOINT"] == "djl_python.transformers_neuronx"
+
+
+def test_compile_cache_becomes_lmis_compiled_graph_paths(tmp_path: Path) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["neuron"]["compile_cache_url"] = "/opt/ml/model/neff-cache"
+    path = tmp_path / "cache.yaml"
+    path.write_text(yaml.safe_dump(data))
+    options = lmi_options(load_config(path)).options
+    assert options["compiled_graph_path"] == options["draft_model_compiled_path"] == "/opt/ml/model/neff-cache"
+
+
+def test_a_config_lmi_cannot_express_is_refused_with_every_reason(tmp_path: Path) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["speculation"].update(drafter="ngram", policy="adaptive", acceptor="probabilistic")
+    data["sampling"] = {"temperature": 0.7}
+    path = tmp_path / "sampling.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = render(str(path), "--engine", "lmi")
+    assert code == 2, out
+    for field, words in (
+        ("speculation.drafter", "only with a draft model"),
+        ("speculation.acceptor", "accepts greedily"),
+        ("speculation.policy", "fixed speculative_length"),
+    ):
+        assert field in out and words in out
+    assert out.count("fix:") >= 3 and "--engine neuron-ssp" in out
+    # the same config is fine for our own engine
+    assert render(str(path), "--engine", "neuron-ssp")[0] == 0
+
+
+def test_greedy_acceptor_at_any_temperature_and_probabilistic_at_zero_are_accepted(tmp_path: Path) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["speculation"]["acceptor"] = "greedy"
+    data["sampling"] = {"temperature": 0.9}
+    path = tmp_path / "greedy.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert render(str(path), "--engine", "lmi")[0] == 0
+
+
+def test_draft_dtype_other_than_the_targets_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["draft"]["dtype"] = "fp32"
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = render(str(path), "--engine", "lmi")
+    assert code == 2 and "draft.dtype" in out and "target's dtype" in out

@@ -1,0 +1,249 @@
+"""Validation before any AWS call, ml.* types mapped to the catalog, IAM files, image and Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import deploy_fixtures
+import pytest
+import yaml
+from click.testing import CliRunner
+from sagemaker_fixtures import EXECUTION_ROLE, INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_plan, granted_actions
+
+from neuron_ssp.cli import main
+from neuron_ssp.config import load_config
+from neuron_ssp.deploy.sagemaker import image
+from neuron_ssp.deploy.sagemaker.autoscaling import target_for
+from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
+from neuron_ssp.deploy.sagemaker.instances import catalog_instance, hosting_price
+from neuron_ssp.errors import UsageError
+
+aws_sandbox = deploy_fixtures.aws_sandbox
+
+
+@pytest.fixture
+def no_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: Any, **__: Any) -> SageMakerClients:
+        raise AssertionError("validation must finish before any AWS client exists")
+
+    monkeypatch.setattr(SageMakerClients, "for_region", refuse)
+
+
+def create(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["deploy", "endpoint", "create", *args, "--yes"])
+    return result.exit_code, result.output
+
+
+def test_every_bad_flag_is_reported_at_once_before_any_aws_call(no_aws: None) -> None:
+    code, out = create(
+        str(INF2_CONFIG),
+        "--region",
+        "us-east-1",
+        "--name",
+        "bad_name!",
+        "--model-s3",
+        "s3://bucket/models",
+        "--role-arn",
+        "admin",
+        "--instances",
+        "5",
+        "--min",
+        "1",
+        "--max",
+        "3",
+        "--image-uri",
+        "docker.io/me/neuron-ssp:1",
+    )
+    assert code == 2, out
+    for field in ("--name", "--model-s3", "--role-arn", "--instances", "--image-uri"):
+        assert field in out
+    assert "write s3://bucket/models/" in out and "within --min 1 and --max 3" in out
+
+
+def test_missing_locations_say_how_to_get_them(no_aws: None) -> None:
+    code, out = create(str(INF2_CONFIG), "--region", "us-east-1")
+    assert code == 2 and "--model-s3" in out and "--role-arn" in out
+    assert "deploy/iam/sagemaker-execution-role.json" in out
+
+
+@pytest.mark.parametrize(
+    "flag,words",
+    [
+        ("inf2.48xlarge", "start with 'ml.'"),
+        ("ml.g5.12xlarge", "not a SageMaker-hosted instance type that runs transformers-neuronx"),
+        ("ml.inf2.8xlarge", "tp_degree"),  # 2 NeuronCores cannot hold tp 24: the topology rules say why
+    ],
+)
+def test_instance_type_is_mapped_to_the_catalog_and_checked(no_aws: None, flag: str, words: str) -> None:
+    code, out = create(
+        str(INF2_CONFIG),
+        "--region",
+        "us-east-1",
+        "--model-s3",
+        MODEL_S3,
+        "--role-arn",
+        ROLE_ARN,
+        "--instance-type",
+        flag,
+    )
+    assert code == 2, out
+    assert words in out
+
+
+def test_ml_types_map_to_catalog_entries_with_sagemaker_prices() -> None:
+    assert catalog_instance("ml.inf2.48xlarge").name == "inf2.48xlarge"
+    assert catalog_instance("ml.trn1.32xlarge").neuron_cores == 32
+    price = hosting_price("ml.trn1.32xlarge")
+    assert price.usd_per_hour == 24.73 and "2026-09-27" in price.source
+    assert hosting_price("ml.trn1n.32xlarge").usd_per_hour is None  # no price recorded: said so, not guessed
+    with pytest.raises(UsageError):
+        catalog_instance("ml.trn2.48xlarge")
+
+
+def test_torch_config_is_refused(no_aws: None) -> None:
+    code, out = create(
+        str(ROOT / "configs" / "default.yaml"), "--region", "us-east-1", "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN
+    )
+    assert code == 2 and "platform.backend" in out and "Neuron configs only" in out
+
+
+def test_s3_artifacts_are_refused_under_network_isolation(tmp_path: Path, no_aws: None) -> None:
+    data = yaml.safe_load(INF2_CONFIG.read_text())
+    data["neuron"]["compiled_dir"] = "s3://my-artifacts/compiled"
+    path = tmp_path / "s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = create(str(path), "--region", "us-east-1", "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN)
+    assert code == 2 and "neuron.compiled_dir" in out and "cannot reach S3" in out
+    plan = endpoint_plan(path, network_isolation=False)
+    served = json.loads(plan.model_request["PrimaryContainer"]["Environment"]["NEURON_SSP_CONFIG"])
+    assert served["neuron"]["compiled_dir"] == "s3://my-artifacts/compiled"
+
+
+def test_concurrency_target_is_explained_from_batch_one() -> None:
+    value, why = target_for("concurrency", None, None)
+    assert value == 1.0 and "batch 1" in why and "~50% busy" in why
+    value, why = target_for("concurrency", 3.0, None)
+    assert "~75% busy" in why
+
+
+def test_invocations_target_needs_a_latency_or_a_value() -> None:
+    with pytest.raises(ValueError):
+        target_for("invocations", None, None)
+    assert target_for("invocations", 12.0, None)[0] == 12.0
+
+
+def test_execution_role_reads_models_pulls_images_writes_logs_and_nothing_else() -> None:
+    granted = granted_actions(EXECUTION_ROLE)
+    assert granted == {
+        "s3:GetObject",
+        "s3:ListBucket",
+        "ecr:GetAuthorizationToken",
+        "ecr:BatchGetImage",
+        "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchCheckLayerAvailability",
+        "logs:CreateLogGroup",
+        "logs:CreateLogStream",
+        "logs:PutLogEvents",
+        "logs:DescribeLogStreams",
+    }
+    trust = json.loads((ROOT / "deploy" / "iam" / "sagemaker-execution-trust.json").read_text())
+    assert trust["Statement"][0]["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+
+
+def test_operator_policy_scopes_creation_by_tag_and_instance_type() -> None:
+    policy = json.loads((ROOT / "deploy" / "iam" / "sagemaker-operator-policy.json").read_text())
+    by_sid = {s["Sid"]: s for s in policy["Statement"]}
+    config = by_sid["CreateOnlyTaggedNeuronEndpointConfigs"]["Condition"]
+    assert config["StringEquals"] == {"aws:RequestTag/Project": "neuron-ssp"}
+    assert config["ForAllValues:StringLike"]["sagemaker:InstanceTypes"] == ["ml.inf2.*", "ml.trn1.*", "ml.trn1n.*"]
+    manage = by_sid["ManageOnlyResourcesOfThisTool"]
+    assert "sagemaker:DeleteEndpoint" in manage["Action"]
+    assert manage["Condition"]["StringEquals"] == {"aws:ResourceTag/Project": "neuron-ssp"}
+    assert by_sid["PassOnlyTheSageMakerExecutionRole"]["Condition"]["StringEquals"] == {
+        "iam:PassedToService": "sagemaker.amazonaws.com"
+    }
+
+
+def test_image_build_prints_the_command_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(image, "docker_available", lambda: False)
+    result = CliRunner().invoke(main, ["deploy", "image", "build", "--tag", "0.1.0"])
+    assert result.exit_code == 0, result.output
+    assert "docker build -f deploy/sagemaker/Dockerfile -t neuron-ssp:0.1.0 ." in result.output
+
+
+def test_image_build_runs_docker_and_reports_its_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(image, "docker_available", lambda: True)
+    monkeypatch.setattr(image, "_subprocess_runner", lambda argv, stdin: calls.append(argv) or 1)
+    result = CliRunner().invoke(main, ["deploy", "image", "build", "--tag", "t"])
+    assert result.exit_code == 1 and "exited with code 1" in result.output
+    assert calls == [["docker", "build", "-f", "deploy/sagemaker/Dockerfile", "-t", "neuron-ssp:t", "."]]
+
+
+def test_dockerfile_pins_the_last_dlc_with_transformers_neuronx_and_runs_serve_sagemaker() -> None:
+    dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
+    assert base == "public.ecr.aws/neuron/pytorch-inference-neuronx:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"
+    assert "FROM ${BASE_IMAGE}" in dockerfile and "latest" not in base
+    assert 'ENTRYPOINT ["/usr/local/bin/serve"]' in dockerfile
+    entry = (ROOT / "deploy" / "sagemaker" / "serve").read_text()
+    assert "neuron-ssp serve --sagemaker --config" in entry and "NEURON_SSP_CONFIG" in entry
+
+
+def test_container_config_round_trips_through_the_loader(tmp_path: Path) -> None:
+    """What the entrypoint writes (JSON) loads as a config with the mounted paths."""
+    plan = endpoint_plan(INF2_CONFIG)
+    path = tmp_path / "served.yaml"
+    path.write_text(plan.model_request["PrimaryContainer"]["Environment"]["NEURON_SSP_CONFIG"])
+    served = load_config(path)
+    assert served.target.path == "/opt/ml/model/Llama-2-70b-hf" and served.speculation.k == 5
+    assert served.platform.instance_type == "inf2.48xlarge" and served.neuron.compiled_dir == "/opt/ml/model/compiled"
+
+
+def test_entrypoint_drops_sagemakers_serve_argument_and_writes_the_config(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    fake = tmp_path / "bin" / "neuron-ssp"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "ARGS $*"\ncat "$4"\n')
+    fake.chmod(0o755)
+    config = '{"name":"x","speculation":{"k":5}}'
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "NEURON_SSP_CONFIG": config}
+    out = subprocess.run(
+        ["sh", str(ROOT / "deploy" / "sagemaker" / "serve"), "serve"],
+        env=env,
+        text=True,
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    assert "ARGS serve --sagemaker --config /tmp/neuron-ssp-config.yaml\n" in out and config in out
+
+
+def test_build_context_sends_only_what_the_dockerfile_copies() -> None:
+    ignore = (ROOT / "deploy" / "sagemaker" / "Dockerfile.dockerignore").read_text().split()
+    kept = {line[1:] for line in ignore if line.startswith("!")}
+    dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
+    copied = {p for line in dockerfile.splitlines() if line.startswith("COPY ") for p in line.split()[1:-1]}
+    assert "*" in ignore and copied == kept
+
+
+def test_lmis_s3_neff_cache_is_refused_under_network_isolation(tmp_path: Path, no_aws: None) -> None:
+    data = yaml.safe_load(INF2_CONFIG.read_text())
+    data["neuron"]["compile_cache_url"] = "s3://my-artifacts/neff"
+    path = tmp_path / "lmi-s3.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = create(
+        str(path), "--region", "us-east-1", "--engine", "lmi", "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN
+    )
+    assert code == 2 and "neuron.compile_cache_url" in out and "cannot reach S3" in out
+    plan = endpoint_plan(path, engine="lmi", network_isolation=False)
+    assert (
+        plan.model_request["PrimaryContainer"]["Environment"]["OPTION_COMPILED_GRAPH_PATH"] == "s3://my-artifacts/neff"
+    )

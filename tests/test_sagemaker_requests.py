@@ -1,0 +1,277 @@
+"""Exact request shapes (botocore Stubber) and botocore's ParamValidator on every request we build."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import deploy_fixtures
+import pytest
+import sagemaker_fixtures
+from click.testing import CliRunner
+from deploy_fixtures import REGION
+from sagemaker_fixtures import (
+    INF2_CONFIG,
+    MODEL_S3,
+    ROLE_ARN,
+    TRN1_CONFIG,
+    StubbedSageMaker,
+    assert_valid_request,
+    described,
+    endpoint_plan,
+    instant_pacing,
+)
+
+from neuron_ssp.cli import endpoint as endpoint_cli
+from neuron_ssp.cli import main
+from neuron_ssp.deploy.sagemaker import create, teardown
+from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
+
+aws_sandbox = deploy_fixtures.aws_sandbox
+sm_stub_session = sagemaker_fixtures.sm_stub_session
+stubbed_sagemaker = sagemaker_fixtures.stubbed_sagemaker
+CONFIGS = sorted((sagemaker_fixtures.ROOT / "configs").glob("llama*.yaml"))
+
+
+def queue_create(stubs: StubbedSageMaker, plan: Any, *, statuses: tuple[str, ...] = ("Creating", "InService")) -> None:
+    stubs.sagemaker.add_response(
+        "create_model", {"ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/x"}, plan.model_request
+    )
+    stubs.sagemaker.add_response(
+        "create_endpoint_config",
+        {"EndpointConfigArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/x"},
+        plan.endpoint_config_request,
+    )
+    stubs.sagemaker.add_response(
+        "create_endpoint", {"EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/x"}, plan.endpoint_request
+    )
+    for status in statuses:
+        stubs.sagemaker.add_response("describe_endpoint", described(plan.name, status), {"EndpointName": plan.name})
+
+
+def test_model_has_network_isolation_and_s3_prefix_and_the_variant_long_timeouts(
+    stubbed_sagemaker: StubbedSageMaker,
+) -> None:
+    plan = endpoint_plan(TRN1_CONFIG, name="shape-trn1", min_instances=1, max_instances=4)
+    assert plan.model_request["EnableNetworkIsolation"] is True
+    assert plan.model_request["ExecutionRoleArn"] == ROLE_ARN
+    assert plan.model_request["PrimaryContainer"]["Mode"] == "SingleModel"
+    assert plan.model_request["PrimaryContainer"]["ModelDataSource"] == {
+        "S3DataSource": {"S3Uri": MODEL_S3, "S3DataType": "S3Prefix", "CompressionType": "None"}
+    }
+    assert "ModelDataUrl" not in plan.model_request["PrimaryContainer"]
+    assert plan.endpoint_config_request["ProductionVariants"] == [
+        {
+            "VariantName": "AllTraffic",
+            "ModelName": "shape-trn1",
+            "InstanceType": "ml.trn1.32xlarge",
+            "InitialInstanceCount": 1,
+            "ModelDataDownloadTimeoutInSeconds": 3600,
+            "ContainerStartupHealthCheckTimeoutInSeconds": 3600,
+        }
+    ]
+    assert plan.scaling is not None
+    assert plan.scaling.register_request() == {
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": "endpoint/shape-trn1/variant/AllTraffic",
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+        "MinCapacity": 1,
+        "MaxCapacity": 4,
+    }
+    policy = plan.scaling.policy_request()
+    assert policy["PolicyType"] == "TargetTrackingScaling"
+    assert policy["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"] == {
+        "PredefinedMetricType": "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+    }
+
+    stubs = stubbed_sagemaker
+    queue_create(stubs, plan)
+    stubs.autoscaling.add_response("register_scalable_target", {}, plan.scaling.register_request())
+    stubs.autoscaling.add_response(
+        "put_scaling_policy", {"PolicyARN": "arn:aws:autoscaling:x"}, plan.scaling.policy_request()
+    )
+    stubs.sagemaker.add_response("describe_endpoint", described("shape-trn1"), {"EndpointName": "shape-trn1"})
+    clock = sagemaker_fixtures.FakeClock()
+    result = create.create_endpoint(
+        plan, stubs.clients, pacing=instant_pacing(clock), console=endpoint_cli.Console(stderr=True)
+    )
+    assert result["EndpointStatus"] == "InService" and clock.sleeps == [30]
+    stubs.assert_done()
+
+
+@pytest.mark.parametrize("config_path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("engine", ["neuron-ssp", "lmi"])
+def test_every_request_passes_botocores_param_validator(
+    config_path: Any, engine: str, stubbed_sagemaker: StubbedSageMaker
+) -> None:
+    clients = stubbed_sagemaker.clients
+    plan = endpoint_plan(config_path, engine=engine, min_instances=1, max_instances=2, instances=2)
+    assert_valid_request(clients.sagemaker, "CreateModel", plan.model_request)
+    assert_valid_request(clients.sagemaker, "CreateEndpointConfig", plan.endpoint_config_request)
+    assert_valid_request(clients.sagemaker, "CreateEndpoint", plan.endpoint_request)
+    assert_valid_request(clients.autoscaling, "RegisterScalableTarget", plan.scaling.register_request())
+    assert_valid_request(clients.autoscaling, "PutScalingPolicy", plan.scaling.policy_request())
+    assert all(len(v) <= 1024 for v in plan.model_request["PrimaryContainer"]["Environment"].values())
+
+
+def test_lmi_model_gets_option_environment_and_the_lmi_image(stubbed_sagemaker: StubbedSageMaker) -> None:
+    plan = endpoint_plan(INF2_CONFIG, engine="lmi")
+    container = plan.model_request["PrimaryContainer"]
+    assert container["Image"] == "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.30.0-neuronx-sdk2.20.1"
+    env = container["Environment"]
+    assert env["OPTION_ENTRYPOINT"] == "djl_python.transformers_neuronx"
+    assert env["OPTION_MODEL_ID"] == "/opt/ml/model/Llama-2-70b-hf"
+    assert env["OPTION_SPECULATIVE_DRAFT_MODEL"] == "/opt/ml/model/Llama-2-7b-hf"
+    assert env["OPTION_SPECULATIVE_LENGTH"] == "5" and env["OPTION_TENSOR_PARALLEL_DEGREE"] == "24"
+    assert env["OPTION_DRAFT_MODEL_TP_SIZE"] == "24" and env["OPTION_DTYPE"] == "bf16"
+    assert env["OPTION_MAX_ROLLING_BATCH_SIZE"] == "1"
+
+
+def test_no_network_isolation_flag_and_invocations_metric(stubbed_sagemaker: StubbedSageMaker) -> None:
+    plan = endpoint_plan(TRN1_CONFIG, network_isolation=False, max_instances=3, scaling_metric="invocations")
+    assert plan.model_request["EnableNetworkIsolation"] is False
+    tracking = plan.scaling.policy_request()["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["PredefinedMetricSpecification"]["PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
+    assert tracking["TargetValue"] == 3.0  # 10 s per request: 6 a minute at full load, half of it
+    assert "10.0 s per request" in plan.scaling.explanation
+
+
+def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubs, name = stubbed_sagemaker, "gone"
+    rid = {
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": f"endpoint/{name}/variant/AllTraffic",
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+    }
+    stubs.autoscaling.add_response(
+        "describe_scaling_policies",
+        {
+            "ScalingPolicies": [
+                {
+                    "PolicyARN": "arn:p",
+                    "PolicyName": f"{name}-target-tracking",
+                    "PolicyType": "TargetTrackingScaling",
+                    "CreationTime": described()["CreationTime"],
+                    **rid,
+                }
+            ]
+        },
+        {k: rid[k] for k in rid},
+    )
+    stubs.autoscaling.add_response("delete_scaling_policy", {}, {"PolicyName": f"{name}-target-tracking", **rid})
+    stubs.autoscaling.add_response(
+        "describe_scalable_targets",
+        {
+            "ScalableTargets": [
+                {
+                    "MinCapacity": 1,
+                    "MaxCapacity": 2,
+                    "RoleARN": "arn:r",
+                    "CreationTime": described()["CreationTime"],
+                    "ServiceNamespace": "sagemaker",
+                    "ResourceId": rid["ResourceId"],
+                    "ScalableDimension": rid["ScalableDimension"],
+                }
+            ]
+        },
+        {
+            "ServiceNamespace": "sagemaker",
+            "ResourceIds": [rid["ResourceId"]],
+            "ScalableDimension": rid["ScalableDimension"],
+        },
+    )
+    stubs.autoscaling.add_response("deregister_scalable_target", {}, rid)
+    stubs.sagemaker.add_response("describe_endpoint", described(name), {"EndpointName": name})
+    stubs.sagemaker.add_response("delete_endpoint", {}, {"EndpointName": name})
+    stubs.sagemaker.add_response(
+        "describe_endpoint_config",
+        {
+            "EndpointConfigName": name,
+            "EndpointConfigArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint-config/g",
+            "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": name}],
+            "CreationTime": described()["CreationTime"],
+        },
+        {"EndpointConfigName": name},
+    )
+    stubs.sagemaker.add_response("delete_endpoint_config", {}, {"EndpointConfigName": name})
+    stubs.sagemaker.add_response(
+        "describe_model",
+        {
+            "ModelName": name,
+            "CreationTime": described()["CreationTime"],
+            "ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/g",
+        },
+        {"ModelName": name},
+    )
+    stubs.sagemaker.add_response("delete_model", {}, {"ModelName": name})
+    assert teardown.delete_endpoint(stubs.clients, name) == []
+    stubs.assert_done()
+
+
+def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -> None:
+    """Second run: every piece is missing, so no delete is sent (the policy would refuse it)."""
+    stubs, name = stubbed_sagemaker, "gone"
+    rid = {
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": f"endpoint/{name}/variant/AllTraffic",
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+    }
+    stubs.autoscaling.add_response("describe_scaling_policies", {"ScalingPolicies": []}, rid)
+    stubs.autoscaling.add_response(
+        "describe_scalable_targets",
+        {"ScalableTargets": []},
+        {
+            "ServiceNamespace": "sagemaker",
+            "ResourceIds": [rid["ResourceId"]],
+            "ScalableDimension": rid["ScalableDimension"],
+        },
+    )
+    for operation, key in (
+        ("describe_endpoint", "EndpointName"),
+        ("describe_endpoint_config", "EndpointConfigName"),
+        ("describe_model", "ModelName"),
+    ):
+        stubs.sagemaker.add_client_error(
+            operation,
+            service_error_code="ValidationException",
+            service_message=f"Could not find {key} 'arn:...:{name}'.",
+            expected_params={key: name},
+        )
+    assert teardown.delete_endpoint(stubs.clients, name) == []
+    stubs.assert_done()
+
+
+def test_dry_run_prints_the_requests_and_calls_no_aws(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_clients(*_: Any, **__: Any) -> SageMakerClients:
+        raise AssertionError("a dry run must not build AWS clients")
+
+    monkeypatch.setattr(SageMakerClients, "for_region", no_clients)
+    result = CliRunner().invoke(
+        main,
+        [
+            "deploy",
+            "endpoint",
+            "create",
+            str(INF2_CONFIG),
+            "--region",
+            REGION,
+            "--model-s3",
+            MODEL_S3,
+            "--role-arn",
+            ROLE_ARN,
+            "--max",
+            "2",
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    requests = json.loads(result.output[result.output.index('{\n  "create_model"') : result.output.rindex("}") + 1])
+    assert set(requests) == {
+        "create_model",
+        "create_endpoint_config",
+        "create_endpoint",
+        "register_scalable_target",
+        "put_scaling_policy",
+    }
+    assert requests["create_model"]["EnableNetworkIsolation"] is True
+    assert "no AWS API was called" in result.output and "$31.16/h" in result.output
