@@ -186,8 +186,10 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, f
     try:
         pipeline.check_room(prompt_ids, max_tokens)
     except NeuronSSPError as exc:
-        room = pipeline.target.n_positions - len(prompt_ids) - pipeline.config.speculation.k
         problem = exc.problems[0]
+        if problem.field != "target.n_positions":
+            raise ApiError(400, exc.problems) from None
+        room = pipeline.target.n_positions - len(prompt_ids) - pipeline.config.speculation.k
         fix = (f"send {field} <= {room}" if room >= 1 else "shorten the prompt") + \
             " (the server's target.n_positions is fixed when it starts)"
         raise ApiError(400, Problem(field, max_tokens, problem.rule, fix)) from None
