@@ -6,7 +6,7 @@ from neuron_ssp.cli import deploy as deploy_commands
 from neuron_ssp.cli.app import main
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
-from neuron_ssp.cli.serve import serve
+from neuron_ssp.cli.serve import bench_serve, serve
 from neuron_ssp.cli.tools import bench, eval_command, tune_k
 from neuron_ssp.cli.topology import plan, validate
 
@@ -22,5 +22,6 @@ main.add_command(validate)
 main.add_command(plan)
 main.add_command(deploy_commands.deploy)
 main.add_command(serve)
+main.add_command(bench_serve)
 
 __all__ = ["main"]
