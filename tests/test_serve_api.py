@@ -276,3 +276,11 @@ def test_metrics_counters_match_the_requests_sent():
     assert m["neuron_ssp_accepted_tokens_per_target_call_count"] == 4  # "abcd": prefill "a", then one step "bcd"
     assert m["neuron_ssp_accepted_tokens_total"] == 4 * 2
     assert m["neuron_ssp_queue_depth"] == 0 and m["neuron_ssp_running_requests"] == 0
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it():
+    pipeline = FakePipeline(reply="a" * 400, step_s=0.05, n_positions=1024)
+    with running_server(pipeline) as url:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 400}, timeout=0.5)
+        assert pipeline.cancelled.wait(3)

@@ -38,7 +38,7 @@ from neuron_ssp.serve.schemas import (
     parse_json,
 )
 from neuron_ssp.serve.text import Piece
-from neuron_ssp.serve.worker import Delta, Done, Event, Failed, GenerationWorker, Job
+from neuron_ssp.serve.worker import Delta, Done, Event, Failed, GenerationWorker, Job, timeout_error
 
 log = logging.getLogger("neuron_ssp.serve")
 DISCONNECT_POLL_S = 0.25
@@ -196,21 +196,23 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, f
 
 
 async def _next_event(job: Job, request: Request) -> Event:
-    """The job's next event; polls for a disconnect and enforces request_timeout meanwhile."""
+    """The job's next event; checks for a disconnect every DISCONNECT_POLL_S and enforces request_timeout."""
     while True:
-        remaining = job.deadline - time.monotonic()
-        if remaining <= 0:
-            job.cancelled.set()
-            return Failed(ApiError(504, Problem("request_timeout", job.timeout_s, "the request did not finish "
-                                                "within the server's request_timeout (queue wait included)",
-                                                "retry later, ask for fewer tokens, or raise serve.request_timeout")))
-        try:
-            return await asyncio.wait_for(job.events.get(), min(DISCONNECT_POLL_S, remaining))
-        except asyncio.TimeoutError:
+        now = time.monotonic()
+        if now - job.client_seen >= DISCONNECT_POLL_S:
             if await request.is_disconnected():
                 job.cancelled.set()
                 log.info("request %s: client disconnected, cancelled", job.request_id)
-                raise ClientGone from None
+                raise ClientGone
+            job.client_seen = now
+        remaining = job.deadline - now
+        if remaining <= 0:
+            job.cancelled.set()
+            return Failed(timeout_error(job))
+        try:
+            return await asyncio.wait_for(job.events.get(), min(DISCONNECT_POLL_S, remaining))
+        except asyncio.TimeoutError:
+            continue
 
 
 async def _collect(job: Job, request: Request, event: Event) -> Done:

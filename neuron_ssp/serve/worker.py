@@ -73,6 +73,7 @@ class Job:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
+    client_seen: float = field(default_factory=time.monotonic)  # when the route last found the client connected
 
     def emit(self, event: Event) -> None:
         try:
@@ -126,7 +127,7 @@ class GenerationWorker:
     def _run(self) -> None:
         while (job := self.queue.get()) is not None:
             if job.abandoned():
-                job.emit(Failed(_timeout(job)))
+                job.emit(Failed(timeout_error(job)))
                 continue
             self.running = job
             try:
@@ -171,7 +172,7 @@ class GenerationWorker:
                                                   "(the server log holds the details)"))))
             return
         if job.abandoned() and not text.stopped:
-            job.emit(Failed(_timeout(job)))
+            job.emit(Failed(timeout_error(job)))
             return
         self._count(job, result.stats, len(result.tokens))
         pieces = text.take(final=True)
@@ -193,7 +194,7 @@ def _unavailable(rule: str, fix: str, retry_after_s: int) -> ApiError:
     return ApiError(503, Problem("server", "busy", rule, fix), headers={"Retry-After": str(retry_after_s)})
 
 
-def _timeout(job: Job) -> ApiError:
+def timeout_error(job: Job) -> ApiError:
     return ApiError(504, Problem("request_timeout", job.timeout_s, "the request did not finish within the "
                                  "server's request_timeout (queue wait included)",
                                  "retry later, ask for fewer max_tokens, or raise serve.request_timeout"))
