@@ -1,8 +1,7 @@
 """The FastAPI app: OpenAI routes, SageMaker routes, /metrics, /health and the playground page.
 
 Each generation route turns its body into a `GenerationRequest`, encodes the prompt, checks that it
-fits the cache, queues a `Job` for the worker and answers from the job's events: one JSON body, SSE
-chunks (OpenAI) or JSON lines (LMI).
+fits the cache, queues a `Job` for the worker and answers from the job's events (serve/streams.py).
 """
 
 from __future__ import annotations
@@ -24,11 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from neuron_ssp.config import ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.loader import Pipeline
-from neuron_ssp.serve import sagemaker
 from neuron_ssp.serve.errors import ApiError, error_body, error_response
 from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
-from neuron_ssp.serve.responses import OpenAIFormat, sse
+from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.schemas import (
     GenerationRequest,
     chat_request,
@@ -37,15 +35,10 @@ from neuron_ssp.serve.schemas import (
     lmi_request,
     parse_json,
 )
-from neuron_ssp.serve.text import Piece
-from neuron_ssp.serve.worker import Delta, Done, Event, Failed, GenerationWorker, Job, timeout_error
+from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
+from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
 
 log = logging.getLogger("neuron_ssp.serve")
-DISCONNECT_POLL_S = 0.25
-
-
-class ClientGone(Exception):
-    """The client closed the connection before its answer was ready."""
 
 
 def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
@@ -96,17 +89,17 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s", request_id, spec.kind,
                  len(prompt_ids), max_tokens, spec.stream)
         try:
-            first = await _next_event(job, request)
+            first = await next_event(job, request)
         except ClientGone:
             return Response(status_code=499)
         if isinstance(first, Failed):
             raise first.error
         if spec.kind == "lmi":
-            return await _lmi_answer(job, request, spec, first)
+            return await lmi_answer(job, request, spec, first)
         fmt = OpenAIFormat(spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage)
         if spec.stream:
-            return StreamingResponse(_sse_stream(job, request, fmt, first), media_type="text/event-stream")
-        done = await _collect(job, request, first)
+            return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
+        done = await collect(job, request, first)
         return JSONResponse(fmt.final(done))
 
     @app.post("/v1/chat/completions")
@@ -193,87 +186,3 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, f
         fix = (f"send {field} <= {room}" if room >= 1 else "shorten the prompt") + \
             " (the server's target.n_positions is fixed when it starts)"
         raise ApiError(400, Problem(field, max_tokens, problem.rule, fix)) from None
-
-
-async def _next_event(job: Job, request: Request) -> Event:
-    """The job's next event; checks for a disconnect every DISCONNECT_POLL_S and enforces request_timeout."""
-    while True:
-        now = time.monotonic()
-        if now - job.client_seen >= DISCONNECT_POLL_S:
-            if await request.is_disconnected():
-                job.cancelled.set()
-                log.info("request %s: client disconnected, cancelled", job.request_id)
-                raise ClientGone
-            job.client_seen = now
-        remaining = job.deadline - now
-        if remaining <= 0:
-            job.cancelled.set()
-            return Failed(timeout_error(job))
-        try:
-            return await asyncio.wait_for(job.events.get(), min(DISCONNECT_POLL_S, remaining))
-        except asyncio.TimeoutError:
-            continue
-
-
-async def _collect(job: Job, request: Request, event: Event) -> Done:
-    try:
-        while not isinstance(event, Done):
-            if isinstance(event, Failed):
-                raise event.error
-            event = await _next_event(job, request)
-        return event
-    finally:
-        job.cancelled.set()  # no-op once done; stops the worker if this route gives up
-
-
-async def _sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event) -> AsyncIterator[str]:
-    """SSE chunks until `data: [DONE]`; a disconnect cancels the task here, and `finally` cancels the job."""
-    try:
-        first = fmt.first_chunk()
-        if first:
-            yield first
-        while True:
-            if isinstance(event, Delta) and event.pieces:
-                yield fmt.delta_chunk(event.pieces, event.progress)
-            elif isinstance(event, Done):
-                for chunk in fmt.last_chunks(event):
-                    yield chunk
-                return
-            elif isinstance(event, Failed):
-                yield sse(event.error.body())
-                yield "data: [DONE]\n\n"
-                return
-            event = await _next_event(job, request)
-    except ClientGone:
-        return
-    finally:
-        job.cancelled.set()
-
-
-async def _lmi_answer(job: Job, request: Request, spec: GenerationRequest, first: Event) -> Response:
-    if not spec.stream:
-        done = await _collect(job, request, first)
-        return JSONResponse(sagemaker.lmi_body(done, spec.prompt, spec.details))
-
-    async def lines(event: Event) -> AsyncIterator[str]:
-        held: Piece | None = None  # LMI's last line carries the last token, so one piece waits
-        try:
-            while True:
-                if isinstance(event, Delta):
-                    for piece in event.pieces:
-                        if held is not None:
-                            yield sagemaker.lmi_token_lines([held])[0]
-                        held = piece
-                elif isinstance(event, Done):
-                    yield sagemaker.lmi_last_line(event, spec.prompt, held)
-                    return
-                else:
-                    yield sagemaker.lmi_error_line(event.error)
-                    return
-                event = await _next_event(job, request)
-        except ClientGone:
-            return
-        finally:
-            job.cancelled.set()
-
-    return StreamingResponse(lines(first), media_type=sagemaker.JSONLINES)

@@ -112,7 +112,9 @@ class GenerationWorker:
                                self.retry_after_s) from None
 
     def drain(self) -> None:
-        """SIGTERM: refuse new work, fail the queued jobs, let the running one finish."""
+        """SIGTERM: refuse new work, fail the queued jobs, let the running one finish (idempotent)."""
+        if not self.accepting:
+            return
         self.accepting = False
         while True:
             try:
@@ -122,7 +124,7 @@ class GenerationWorker:
             if job is not None:
                 job.emit(Failed(_unavailable("the server is shutting down (SIGTERM)",
                                              "send the request to another instance", self.retry_after_s)))
-        self.queue.put(None)
+        self.queue.put_nowait(None)  # just emptied, so there is room: the worker stops after the running job
 
     def _run(self) -> None:
         while (job := self.queue.get()) is not None:
