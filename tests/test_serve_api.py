@@ -284,3 +284,12 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it():
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 400}, timeout=0.5)
         assert pipeline.cancelled.wait(3)
+
+
+def test_one_request_id_header_per_response():
+    with running_server(FakePipeline()) as url:
+        for r in (httpx.post(f"{url}/v1/chat/completions", json=CHAT),
+                  httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 2}),
+                  httpx.get(f"{url}/health", headers={"X-Request-Id": "mine-1"})):
+            assert len(r.headers.get_list("x-request-id")) == 1
+    assert r.headers["x-request-id"] == "mine-1"

@@ -34,7 +34,7 @@ class ApiError(Exception):
 
     @property
     def message(self) -> str:
-        return " ".join(str(p) for p in self.problems)
+        return "\n".join(str(p) for p in self.problems)  # one line per problem, as the CLI's paragraphs
 
     @property
     def param(self) -> str | None:
