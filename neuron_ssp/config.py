@@ -97,6 +97,19 @@ class NeuronSettings(_Strict):
     compile_cache_url: str | None = None  # sets NEURON_COMPILE_CACHE_URL (else /var/tmp/neuron-compile-cache)
 
 
+class ServeConfig(_Strict):
+    """`neuron-ssp serve`: every field has a flag of the same name that overrides it."""
+
+    host: str | None = None  # None: 127.0.0.1, or 0.0.0.0 with sagemaker
+    port: int | None = Field(None, ge=1, le=65535)  # None: 8000, or 8080 with sagemaker
+    sagemaker: bool = False  # SageMaker's container contract: 0.0.0.0:8080 unless host/port are given
+    max_queue: int = Field(16, ge=1)  # requests waiting behind the running one; more get 503 + Retry-After
+    request_timeout: float = Field(300.0, gt=0)  # seconds from arrival to the last token, queue wait included
+    drain_timeout: float = Field(30.0, ge=0)  # SIGTERM: how long the running request may still take
+    api_key_env: str | None = None  # name of the environment variable that holds the API key
+    served_model_name: str | None = None  # the `model` clients send; default: the target's name
+
+
 class Config(_Strict):
     name: str = "default"
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
@@ -106,6 +119,7 @@ class Config(_Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     neuron: NeuronSettings = Field(default_factory=NeuronSettings)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @model_validator(mode="after")
     def _draft_present(self) -> Config:
@@ -184,7 +198,7 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "": Config, "platform": PlatformConfig, "target": ModelConfig, "draft": ModelConfig,
     "speculation": SpeculationConfig, "sampling": SamplingConfig, "generation": GenerationConfig,
-    "neuron": NeuronSettings,
+    "neuron": NeuronSettings, "serve": ServeConfig,
 }
 
 

@@ -23,6 +23,11 @@ from neuron_ssp.sampling import SamplingParams, next_token
 from neuron_ssp.stats import GenerationStats
 
 TokenCallback = Callable[[list[int]], None]
+# (tokens committed by one step, how many of them (leading) are accepted draft tokens, how many tokens
+# were drafted): the last token the target chose itself (a rejection's correction, a bonus token or a
+# plain step). The second value is None when the origin is unknown (the library engine).
+CommitCallback = Callable[[list[int], int | None, int], None]
+StopCheck = Callable[[], bool]  # asked once per iteration; True ends the generation early (a cancel)
 
 
 @dataclass
@@ -53,7 +58,7 @@ class _Sequence:
     """Committed tokens in a preallocated buffer, with the EOS / max_new_tokens cut-off."""
 
     def __init__(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos: Collection[int],
-                 on_tokens: TokenCallback | None):
+                 on_tokens: TokenCallback | None, on_commit: CommitCallback | None = None):
         self.prompt_len = prompt_ids.shape[0]
         self.buffer = torch.empty(self.prompt_len + max_new_tokens, dtype=torch.long)
         self.buffer[: self.prompt_len] = prompt_ids
@@ -61,6 +66,7 @@ class _Sequence:
         self.max_new_tokens = max_new_tokens
         self.eos = frozenset(eos)
         self.on_tokens = on_tokens
+        self.on_commit = on_commit
         self.done = False
 
     @property
@@ -74,8 +80,10 @@ class _Sequence:
     def committed(self) -> torch.Tensor:
         return self.buffer[: self.length]
 
-    def extend(self, tokens: list[int]) -> int:
-        """Commit tokens up to EOS (kept) or the budget; returns how many were committed."""
+    def extend(self, tokens: list[int], from_draft: int = 0, drafted: int = 0) -> int:
+        """Commit tokens up to EOS (kept) or the budget; returns how many were committed.
+
+        `from_draft` (leading tokens that are accepted drafts) and `drafted` are reported to `on_commit`."""
         kept = tokens[: self.remaining]
         for i, token in enumerate(kept):
             if token in self.eos:
@@ -87,6 +95,8 @@ class _Sequence:
         self.done = self.done or self.remaining == 0
         if self.on_tokens and kept:
             self.on_tokens(kept)
+        if self.on_commit and kept:
+            self.on_commit(kept, min(from_draft, len(kept)), drafted)
         return len(kept)
 
     def generated(self) -> list[int]:
@@ -110,12 +120,13 @@ class SpeculativeGenerator:
         self.rng = rng or torch.Generator()
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+                 on_tokens: TokenCallback | None = None, *, on_commit: CommitCallback | None = None,
+                 should_stop: StopCheck | None = None) -> GenerationResult:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.k, "target.n_positions")
         self.rng.manual_seed(self.sampling.seed)
         self.policy.reset()
         stats = GenerationStats(k=self.k)
-        seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens)
+        seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens, on_commit)
         start = time.perf_counter()
 
         logits = self.target.prefill(prompt_ids)
@@ -124,7 +135,7 @@ class SpeculativeGenerator:
         seq.extend([next_token(logits, self.params, self.rng)])
         confidence = _confidence(logits, seq.last) if self.policy.uses_target_confidence else 1.0
 
-        while not seq.done:
+        while not seq.done and not (should_stop and should_stop()):
             window = min(self.policy.window(confidence), self.k, seq.remaining)
             t0 = time.perf_counter()
             draft = self.drafter.propose(seq.committed(), window - 1, self.policy, self.params, self.rng) \
@@ -144,7 +155,7 @@ class SpeculativeGenerator:
             else:
                 tokens = [next_token(target_logits[0], self.params, self.rng)]
             accepted = len(tokens) - 1
-            stats.record_call(drafted, accepted, seq.extend(tokens))
+            stats.record_call(drafted, accepted, seq.extend(tokens, accepted, drafted))
             self.policy.observe(drafted, accepted)
             if self.policy.uses_target_confidence:
                 confidence = _confidence(target_logits[accepted], tokens[-1])

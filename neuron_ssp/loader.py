@@ -17,13 +17,21 @@ from transformers.utils import logging as transformers_logging
 
 from neuron_ssp.acceptors import TokenAcceptor, build_acceptor
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.config import Config, ModelConfig, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter
 from neuron_ssp.embedded import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.generator import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.generator import (
+    CommitCallback,
+    GenerationResult,
+    SpeculativeGenerator,
+    StopCheck,
+    check_room,
+    plain_generate,
+    sampling_params,
+)
 from neuron_ssp.policies import build_policy
-from neuron_ssp.prompts import encode_prompt, stop_token_ids
+from neuron_ssp.prompts import encode_messages, encode_prompt, stop_token_ids
 from neuron_ssp.topology import validate_config
 
 TextCallback = Callable[[str], None]
@@ -54,8 +62,45 @@ class Pipeline:
     generator: Generator
     eos_token_ids: set[int]
 
-    def encode(self, prompt: str) -> torch.Tensor:
-        return encode_prompt(self.tokenizer, prompt, self.config.generation.chat_template)
+    def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
+        """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
+        use_template = self.config.generation.chat_template if chat_template is None else chat_template
+        return encode_prompt(self.tokenizer, prompt, use_template)
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
+        """A conversation through the chat template; one user turn encodes exactly as `encode`."""
+        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template)
+
+    def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """The n_positions rule `generate` enforces, asked before a request is queued."""
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.config.speculation.k, "target.n_positions")
+
+    def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                     on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None
+                     ) -> GenerationResult:
+        """One request with its own sampling settings (the server's entry point).
+
+        `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
+        accepted draft tokens and how many were drafted; `should_stop()` is asked once per iteration
+        and cancels the generation. The library engine runs transformers-neuronx's loop in one call:
+        its tokens arrive together at the end with origin unknown (`from_draft` None), and a cancel
+        takes effect only after it returns.
+        """
+        generator = self._generator_for(sampling or self.config.sampling)
+        if isinstance(generator, SpeculativeGenerator):
+            return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids,
+                                      on_commit=on_commit, should_stop=should_stop)
+        on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
+        return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
+
+    def _generator_for(self, sampling: SamplingConfig) -> Generator:
+        """The loaded generator for the config's sampling; a fresh one sharing the models otherwise."""
+        if sampling == self.config.sampling:
+            return self.generator
+        config = self.config.model_copy(update={"sampling": sampling})
+        rng = torch.Generator()
+        acceptor = build_acceptor(config.speculation.acceptor, sampling_params(sampling), rng)
+        return build_generator(config, self.target, self.draft, acceptor, rng)
 
     def speculative(self, prompt: str, on_text: TextCallback | None = None,
                     max_new_tokens: int | None = None) -> TextResult:

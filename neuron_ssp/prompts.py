@@ -24,6 +24,19 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template
     return torch.tensor(ids, dtype=torch.long)
 
 
+def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
+                    chat_template: bool) -> torch.Tensor:
+    """A chat conversation as ids: the tokenizer's template, else the turns' text one per line."""
+    if not any(m["content"].strip() for m in messages):
+        raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
+    return torch.tensor(ids, dtype=torch.long)
+
+
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, extra: Sequence[str | int],
                    model_eos: int | list[int] | None = None) -> set[int]:
     """The model's EOS ids plus the configured stop tokens (as ids or token strings)."""

@@ -8,6 +8,7 @@ from neuron_ssp.cli import endpoint_image
 from neuron_ssp.cli.app import main
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
+from neuron_ssp.cli.serve import bench_serve, serve
 from neuron_ssp.cli.tools import bench, eval_command, tune_k
 from neuron_ssp.cli.topology import plan, validate
 
@@ -24,5 +25,7 @@ main.add_command(plan)
 main.add_command(deploy_commands.deploy)
 deploy_commands.deploy.add_command(endpoint_commands.endpoint)
 deploy_commands.deploy.add_command(endpoint_image.image_group)
+main.add_command(serve)
+main.add_command(bench_serve)
 
 __all__ = ["main"]

@@ -1,0 +1,118 @@
+"""serve: the pipeline behind an OpenAI-compatible HTTP server (and SageMaker's container contract)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Group
+from rich.table import Table
+
+from neuron_ssp.cli.generate import DEFAULT_PROMPTS, load_with_status
+from neuron_ssp.cli.options import echo_json
+from neuron_ssp.cli.report import console, describe, status_console
+from neuron_ssp.config import load_config
+from neuron_ssp.errors import Problem, RuntimeProblem
+
+# flag -> serve.* field it overrides
+SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "request_timeout", "api_key_env", "served_model_name")
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="YAML config (default: the embedded SmolLM2 default); its `serve:` section sets the fields below.")
+@click.option("--host", help="Interface to listen on (default 127.0.0.1; 0.0.0.0 with --sagemaker).")
+@click.option("--port", type=int, help="Port (default 8000; 8080 with --sagemaker).")
+@click.option("--sagemaker", is_flag=True, default=None,
+              help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
+@click.option("--max-queue", type=int, help="Requests that may wait behind the running one; more get 503.")
+@click.option("--request-timeout", type=float, help="Seconds a request may take, queue wait included.")
+@click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
+@click.option("--served-model-name", help="The `model` name clients send (default: the target's name).")
+def serve(config_path: Path | None, **flags: object) -> None:
+    """Serve the model pair over HTTP: OpenAI /v1/chat/completions and /v1/completions, /v1/models,
+    /health, /metrics, SageMaker /ping and /invocations, and a playground page at /.
+
+    Loads and validates the models once, before the port opens. SIGTERM drains and exits 0.
+    """
+    try:
+        from neuron_ssp.serve.server import listen_address, read_api_key, run_server
+    except ImportError as exc:
+        raise RuntimeProblem(Problem("serve", exc.name, "the server's packages are not installed",
+                                     "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)")) from None
+    config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    read_api_key(config.serve)  # a missing key is refused before the models load
+    click.echo(f"{describe(config)}", err=True)
+    run_server(config, load_with_status(config))
+    click.echo(f"neuron-ssp serve on {listen_address(config.serve).url} stopped", err=True)
+
+
+@click.command("bench-serve")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="YAML config the servers run.")
+@click.option("--clients", type=click.IntRange(min=1), default=8, show_default=True, help="Concurrent clients.")
+@click.option("--requests", type=click.IntRange(min=1), default=4, show_default=True, help="Requests per client.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per request.")
+@click.option("--pairs", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Direct vs HTTP pairs for the overhead target.")
+@click.option("--overflow-queue", type=click.IntRange(min=1), default=2, show_default=True,
+              help="max_queue of the overflow server.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout (s).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads here and in the servers.")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, path_type=Path), default=DEFAULT_PROMPTS,
+              help="JSONL with a 'prompt' field per line.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def bench_serve(config_path: Path | None, clients: int, requests: int, max_tokens: int, pairs: int,
+                overflow_queue: int, timeout_s: float, threads: int | None, prompts_file: Path,
+                as_json: bool) -> None:
+    """Load-test `neuron-ssp serve` on loopback: HTTP overhead, N clients x M requests, queue overflow."""
+    import tempfile
+
+    from rich.progress import Progress
+
+    from neuron_ssp.tools.serve_load import run_serve_bench, total_steps
+
+    config = load_config(config_path)
+    prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
+    pipeline = load_with_status(config)
+    with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
+        task = progress.add_task("bench-serve", total=total_steps(clients, requests, pairs))
+        result = run_serve_bench(config, config_path, pipeline, prompts, clients, requests, max_tokens, pairs,
+                                 overflow_queue, threads, timeout_s, Path(logs), lambda _: progress.advance(task))
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    console.print(serve_bench_tables(result.to_dict()))
+
+
+def serve_bench_tables(r: dict[str, Any]) -> Group:
+    """The three targets, then the load table (80 columns wide)."""
+    o, c, f = r["overhead"], r["concurrency"], r["overflow"]
+    targets = Table(title="bench-serve targets", title_justify="left")
+    for name in ("target", "measured", "goal", "met"):
+        targets.add_column(name)
+    rows = [
+        ("HTTP+queue vs direct", f"{o['ratio']:.3f}x ({o['same_text']}/{o['pairs']} same)", "<= 1.05x",
+         o["ratio"] <= 1.05),
+        (f"{r['settings']['clients']} clients tok/s vs 1", f"{c['throughput_ratio']:.3f}x", ">= 0.95x",
+         c["throughput_ratio"] >= 0.95),
+        ("errors / lost / differing", f"{c['concurrent']['errors']} / {c['lost']} / {c['outputs_differing']}",
+         "0 / 0 / 0", c["concurrent"]["errors"] == c["lost"] == c["outputs_differing"] == 0),
+        (f"overflow (queue {r['settings']['overflow_queue']})",
+         f"{f['ok']} x 200, {f['http_503']} x 503, {f['errors']} other", "200/503 only",
+         f["all_200_or_503_in_time"] and f["healthy_after"]),
+    ]
+    for name, measured, goal, met in rows:
+        targets.add_row(name, measured, goal, "yes" if met else "[red]no[/red]")
+    load = Table(title="load (seconds)", title_justify="left")
+    for name in ("run", "req/s", "tok/s", "TTFT p50/p95/p99", "e2e p50/p95/p99", "err", "503"):
+        load.add_column(name, justify="right")
+    for name, s in (("sequential", c["sequential"]), ("concurrent", c["concurrent"]), ("overflow", f)):
+        load.add_row(name, f"{s['requests_per_s']:.2f}", f"{s['output_tokens_per_s']:.1f}",
+                     f"{s['ttft_p50_s']:.2f}/{s['ttft_p95_s']:.2f}/{s['ttft_p99_s']:.2f}",
+                     f"{s['e2e_p50_s']:.1f}/{s['e2e_p95_s']:.1f}/{s['e2e_p99_s']:.1f}", str(s["errors"]),
+                     str(s["http_503"]))
+    return Group(targets, load)

@@ -1,0 +1,8 @@
+"""`neuron-ssp serve`: the pipeline behind an OpenAI-compatible HTTP API and SageMaker's container contract.
+
+Modules: schemas (request bodies -> one GenerationRequest), text (ids -> text pieces with origin, stop
+strings), worker (the one generation thread and its bounded FIFO queue), streams (answers from a job's
+events), responses (OpenAI bodies and SSE chunks), sagemaker (LMI/TGI bodies), metrics (Prometheus),
+gate (request ids, body limit, API key), app (routes), server (uvicorn, SIGTERM drain).
+The server knows only the pipeline's public API (`Pipeline.generate_ids`).
+"""

@@ -1,0 +1,188 @@
+"""The FastAPI app: OpenAI routes, SageMaker routes, /metrics, /health and the playground page.
+
+Each generation route turns its body into a `GenerationRequest`, encodes the prompt, checks that it
+fits the cache, queues a `Job` for the worker and answers from the job's events (serve/streams.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from neuron_ssp.config import ServeConfig
+from neuron_ssp.errors import NeuronSSPError, Problem
+from neuron_ssp.loader import Pipeline
+from neuron_ssp.serve.errors import ApiError, error_body, error_response
+from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
+from neuron_ssp.serve.metrics import ServerMetrics
+from neuron_ssp.serve.responses import OpenAIFormat
+from neuron_ssp.serve.schemas import (
+    GenerationRequest,
+    chat_request,
+    completion_request,
+    is_lmi_body,
+    lmi_request,
+    parse_json,
+)
+from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
+from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
+
+log = logging.getLogger("neuron_ssp.serve")
+
+
+def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
+    metrics = ServerMetrics()
+    worker = GenerationWorker(pipeline, metrics, settings.max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        worker.drain()
+
+    app = FastAPI(title="neuron-ssp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.worker = worker
+    app.state.metrics = metrics
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc, request.state.request_id)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        fix = "see docs/serving.md for the routes" if exc.status_code == 404 else "check the method and path"
+        return error_response(ApiError(exc.status_code, Problem("path", request.url.path, str(exc.detail).lower(),
+                                                                fix)), request.state.request_id)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        request_id = request.state.request_id
+        log.error("request %s failed", request_id, exc_info=exc)
+        return JSONResponse(error_body(500, f"internal server error (request id {request_id}); the server log "
+                                       "holds the details"), status_code=500, headers={"X-Request-Id": request_id})
+
+    async def generate(request: Request, spec: GenerationRequest) -> Response:
+        request_id = request.state.request_id
+        if spec.model is not None and spec.model != model_name:
+            raise ApiError(404, Problem("model", spec.model, "no such model on this server",
+                                        f"send model '{model_name}' (GET /v1/models lists it)"))
+        prompt_ids = _encode(pipeline, spec)
+        max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
+        _check_room(pipeline, prompt_ids, max_tokens, "parameters.max_new_tokens" if spec.kind == "lmi"
+                    else "max_tokens")
+        overrides = {name: getattr(spec, name) for name in ("temperature", "top_p", "top_k", "seed")}
+        sampling = pipeline.config.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        job = Job(request_id, prompt_ids, max_tokens, sampling, spec.stop,
+                  time.monotonic() + settings.request_timeout, settings.request_timeout, asyncio.get_running_loop())
+        worker.submit(job)
+        log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s", request_id, spec.kind,
+                 len(prompt_ids), max_tokens, spec.stream)
+        try:
+            first = await next_event(job, request)
+        except ClientGone:
+            return Response(status_code=499)
+        if isinstance(first, Failed):
+            raise first.error
+        if spec.kind == "lmi":
+            return await lmi_answer(job, request, spec, first)
+        fmt = OpenAIFormat(spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage)
+        if spec.stream:
+            return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
+        done = await collect(job, request, first)
+        return JSONResponse(fmt.final(done))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat_request(await _read_json(request)))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, completion_request(await _read_json(request)))
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        data = await _read_json(request)
+        if is_lmi_body(data):
+            return await generate(request, lmi_request(data))
+        if "messages" in data:
+            return await generate(request, chat_request(data))
+        if "prompt" in data:
+            return await generate(request, completion_request(data))
+        raise ApiError(400, Problem("body", sorted(data), "not a known body: expected `inputs` (LMI/TGI), "
+                                    "`messages` (OpenAI chat) or `prompt` (OpenAI completions)",
+                                    'send {"inputs": "...", "parameters": {...}} or an OpenAI body'))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "neuron-ssp",
+                "max_model_len": pipeline.target.n_positions}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not worker.accepting or not worker.thread.is_alive():
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "queue_depth": worker.queue.qsize(),
+                             "running": 1 if worker.running else 0})
+
+    @app.get("/ping")
+    async def ping() -> Response:
+        """SageMaker: 200 once the models are loaded (the app exists only after loading) and while serving."""
+        return await health()
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        page = resources.files("neuron_ssp.serve").joinpath("static/playground.html").read_text()
+        return HTMLResponse(page.replace("{{MODEL}}", model_name))
+
+    app.add_middleware(Gate, metrics=metrics, api_key=api_key)
+    return app
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    """The body, read with a cap (a chunked upload has no Content-Length for the gate to check)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise body_too_large(f"more than {MAX_BODY_BYTES}")
+        chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
+    try:
+        if spec.kind == "chat":
+            return pipeline.encode_messages(spec.messages)
+        return pipeline.encode(spec.prompt, chat_template=False)  # completions and LMI: raw text, no template
+    except NeuronSSPError as exc:
+        raise ApiError(400, exc.problems) from None
+
+
+def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, field: str) -> None:
+    """The CLI's n_positions rule, with the fix phrased for a client (who cannot resize the cache)."""
+    try:
+        pipeline.check_room(prompt_ids, max_tokens)
+    except NeuronSSPError as exc:
+        problem = exc.problems[0]
+        if problem.field != "target.n_positions":
+            raise ApiError(400, exc.problems) from None
+        room = pipeline.target.n_positions - len(prompt_ids) - pipeline.config.speculation.k
+        fix = (f"send {field} <= {room}" if room >= 1 else "shorten the prompt") + \
+            " (the server's target.n_positions is fixed when it starts)"
+        raise ApiError(400, Problem(field, max_tokens, problem.rule, fix)) from None

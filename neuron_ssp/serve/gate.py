@@ -1,0 +1,87 @@
+"""ASGI middleware: request ids, the 1 MiB body limit, the API key and the per-status request counter.
+
+Pure ASGI (not BaseHTTPMiddleware) so that a streaming response still sees its client disconnect.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from neuron_ssp.errors import Problem
+from neuron_ssp.serve.errors import ApiError
+from neuron_ssp.serve.metrics import ServerMetrics
+
+MAX_BODY_BYTES = 1 << 20
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/invocations")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class Gate:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, api_key: str | None):
+        self.app = app
+        self.metrics = metrics
+        self.api_key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = [500]
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope["path"], headers)
+            if refusal is not None:
+                await _send_error(send_with_id, refusal)
+            else:
+                await self.app(scope, receive, send_with_id)
+        finally:
+            if scope["path"] in GENERATION_PATHS:
+                self.metrics.requests.labels(scope["path"], str(status[0])).inc()
+
+    def _refusal(self, path: str, headers: dict[str, str]) -> ApiError | None:
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return body_too_large(int(length))
+        if self.api_key is not None and path.startswith("/v1/"):
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            # compare_digest: the time taken does not tell how much of the key was right
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key):
+                return ApiError(401, Problem("Authorization", "(missing)" if not given else "(hidden)",
+                                             "a missing or wrong API key", "send the header "
+                                             "'Authorization: Bearer <key>' with the key the server was "
+                                             "started with (its --api-key-env variable)"))
+        return None
+
+
+def body_too_large(size: int | str) -> ApiError:
+    return ApiError(413, Problem("body", f"{size} bytes", f"a request body may hold at most {MAX_BODY_BYTES} "
+                                 "bytes (1 MiB)", "shorten the prompt or the conversation"))
+
+
+async def _send_error(send: Send, error: ApiError) -> None:
+    body = json.dumps(error.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,49 @@
+"""Prometheus metrics (text format at GET /metrics), named after vLLM's where one exists.
+
+One registry per app, so two servers in one process (tests) never share counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+TOKENS_PER_CALL_BUCKETS = tuple(float(n) for n in range(1, 17))
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("neuron_ssp_requests", "Generation requests answered, by endpoint and HTTP status.",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("neuron_ssp_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generation_tokens = Counter("neuron_ssp_generation_tokens", "Tokens generated (committed).",
+                                         registry=r)
+        self.draft_tokens = Counter("neuron_ssp_draft_tokens", "Tokens proposed by the drafter.", registry=r)
+        self.accepted_tokens = Counter("neuron_ssp_accepted_tokens", "Drafted tokens the target accepted.",
+                                       registry=r)
+        self.time_to_first_token = Histogram("neuron_ssp_time_to_first_token_seconds",
+                                             "Arrival to first generated token (queue wait included).",
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram("neuron_ssp_inter_token_latency_seconds",
+                                             "Gap per output token after the first (a step's time split over "
+                                             "the tokens it committed).", buckets=TOKEN_GAP_BUCKETS, registry=r)
+        self.e2e_latency = Histogram("neuron_ssp_e2e_request_latency_seconds",
+                                     "Arrival to last token of finished requests.", buckets=LATENCY_BUCKETS,
+                                     registry=r)
+        self.tokens_per_call = Histogram("neuron_ssp_accepted_tokens_per_target_call",
+                                         "Tokens committed per decode-loop target call: accepted drafts + the "
+                                         "target's own token (Spec-Bench's tau; prefill not counted).",
+                                         buckets=TOKENS_PER_CALL_BUCKETS, registry=r)
+        self.queue_depth = Gauge("neuron_ssp_queue_depth", "Requests waiting for the generation worker.",
+                                 registry=r)
+        self.running = Gauge("neuron_ssp_running_requests", "Requests being generated (0 or 1).", registry=r)
+
+    def watch(self, queue_depth: Callable[[], float], running: Callable[[], float]) -> None:
+        """Gauges read at scrape time, so they can never drift from the worker's state."""
+        self.queue_depth.set_function(queue_depth)
+        self.running.set_function(running)

@@ -1,0 +1,91 @@
+"""OpenAI response bodies and SSE chunks (vLLM's shapes), plus the documented extra field `speculative`.
+
+`speculative` in a final body: acceptance_rate, mean_accepted_length, target_calls, draft_tokens,
+accepted_tokens of this request. In each stream chunk: `tokens` (the chunk's text split per token, each
+with `origin` "draft" | "target" | "unknown") and the running draft_tokens / accepted_tokens /
+target_calls; the chunk with the finish_reason carries the final statistics. OpenAI clients ignore it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from neuron_ssp.serve.text import Piece
+from neuron_ssp.serve.worker import Done, Progress
+from neuron_ssp.stats import GenerationStats
+
+DONE_LINE = "data: [DONE]\n\n"
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def speculative_stats(stats: GenerationStats) -> dict[str, Any]:
+    return {"acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
+            "target_calls": stats.target_calls, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class OpenAIFormat:
+    """Bodies for one request of kind "chat" or "completion"."""
+
+    def __init__(self, kind: str, request_id: str, model: str, prompt_tokens: int, include_usage: bool = False):
+        self.chat = kind == "chat"
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def final(self, done: Done) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": done.text}
+        else:
+            choice["text"] = done.text
+        return {**self._head(stream=False), "choices": [choice],
+                "usage": usage(self.prompt_tokens, done.completion_tokens),
+                "speculative": speculative_stats(done.stats)}
+
+    def first_chunk(self) -> str | None:
+        """Chat streams open with the assistant role (as OpenAI and vLLM do); completions have none."""
+        if not self.chat:
+            return None
+        return sse(self._chunk({"role": "assistant", "content": ""}, None, {"tokens": []}))
+
+    def delta_chunk(self, pieces: list[Piece], progress: Progress) -> str:
+        text = "".join(p.text for p in pieces)
+        extra = {"tokens": [{"text": p.text, "origin": p.origin} for p in pieces], "draft_tokens": progress.drafted,
+                 "accepted_tokens": progress.accepted, "target_calls": max(progress.target_calls, 0)}
+        return sse(self._chunk({"content": text} if self.chat else text, None, extra))
+
+    def last_chunks(self, done: Done) -> list[str]:
+        chunks = [sse(self._chunk({} if self.chat else "", done.finish_reason,
+                                  {"tokens": [], **speculative_stats(done.stats)}))]
+        if self.include_usage:
+            chunks.append(sse({**self._head(stream=True), "choices": [],
+                               "usage": usage(self.prompt_tokens, done.completion_tokens)}))
+        return [*chunks, DONE_LINE]
+
+    def _chunk(self, delta: dict[str, Any] | str, finish_reason: str | None, extra: dict[str, Any]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        if self.chat:
+            choice["delta"] = delta
+        else:
+            choice["text"] = delta
+        body = {**self._head(stream=True), "choices": [choice], "speculative": extra}
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def _head(self, stream: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}

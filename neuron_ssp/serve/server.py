@@ -1,0 +1,95 @@
+"""Start-up and shutdown: load and validate the pipeline before the port opens, then run uvicorn.
+
+SIGTERM (how SageMaker and systemd stop a container): stop accepting, refuse the queued requests
+(503), let the running one finish within `drain_timeout`, then exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from types import FrameType
+
+import uvicorn
+
+from neuron_ssp.config import Config, ServeConfig
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.loader import Pipeline, load_pipeline
+from neuron_ssp.serve.app import create_app
+from neuron_ssp.serve.worker import GenerationWorker
+
+log = logging.getLogger("neuron_ssp.serve")
+SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # the SageMaker container contract
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+
+
+@dataclass
+class Listen:
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def listen_address(settings: ServeConfig) -> Listen:
+    """--sagemaker means 0.0.0.0:8080; an explicit host or port still wins."""
+    host = settings.host or (SAGEMAKER_HOST if settings.sagemaker else DEFAULT_HOST)
+    port = settings.port or (SAGEMAKER_PORT if settings.sagemaker else DEFAULT_PORT)
+    return Listen(host, port)
+
+
+def read_api_key(settings: ServeConfig) -> str | None:
+    if settings.api_key_env is None:
+        return None
+    key = os.environ.get(settings.api_key_env, "")
+    if not key:
+        raise UsageError(Problem("serve.api_key_env", settings.api_key_env, "this environment variable is unset "
+                                 "or empty, so the server would run without the key you asked for",
+                                 f"export {settings.api_key_env}=<key>, or leave --api-key-env out"))
+    return key
+
+
+def served_model_name(config: Config) -> str:
+    """What clients send as `model`: the configured name, else the target's name without its prefix."""
+    if config.serve.served_model_name:
+        return config.serve.served_model_name
+    return config.target.path.removeprefix("embedded:").rstrip("/").rsplit("/", 1)[-1]
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's graceful shutdown, plus: the worker refuses queued work as soon as the signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, worker: GenerationWorker):
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            log.info("signal %s: draining (running request finishes, queued ones get 503)", sig)
+            self.worker.drain()
+        super().handle_exit(sig, frame)
+
+
+def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
+    settings = config.serve
+    listen = listen_address(settings)
+    api_key = read_api_key(settings)
+    pipeline = pipeline or load_pipeline(config)
+    name = served_model_name(config)
+    app = create_app(pipeline, settings, name, api_key)
+    log.info("model '%s' loaded; queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
+             name, settings.max_queue, settings.request_timeout, settings.drain_timeout,
+             "required" if api_key else "off")
+    log.info("serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics)", listen.url)
+    server = _DrainingServer(uvicorn.Config(app, host=listen.host, port=listen.port, log_level="info",
+                                            timeout_graceful_shutdown=settings.drain_timeout,
+                                            access_log=False),
+                             app.state.worker)
+    # uvicorn re-raises the signal it caught once it has shut down; the drain is done by then, so the
+    # default action (death by SIGTERM) is replaced by a normal return: exit code 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run()

@@ -1,0 +1,112 @@
+"""Answers built from a job's events: one JSON body, SSE chunks (OpenAI) or JSON lines (LMI).
+
+While it waits, a route checks its client every DISCONNECT_POLL_S and enforces request_timeout; a
+client that left, or a route that gives up, cancels the job (the worker stops at the next iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from neuron_ssp.serve import sagemaker
+from neuron_ssp.serve.responses import DONE_LINE, OpenAIFormat, sse
+from neuron_ssp.serve.schemas import GenerationRequest
+from neuron_ssp.serve.text import Piece
+from neuron_ssp.serve.worker import Delta, Done, Event, Failed, Job, timeout_error
+
+log = logging.getLogger("neuron_ssp.serve")
+DISCONNECT_POLL_S = 0.25
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def next_event(job: Job, request: Request) -> Event:
+    """The job's next event; checks for a disconnect every DISCONNECT_POLL_S and enforces request_timeout."""
+    while True:
+        now = time.monotonic()
+        if now - job.client_seen >= DISCONNECT_POLL_S:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                log.info("request %s: client disconnected, cancelled", job.request_id)
+                raise ClientGone
+            job.client_seen = now
+        remaining = job.deadline - now
+        if remaining <= 0:
+            job.cancelled.set()
+            return Failed(timeout_error(job))
+        try:
+            return await asyncio.wait_for(job.events.get(), min(DISCONNECT_POLL_S, remaining))
+        except asyncio.TimeoutError:
+            continue
+
+
+async def collect(job: Job, request: Request, event: Event) -> Done:
+    try:
+        while not isinstance(event, Done):
+            if isinstance(event, Failed):
+                raise event.error
+            event = await next_event(job, request)
+        return event
+    finally:
+        job.cancelled.set()  # no-op once done; stops the worker if this route gives up
+
+
+async def sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event) -> AsyncIterator[str]:
+    """SSE chunks until `data: [DONE]`; a disconnect cancels the task here, and `finally` cancels the job."""
+    try:
+        first = fmt.first_chunk()
+        if first:
+            yield first
+        while True:
+            if isinstance(event, Delta) and event.pieces:
+                yield fmt.delta_chunk(event.pieces, event.progress)
+            elif isinstance(event, Done):
+                for chunk in fmt.last_chunks(event):
+                    yield chunk
+                return
+            elif isinstance(event, Failed):
+                yield sse(event.error.body())
+                yield DONE_LINE
+                return
+            event = await next_event(job, request)
+    except ClientGone:
+        return
+    finally:
+        job.cancelled.set()
+
+
+async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first: Event) -> Response:
+    if not spec.stream:
+        done = await collect(job, request, first)
+        return JSONResponse(sagemaker.lmi_body(done, spec.prompt, spec.details))
+
+    async def lines(event: Event) -> AsyncIterator[str]:
+        held: Piece | None = None  # LMI's last line carries the last token, so one piece waits
+        try:
+            while True:
+                if isinstance(event, Delta):
+                    for piece in event.pieces:
+                        if held is not None:
+                            yield sagemaker.lmi_token_lines([held])[0]
+                        held = piece
+                elif isinstance(event, Done):
+                    yield sagemaker.lmi_last_line(event, spec.prompt, held)
+                    return
+                else:
+                    yield sagemaker.lmi_error_line(event.error)
+                    return
+                event = await next_event(job, request)
+        except ClientGone:
+            return
+        finally:
+            job.cancelled.set()
+
+    return StreamingResponse(lines(first), media_type=sagemaker.JSONLINES)

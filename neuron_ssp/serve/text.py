@@ -1,0 +1,80 @@
+"""Committed token ids -> text pieces that keep each token's origin, cut at the request's stop strings.
+
+Origin of a token: "draft" (a drafted token the target accepted), "target" (a token the target chose:
+a rejection's correction, a bonus token or a plain step) or "unknown" (the library engine). While
+streaming, text that could still be the start of a stop string is held back, so a client never
+receives a stop string, not even in part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+
+@dataclass
+class Piece:
+    text: str
+    origin: str  # "draft" | "target" | "unknown"
+    token: int  # the id whose decoding completed this text
+
+
+class TokenText:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""  # decoded so far (cut at a stop string once one is found)
+        self.pending: list[Piece] = []  # decoded, not yet handed out
+        self.sent = 0  # characters handed out
+        self.stopped = False
+
+    def add(self, token: int, origin: str) -> None:
+        """Decode one more token; a multi-byte character lands on the token that completes it."""
+        if self.stopped:
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        piece, self.text = text[len(self.text):], text
+        if piece:
+            self.pending.append(Piece(piece, origin, token))
+        self._cut_at_stop(len(self.text) - len(piece))
+
+    def _cut_at_stop(self, new_from: int) -> None:
+        start = max(new_from - self.hold, 0)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if not hits:
+            return
+        self.stopped = True
+        self.text = self.text[: min(hits)]
+        self._trim_pending(len(self.text))
+
+    def _trim_pending(self, end: int) -> None:
+        kept, position = [], self.sent
+        for piece in self.pending:
+            room = end - position
+            if room <= 0:
+                break
+            kept.append(Piece(piece.text[:room], piece.origin, piece.token))
+            position += len(kept[-1].text)
+        self.pending = kept
+
+    def take(self, final: bool = False) -> list[Piece]:
+        """Pieces safe to send now: all of them when final or stopped, else all but the held-back tail."""
+        end = len(self.text) if final or self.stopped else len(self.text) - self.hold
+        out, position = [], self.sent
+        while self.pending and position < end:
+            piece = self.pending[0]
+            room = end - position
+            if len(piece.text) <= room:
+                out.append(self.pending.pop(0))
+            else:
+                out.append(Piece(piece.text[:room], piece.origin, piece.token))
+                self.pending[0] = Piece(piece.text[room:], piece.origin, piece.token)
+            position += len(out[-1].text)
+        self.sent = position
+        return out

@@ -1,0 +1,267 @@
+"""bench-serve: load on a real `neuron-ssp serve` process over loopback, and the issue's three targets.
+
+1. overhead: one client, greedy; the server's end-to-end latency next to `SpeculativeGenerator.generate`
+   called in this process for the same prompt and tokens, the two interleaved pair by pair;
+2. concurrency: N clients x M requests (streaming), bracketed by two sequential single-client passes
+   over the same requests; greedy outputs must equal the sequential ones;
+3. overflow: a second server with a small queue, every client at once; each request must get 200 or
+   503 within its timeout, and the server must stay healthy.
+
+Every request has a timeout and the counts are bounded, so the benchmark always ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from neuron_ssp.config import Config
+
+CLI = [sys.executable, "-c", "from neuron_ssp.cli import main; main()"]
+Step = Callable[[str], None]
+
+
+@dataclass
+class Outcome:
+    status: int
+    text: str = ""
+    tokens: int = 0
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    error: str = ""
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    log: Path
+
+    def stop(self, timeout_s: float = 120) -> int:
+        """SIGTERM, as SageMaker stops a container; returns the exit code (0 is a clean drain)."""
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def start_server(config_path: Path | None, max_queue: int, threads: int | None, log_dir: Path,
+                 ready_timeout_s: float = 900) -> ServerProcess:
+    port = _free_port()
+    args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-queue", str(max_queue)]
+    if config_path is not None:
+        args += ["--config", str(config_path)]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    log = log_dir / f"serve-{port}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + ready_timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"{server.url}/ping", timeout=5).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"the server did not become ready; see {log}:\n{log.read_text()[-2000:]}")
+
+
+def chat_body(prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """A greedy chat request: the instruct model answers its template (a raw prompt often ends at once)."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                            "temperature": 0, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def stream_chat(client: httpx.Client, url: str, prompt: str, max_tokens: int, timeout_s: float) -> Outcome:
+    """One streamed /v1/chat/completions request, timed from the client's side."""
+    body = chat_body(prompt, max_tokens, stream=True)
+    start = time.perf_counter()
+    parts: list[str] = []
+    outcome = Outcome(0)
+    try:
+        with client.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout_s) as response:
+            outcome.status = response.status_code
+            if response.status_code != 200:
+                response.read()
+                outcome.error = response.text[:200]
+            else:
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if "error" in chunk:
+                        outcome.error = chunk["error"]["message"][:200]
+                    for choice in chunk.get("choices", []):
+                        text = choice["delta"].get("content") or ""
+                        if text and not parts:
+                            outcome.ttft_s = time.perf_counter() - start
+                        if text:
+                            parts.append(text)
+                    if chunk.get("usage"):
+                        outcome.tokens = chunk["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"[:200]
+    outcome.e2e_s = time.perf_counter() - start
+    outcome.text = "".join(parts)
+    return outcome
+
+
+def run_clients(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
+                timeout_s: float, step: Step) -> tuple[list[list[Outcome]], float]:
+    """`clients` threads, each sending its `requests` prompts back to back; returns outcomes and wall time."""
+    outcomes: list[list[Outcome]] = [[] for _ in range(clients)]
+
+    def client_loop(index: int) -> None:
+        with httpx.Client() as client:
+            for r in range(requests):
+                outcomes[index].append(stream_chat(client, url, prompts[(index * requests + r) % len(prompts)],
+                                                         max_tokens, timeout_s))
+                step("request")
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s * requests + 60)
+    return outcomes, time.perf_counter() - start
+
+
+def summary(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
+    ok = [o for o in outcomes if o.status == 200 and not o.error]
+    tokens = sum(o.tokens for o in ok)
+    return {
+        "requests": len(outcomes), "ok": len(ok), "errors": sum(1 for o in outcomes if o.status not in (200, 503)
+                                                                 or (o.status == 200 and o.error)),
+        "http_503": sum(1 for o in outcomes if o.status == 503), "wall_s": wall_s,
+        "requests_per_s": len(ok) / wall_s if wall_s else 0.0,
+        "output_tokens_per_s": tokens / wall_s if wall_s else 0.0,
+        **{f"ttft_p{q}_s": _percentile([o.ttft_s for o in ok], q) for q in (50, 95, 99)},
+        **{f"e2e_p{q}_s": _percentile([o.e2e_s for o in ok], q) for q in (50, 95, 99)},
+    }
+
+
+@dataclass
+class ServeBenchResult:
+    settings: dict[str, Any]
+    overhead: dict[str, Any] = field(default_factory=dict)
+    concurrency: dict[str, Any] = field(default_factory=dict)
+    overflow: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure_overhead(pipeline: Any, url: str, prompts: list[str], max_tokens: int, pairs: int,
+                     timeout_s: float, step: Step) -> dict[str, Any]:
+    """Direct `SpeculativeGenerator.generate` vs the same request over HTTP, alternating which goes first."""
+    direct_s, http_s, same = [], [], 0
+    with httpx.Client() as client:
+        for i in range(pairs):
+            prompt = prompts[i % len(prompts)]
+            ids = pipeline.encode(prompt)  # one user turn: what /v1/chat/completions encodes
+            tokens: dict[str, str] = {}
+            for kind in ("direct", "http") if i % 2 == 0 else ("http", "direct"):
+                start = time.perf_counter()
+                if kind == "direct":
+                    result = pipeline.generator.generate(ids, max_tokens, pipeline.eos_token_ids)
+                    direct_s.append(time.perf_counter() - start)
+                    tokens[kind] = pipeline.tokenizer.decode(result.tokens, skip_special_tokens=True)
+                else:
+                    r = client.post(f"{url}/v1/chat/completions", timeout=timeout_s,
+                                    json=chat_body(prompt, max_tokens, stream=False))
+                    http_s.append(time.perf_counter() - start)
+                    r.raise_for_status()
+                    tokens[kind] = r.json()["choices"][0]["message"]["content"]
+            same += tokens["direct"] == tokens["http"]
+            step("pair")
+    return {"pairs": pairs, "direct_total_s": sum(direct_s), "http_total_s": sum(http_s),
+            "ratio": sum(http_s) / sum(direct_s), "direct_p50_s": _percentile(direct_s, 50),
+            "http_p50_s": _percentile(http_s, 50), "same_text": same}
+
+
+def measure_concurrency(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
+                        timeout_s: float, step: Step) -> dict[str, Any]:
+    """Sequential pass, concurrent pass, sequential pass: the two sequential ones bracket any drift."""
+    before, before_wall = run_clients(url, prompts, 1, clients * requests, max_tokens, timeout_s, step)
+    during, during_wall = run_clients(url, prompts, clients, requests, max_tokens, timeout_s, step)
+    after, after_wall = run_clients(url, prompts, 1, clients * requests, max_tokens, timeout_s, step)
+    sequential = summary(before[0] + after[0], before_wall + after_wall)
+    concurrent = summary([o for c in during for o in c], during_wall)
+    reference = [o.text for o in before[0]]
+    mismatches = sum(1 for c, outs in enumerate(during) for r, o in enumerate(outs)
+                     if o.text != reference[c * requests + r])
+    lost = clients * requests - sum(len(outs) for outs in during)
+    return {"sequential": sequential, "concurrent": concurrent, "lost": lost, "outputs_differing": mismatches,
+            "sequential_passes_equal": [o.text for o in before[0]] == [o.text for o in after[0]],
+            "throughput_ratio": concurrent["output_tokens_per_s"] / sequential["output_tokens_per_s"]
+            if sequential["output_tokens_per_s"] else 0.0}
+
+
+def measure_overflow(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
+                     timeout_s: float, step: Step) -> dict[str, Any]:
+    outcomes, wall = run_clients(url, prompts, clients, requests, max_tokens, timeout_s, step)
+    flat = [o for c in outcomes for o in c]
+    with httpx.Client() as client:
+        healthy = client.get(f"{url}/health", timeout=10).status_code == 200
+        after = stream_chat(client, url, prompts[0], max_tokens, timeout_s)
+    return {**summary(flat, wall), "statuses": sorted({o.status for o in flat}),
+            "all_200_or_503_in_time": all(o.status in (200, 503) and o.e2e_s <= timeout_s for o in flat),
+            "healthy_after": healthy and after.status == 200 and not after.error}
+
+
+def run_serve_bench(config: Config, config_path: Path | None, pipeline: Any, prompts: list[str], clients: int,
+                    requests: int, max_tokens: int, pairs: int, overflow_queue: int, threads: int | None,
+                    timeout_s: float, log_dir: Path, step: Step) -> ServeBenchResult:
+    if threads:
+        torch.set_num_threads(threads)
+    result = ServeBenchResult({"clients": clients, "requests": requests, "max_tokens": max_tokens, "pairs": pairs,
+                               "overflow_queue": overflow_queue, "threads": threads, "timeout_s": timeout_s,
+                               "prompts": len(prompts), "config": config.name})
+    server = start_server(config_path, max_queue=max(clients * requests, 1), threads=threads, log_dir=log_dir)
+    try:
+        result.overhead = measure_overhead(pipeline, server.url, prompts, max_tokens, pairs, timeout_s, step)
+        result.concurrency = measure_concurrency(server.url, prompts, clients, requests, max_tokens, timeout_s, step)
+    finally:
+        result.concurrency["exit_code"] = server.stop()
+    small = start_server(config_path, max_queue=overflow_queue, threads=threads, log_dir=log_dir)
+    try:
+        result.overflow = measure_overflow(small.url, prompts, clients, requests, max_tokens, timeout_s, step)
+    finally:
+        result.overflow["exit_code"] = small.stop()
+    return result
+
+
+def total_steps(clients: int, requests: int, pairs: int) -> int:
+    return pairs + 3 * clients * requests + clients * requests
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

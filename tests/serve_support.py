@@ -1,0 +1,103 @@
+"""A stand-in pipeline (characters as tokens, scripted origins) and a uvicorn server in a thread.
+
+The fake keeps `Pipeline`'s public surface that the server uses (encode, encode_messages, check_room,
+generate_ids, tokenizer, eos_token_ids, config, target.n_positions), so the HTTP layer is tested in
+milliseconds; tests/test_serve_embedded.py runs the same server on the embedded model.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import torch
+import uvicorn
+
+from neuron_ssp.config import ServeConfig, load_config
+from neuron_ssp.generator import check_room
+from neuron_ssp.serve.app import create_app
+from neuron_ssp.stats import GenerationStats
+
+EOS = 0
+
+
+class CharTokenizer:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i != EOS)
+
+
+class FakePipeline:
+    """Answers with `reply` (or the prompt reversed), in steps of up to 3 tokens: 2 accepted drafts + 1 target."""
+
+    def __init__(self, reply: str | None = None, step_s: float = 0.0, n_positions: int = 256):
+        self.config = load_config(None)
+        self.tokenizer = CharTokenizer()
+        self.eos_token_ids = {EOS}
+        self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None)
+        self.reply = reply
+        self.step_s = step_s
+        self.cancelled = threading.Event()
+        self.calls: list[dict] = []
+
+    def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
+        return torch.tensor([ord(c) for c in prompt], dtype=torch.long)
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
+        return self.encode("\n".join(m["content"] for m in messages))
+
+    def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.config.speculation.k, "target.n_positions")
+
+    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None):
+        self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
+        text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
+        ids = [ord(c) for c in text][:max_new_tokens]
+        if len(ids) < max_new_tokens:
+            ids.append(EOS)
+        stats = GenerationStats(k=4)
+        done: list[int] = []
+        first = True
+        while len(done) < len(ids):
+            if should_stop and should_stop():
+                self.cancelled.set()
+                break
+            time.sleep(self.step_s)
+            step = ids[len(done): len(done) + (1 if first else 3)]
+            accepted = len(step) - 1
+            if not first:
+                stats.record_call(min(3, len(step) + 1), accepted, len(step))
+            done += step
+            if on_commit:
+                on_commit(step, accepted, 0 if first else min(3, len(step) + 1))
+            first = False
+        stats.new_tokens = len(done)
+        return SimpleNamespace(tokens=done, stats=stats)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running_server(pipeline, api_key: str | None = None, **settings) -> Iterator[str]:
+    """The app on 127.0.0.1 in a background thread; yields its base URL."""
+    serve = ServeConfig(**settings)
+    app = create_app(pipeline, serve, "fake-model", api_key)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
