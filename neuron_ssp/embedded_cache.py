@@ -36,10 +36,9 @@ def entry_dir(name: str) -> Path:
     return cache_root() / f"{name}-transformers{transformers_major()}"
 
 
-def write_manifest(directory: Path, name: str, gguf_path: Path, known_answer: str) -> None:
+def write_manifest(directory: Path, gguf_path: Path, known_answer: str) -> None:
     manifest = {
         "format": CACHE_FORMAT,
-        "model": name,
         "gguf": gguf_path.name,
         "gguf_bytes": gguf_path.stat().st_size,
         "transformers": transformers.__version__,

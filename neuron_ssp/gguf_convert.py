@@ -53,7 +53,7 @@ def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str)
                     label, str(gguf_path), failure_rule(f"the conversion of {gguf_path.name}", check.detail),
                     "use a transformers version CI tests (4.46.3 or 5.x: pip install 'transformers==4.46.3' "
                     "'tokenizers==0.20.3', or a 5.x release) and report this version as a neuron-ssp issue"))
-            write_manifest(staging, target.name.rsplit("-transformers", 1)[0], gguf_path, check.detail)
+            write_manifest(staging, gguf_path, check.detail)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

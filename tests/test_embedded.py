@@ -99,7 +99,7 @@ def test_a_cached_entry_with_a_random_head_fails_to_load_with_the_known_answer_e
     (broken / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     manifest = read_manifest(good)
     gguf = embedded._gguf_path(embedded.EMBEDDED_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct", "t")
-    write_manifest(broken, "smollm2-135m-instruct", gguf, manifest["known_answer"])
+    write_manifest(broken, gguf, manifest["known_answer"])
 
     with pytest.raises(RuntimeProblem) as caught:
         load_pipeline(load_config(overrides={"generation.max_new_tokens": 8}))

@@ -20,7 +20,7 @@ def fake_entry(directory: Path, gguf: Path) -> Path:
     for name, text in {"config.json": '{"tie_word_embeddings": true}', "model.safetensors": "w" * 64,
                        "tokenizer.json": "{}", "tokenizer_config.json": "{}"}.items():
         (directory / name).write_text(text)
-    write_manifest(directory, "smollm2-135m-instruct", gguf, "greedy continuation as expected")
+    write_manifest(directory, gguf, "greedy continuation as expected")
     return directory
 
 
