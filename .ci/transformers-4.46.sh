@@ -18,7 +18,7 @@ export NEURON_SSP_CACHE
 trap 'rm -rf "$NEURON_SSP_CACHE"' EXIT
 
 # the embedded model: conversion, then the known-answer check (greedy " Paris, France." + sentence loss)
-"$venv/bin/neuron-ssp" doctor --configs configs --check-model embedded:smollm2-135m-instruct | grep -A2 "known-answer check"
+"$venv/bin/neuron-ssp" doctor --configs configs --check-model embedded:smollm2-135m-instruct | grep -A5 "known-answer check"
 
 # one greedy generation (the README's first command) whose text must be a sensible summary
 prompt="Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the engineer Gustave Eiffel, whose company designed and built it from 1887 to 1889."
