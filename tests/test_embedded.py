@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
+import transformers
 from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
 
 from neuron_ssp import embedded
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
+from neuron_ssp.embedded_cache import entry_dir, read_manifest, stale_reason, write_manifest
+from neuron_ssp.errors import RuntimeProblem
 from neuron_ssp.loader import load_pipeline
 
 pytestmark = pytest.mark.slow
@@ -64,3 +70,52 @@ def test_prompt_longer_than_the_cache_is_refused(embedded_cache, monkeypatch):
     monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
     result = CliRunner().invoke(main, ["generate", "--max-new-tokens", "2040", SUMMARY])
     assert result.exit_code == 2 and "target.n_positions" in result.output and "Traceback" not in result.output
+
+
+def test_the_cached_entry_is_current_tied_and_written_by_this_transformers(pipeline, embedded_cache, monkeypatch):
+    monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
+    entry = entry_dir("smollm2-135m-instruct")
+    gguf = embedded._gguf_path(embedded.EMBEDDED_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct", "t")
+    assert stale_reason(entry, gguf) is None
+    assert read_manifest(entry)["transformers"] == transformers.__version__
+    assert json.loads((entry / "config.json").read_text())["tie_word_embeddings"] is True
+    model = pipeline.target.model
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_a_cached_entry_with_a_random_head_fails_to_load_with_the_known_answer_error(pipeline, embedded_cache,
+                                                                                      tmp_path, monkeypatch):
+    """What transformers 4.46 used to cache (untied, random lm_head), even with a manifest that looks current."""
+    monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
+    good = entry_dir("smollm2-135m-instruct")
+    monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
+    broken = entry_dir("smollm2-135m-instruct")
+    shutil.copytree(good, broken, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(str(good / "model.safetensors"))
+    embeddings = weights["model.embed_tokens.weight"]
+    weights["lm_head.weight"] = torch.randn(embeddings.shape, generator=torch.Generator().manual_seed(0)) * 0.02
+    save_file(weights, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    manifest = read_manifest(good)
+    gguf = embedded._gguf_path(embedded.EMBEDDED_MODELS["smollm2-135m-instruct"], "smollm2-135m-instruct", "t")
+    write_manifest(broken, gguf, manifest["known_answer"])
+
+    with pytest.raises(RuntimeProblem) as caught:
+        load_pipeline(load_config(overrides={"generation.max_new_tokens": 8}))
+    problem = caught.value.problems[0]
+    assert problem.field == "target.path" and "known-answer" in problem.rule
+    assert f"transformers {transformers.__version__}" in problem.rule and "' Paris, France.'" in problem.rule
+    assert f"delete {broken}" in problem.fix
+
+    result = CliRunner().invoke(main, ["generate", "--max-new-tokens", "8", SUMMARY])
+    assert result.exit_code == 1 and "known-answer" in result.output and "Traceback" not in result.output
+
+
+def test_doctor_checks_the_embedded_model(pipeline, embedded_cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
+    result = CliRunner().invoke(main, ["doctor", "--configs", str(tmp_path), "--json",
+                                       "--check-model", "embedded:smollm2-135m-instruct"])
+    assert result.exit_code == 0, result.output
+    (check,) = json.loads(result.stdout)["model_checks"]
+    assert check["passed"] and "' Paris, France.' as expected" in check["details"][1]

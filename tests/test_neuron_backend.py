@@ -15,6 +15,7 @@ from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.neuron import load_neuron_backends
 from neuron_ssp.backends.neuronx_api import SUPPORTED, load_neuronx
+from neuron_ssp.backends.torch import dtype_kwarg
 from neuron_ssp.config import Config
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.errors import RuntimeProblem, UsageError
@@ -153,7 +154,7 @@ def test_detects_the_api_generation(neuronx_any: ModuleType) -> None:
 
 
 def reference_logits(model_dir: Path, tokens: list[int]) -> torch.Tensor:
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), **{dtype_kwarg(): torch.float32}).eval()
     with torch.inference_mode():
         return torch.stack([model(input_ids=torch.tensor([tokens[: i + 1]])).logits[0, -1] for i in range(len(tokens))])
 

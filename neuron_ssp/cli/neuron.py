@@ -122,14 +122,24 @@ def parse_ks(text: str | None, default: int) -> list[int]:
     help="Directory of YAML configs to check against this instance.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--check-model", "check_models", multiple=True, metavar="PATH",
+              help="Also run the known-answer check on this model (a local HF directory or embedded:NAME): "
+              "loads it on CPU and checks its loss on a reference sentence. Exit 1 if it fails.")
 @click.pass_context
-def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, as_json: bool) -> None:
+def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, as_json: bool,
+           check_models: tuple[str, ...]) -> None:
     """What this machine offers for Neuron: devices, packages, venv, compile cache, configs that fit."""
     report = doctor_report(instance_type, configs_dir, _commands_without_neuron(ctx))
+    if check_models:
+        from neuron_ssp.model_check import check_model
+
+        report["model_checks"] = [check_model(path) for path in check_models]
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         print_doctor(Console(), report)
+    if not all(check["passed"] for check in report.get("model_checks", [])):
+        ctx.exit(1)
 
 
 def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands: list[str]) -> dict[str, Any]:
@@ -269,6 +279,11 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
         for row in report["configs"]:
             configs.add_row(Path(row["config"]).name, f"[bold]{escape(row['status'])}[/bold]: {escape(row['detail'])}")
         console.print(configs)
+    for check in report.get("model_checks", []):
+        verdict = "[green]passed[/green]" if check["passed"] else "[bold red]FAILED[/bold red]"
+        console.print(f"known-answer check of {check['path']} (transformers {check['transformers']}): {verdict}")
+        for detail in check["details"]:
+            console.print(f"  {detail}")
     works = ", ".join(report["works_here"])
     if report["neuron_device_present"]:
         console.print(f"[green]works here:[/green] {works}, with platform.backend neuron or torch")

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, LlamaForCausalLM
 
+from neuron_ssp.backends.torch import dtype_kwarg
 from transformers_neuronx import _standin
 
 
@@ -22,4 +23,6 @@ class PretrainedModel(torch.nn.Module):
         return model
 
     def load_state_dict_dir(self, pretrained_model_path):
-        self.chkpt_model = LlamaForCausalLM.from_pretrained(str(pretrained_model_path), dtype=torch.float32).eval()
+        self.chkpt_model = LlamaForCausalLM.from_pretrained(
+            str(pretrained_model_path), **{dtype_kwarg(): torch.float32}
+        ).eval()
