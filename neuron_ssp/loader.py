@@ -100,7 +100,7 @@ def load_pipeline(config: Config) -> Pipeline:
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)  # fail fast
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
-        from neuron_ssp.backends.neuron import load_neuron_backends
+        from neuron_ssp.backends.neuron.load import load_neuron_backends
         from neuron_ssp.topology import plan_deployment
 
         target, draft = load_neuron_backends(config, plan_deployment(config))
@@ -116,7 +116,7 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
                     rng: torch.Generator) -> Generator:
     """Our loop by default; transformers-neuronx's own loop with `engine: library` (Neuron only)."""
     if config.speculation.engine == "library":
-        from neuron_ssp.backends.neuron_library import LibraryEngine
+        from neuron_ssp.backends.neuron.library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
     return SpeculativeGenerator(target, build_drafter(config, target, draft), acceptor,

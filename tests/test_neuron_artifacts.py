@@ -9,9 +9,9 @@ from types import ModuleType
 import pytest
 from neuron_support import neuron_config
 
-from neuron_ssp.backends.neuron import load_neuron_backends
-from neuron_ssp.backends.neuron_artifacts import MANIFEST, ArtifactStore, artifact_spec
-from neuron_ssp.backends.neuron_compile import compile_models
+from neuron_ssp.backends.neuron.load import load_neuron_backends
+from neuron_ssp.backends.neuron.artifacts import MANIFEST, ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.compile import compile_models
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import plan_deployment
 
@@ -125,7 +125,7 @@ def test_an_s3_store_uploads_and_downloads(
         keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="neff-bucket")["Contents"]]
         assert results[0].location.startswith("s3://neff-bucket/compiled/")
         assert any(key.endswith(MANIFEST) for key in keys) and len(keys) >= 4
-        monkeypatch.setattr("neuron_ssp.backends.neuron_artifacts.LOCAL_CACHE", tmp_path / "fresh-cache")
+        monkeypatch.setattr("neuron_ssp.backends.neuron.artifacts.LOCAL_CACHE", tmp_path / "fresh-cache")
         neuronx.RUNTIME.events.clear()
         load_neuron_backends(config, plan_deployment(config))
     assert ("tiny-target", "load_compiled_artifacts") in lifecycle(neuronx)

@@ -51,7 +51,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     match; otherwise it compiles again. neuronx-cc also keeps its own cache of compiled graphs in
     NEURON_COMPILE_CACHE_URL (default /var/tmp/neuron-compile-cache; s3:// works too).
     """
-    from neuron_ssp.backends.neuron_compile import Compiler
+    from neuron_ssp.backends.neuron.compile import Compiler
 
     config = load_config(config_path, {"neuron.compiled_dir": out})
     ks = parse_ks(ks_text, config.speculation.k)
@@ -155,7 +155,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
 
 
 def _library_status() -> dict[str, Any]:
-    from neuron_ssp.backends.neuronx_api import load_neuronx
+    from neuron_ssp.backends.neuron.api import load_neuronx
 
     try:
         api = load_neuronx()

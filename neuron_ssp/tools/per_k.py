@@ -81,7 +81,7 @@ def prepare_compiled(config: Config) -> tuple[float, str]:
     if not config.neuron.compiled_dir:
         return 0.0, ("compiled at load: set neuron.compiled_dir and run `neuron-ssp compile CONFIG --k 2..10` "
                      "once to reuse compiled models")
-    from neuron_ssp.backends.neuron_compile import compile_models
+    from neuron_ssp.backends.neuron.compile import compile_models
     from neuron_ssp.topology import plan_deployment
 
     results = compile_models(config, plan_deployment(config), [config.speculation.k])
