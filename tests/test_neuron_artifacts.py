@@ -9,9 +9,9 @@ from types import ModuleType
 import pytest
 from neuron_support import neuron_config
 
-from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.neuron.artifacts import MANIFEST, ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.compile import compile_models
+from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import plan_deployment
 

@@ -10,9 +10,9 @@ import torch
 from neuron_support import neuron_config, prompt
 
 from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
-from neuron_ssp.backends.neuron.load import load_neuron_backends
-from neuron_ssp.backends.neuron.library import LibraryEngine, adapt_acceptor
 from neuron_ssp.backends.neuron.api import load_neuronx
+from neuron_ssp.backends.neuron.library import LibraryEngine, adapt_acceptor
+from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.generator import plain_generate, sampling_params
 from neuron_ssp.stats import GenerationStats

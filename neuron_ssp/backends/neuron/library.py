@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError

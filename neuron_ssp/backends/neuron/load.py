@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
-from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
