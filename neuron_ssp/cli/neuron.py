@@ -80,7 +80,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
                 [
                     {
                         "role": r.job.role,
-                        "k": r.job.speculation_length,
+                        "k": list(r.job.speculation_lengths or []) or None,
                         "seconds": r.seconds,
                         "reused": r.reused,
                         "location": r.location,
