@@ -114,11 +114,16 @@ def load_pipeline(config: Config) -> Pipeline:
 
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, acceptor: TokenAcceptor,
                     rng: torch.Generator) -> Generator:
-    """Our loop by default; transformers-neuronx's own loop with `engine: library` (Neuron only)."""
+    """Our loop by default; transformers-neuronx's own loop with `engine: library`, its on-device
+    FusedSpeculativeDecoder with `engine: fused` (Neuron only)."""
     if config.speculation.engine == "library":
         from neuron_ssp.backends.neuron.library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
+    if config.speculation.engine == "fused":  # validate_config refused what the fused decoder cannot do
+        from neuron_ssp.backends.neuron.fused import FusedEngine
+
+        return FusedEngine.build(config, target, draft)
     return SpeculativeGenerator(target, build_drafter(config, target, draft), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 

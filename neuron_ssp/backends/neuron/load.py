@@ -28,9 +28,11 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 
 
-def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[NeuronBackend, NeuronBackend | None]:
+def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
     """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'."""
     api = prepare_runtime(config, plan)
+    if config.speculation.engine == "fused":
+        return load_on_device_backends(api, config, plan)
     store = ArtifactStore(config.neuron.compiled_dir) if config.neuron.compiled_dir else None
     backends: dict[str, NeuronBackend] = {}
     for role in plan.load_order:
@@ -49,6 +51,21 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[NeuronBa
         backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k, windows)
     if config.neuron.self_test:
         check_self_test(run_self_test(backends["target"], api.version), config.neuron.self_test_min_agreement)
+    return backends["target"], backends.get("draft")
+
+
+def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
+    """engine fused: both models with on-device embedding and generation, no speculation network of their
+    own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
+    in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
+    from neuron_ssp.backends.neuron.fused import OnDeviceBackend, on_device_neuron_config
+
+    backends = {}
+    for role in plan.load_order:
+        model_cfg = model_config(config, role)
+        model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
+        model = build_model(api, model_dir, model_cfg, None, None, on_device_neuron_config(config, model_dir))
+        backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
     return backends["target"], backends.get("draft")
 
 
@@ -94,9 +111,11 @@ def build_model(
     model_cfg: ModelConfig,
     speculation_lengths: list[int] | None,
     artifacts: Path | None,
+    neuron_config: Any = None,
 ) -> Any:
     """One LlamaForSampling on the device: compiled now, or loaded from `artifacts` when given."""
-    model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg))
+    extra = {} if neuron_config is None else {"neuron_config": neuron_config}
+    model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg), **extra)
     if speculation_lengths:
         api.enable_speculation(model, speculation_lengths)
     if artifacts is not None:
