@@ -51,7 +51,8 @@ def tune_k_table(result: TuneKResult, title: str, show_setup: bool, wide: bool =
     for r in result.rows:
         call = f"{cost.at(r.k):.1f}" if cost else "-"
         cells = [str(r.k), f"{r.alpha:.2f}", f"{r.mean_accepted_length:.2f}", f"{r.ms_per_token:.1f}", call,
-                 _x(r.speedup_measured), _x(r.speedup_width_model), f"{100 * r.width_model_gap:+.0f}%"]
+                 _x(r.speedup_measured), _x(r.speedup_width_model or None),
+                 f"{100 * r.width_model_gap:+.0f}%" if r.speedup_width_model else "-"]
         if wide:
             cells += [_positions(r.per_position_acceptance), f"{r.full_draft_fraction:.2f}", f"{r.c:.4f}",
                       f"{r.plain_ms_per_token:.1f}", _x(r.speedup_predicted), f"{100 * r.prediction_gap:+.0f}%",
