@@ -153,7 +153,7 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     best = result.recommended_k
     console.print(f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
                   "wins). τ = tokens per target call; call ms = one k-wide target call, timed once per width; "
-                  "width model = τ·t(1) / (E[t(width)] + c·E[drafted]·t(1)); gap = measured/width model - 1. "
+                  "width model = τ·t(1) / (E\\[t(width)] + c·E\\[drafted]·t(1)); gap = measured/width model - 1. "
                   "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call).")
     if neuron:
         for row in result.rows:

@@ -3,8 +3,9 @@
 Per prompt, plain decoding runs once and speculative sampling once per k, back to back and in an order
 that rotates from prompt to prompt, so machine noise hits plain and speculative runs alike (on Neuron
 one loaded target holds every compiled k). Each row aggregates all prompts (ratios of sums). Before
-the runs, the target's call cost per window width is timed once (width_cost.py): it predicts each
-k's speedup from the measured acceptance, which the Leviathan model with c ≈ 0 does not on a CPU.
+the runs of each prompt, the target's call cost per window width is timed (a few calls per width,
+width_cost.py); with the measured acceptance it predicts each k's speedup, which the Leviathan model
+with c ≈ 0 does not on a CPU.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from neuron_ssp.tools.leviathan import (
 )
 from neuron_ssp.tools.per_k import KGroup, KSetup
 from neuron_ssp.tools.prompt_set import BenchPrompt
-from neuron_ssp.tools.width_cost import WidthCost, measure_width_cost, predicted_speedup_for_widths
+from neuron_ssp.tools.width_cost import WidthCost, WidthTimer, predicted_speedup_for_widths
 
 # Measured speedups closer than this to the best one are within noise on a shared machine: the smaller
 # window wins (less draft work wasted, and on Neuron a smaller compiled target).
 RECOMMEND_TOLERANCE = 0.02
 WARMUP_TOKENS = 8
 PLAIN = 0  # the key of plain decoding among the windows (a window is >= 2)
+WIDTH_ROUNDS_PER_PROMPT = 3  # timed target calls per width after each prompt's runs (width_cost.py)
 
 StepCallback = Callable[[str], None]
 
@@ -85,23 +87,26 @@ def tune_k(groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens:
     plain_runs: dict[int, list[GenerationStats]] = {}
     ssp_runs: dict[int, list[GenerationStats]] = {}
     setups: dict[int, KSetup] = {}
-    cost: WidthCost | None = None
+    timer: WidthTimer | None = None
     padded = False  # Neuron: every call scores the compiled k, however few tokens were drafted
     for group in groups:
         setups.update(group.setups)
         _warm_up(group, prompts[0])
-        if cost is None:
+        if timer is None:
             padded = group.pipeline.target.max_score_width is not None
-            cost = measure_width_cost(group.pipeline.target, group.pipeline.encode(prompts[0].text),
-                                      sorted(group.generators))
+            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
+            timer.round(group.pipeline.encode(prompts[0].text))  # warm-up round, not counted
+            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
         for turn, prompt in enumerate(prompts):
             runs = _measure(group, prompt, max_new_tokens, turn)
+            timer.round(group.pipeline.encode(prompt.text), WIDTH_ROUNDS_PER_PROMPT)
             for k in group.generators:
                 plain_runs.setdefault(k, []).append(runs[PLAIN])
                 ssp_runs.setdefault(k, []).append(runs[k])
                 if on_step:
                     on_step(f"k={k} · {prompt.category}")
         del group  # on Neuron: release this k's compiled target before the next one loads
+    cost = timer.cost() if timer else None
     rows = [k_row(k, plain_runs[k], ssp_runs[k], setups[k], cost, padded) for k in sorted(ssp_runs)]
     return TuneKResult(rows, len(prompts), max_new_tokens, cost)
 

@@ -44,24 +44,42 @@ def _scorer(target: ModelBackend, width: int) -> ModelBackend:
     return with_window(width) if with_window is not None and width > 1 else target
 
 
-@torch.inference_mode()
+class WidthTimer:
+    """Collects timed target calls per width in rounds; tune-k runs a round after each prompt's runs, so
+    the timings see the same machine load as the runs they predict (a shared CPU drifts a lot)."""
+
+    def __init__(self, target: ModelBackend, widths: list[int]):
+        self.widths = sorted({1, *widths})
+        self.scorers = {w: _scorer(target, w) for w in self.widths}
+        self.target = target
+        self.samples: dict[int, list[float]] = {w: [] for w in self.widths}
+        self.rounds = 0
+
+    @torch.inference_mode()
+    def round(self, prompt_ids: torch.Tensor, repeats: int = 1) -> None:
+        """Each width once per repeat, at the slot after the prompt, in an order that rotates per round."""
+        start = prompt_ids.shape[0]
+        tokens = prompt_ids[-1:].repeat(max(self.widths))
+        self.target.prefill(prompt_ids)
+        for _ in range(repeats):
+            shift = self.rounds % len(self.widths)
+            for w in self.widths[shift:] + self.widths[:shift]:
+                begin = time.perf_counter()
+                self.scorers[w].score(tokens[:w], start)
+                self.samples[w].append(1000.0 * (time.perf_counter() - begin))
+            self.rounds += 1
+
+    def cost(self) -> WidthCost:
+        return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s})
+
+
 def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: list[int],
                        rounds: int = ROUNDS) -> WidthCost:
-    """Median ms of one target call per width, at the cache position right after the prompt."""
-    widths = sorted({1, *widths})
-    start = prompt_ids.shape[0]
-    tokens = prompt_ids[-1:].repeat(max(widths))
-    scorers = {w: _scorer(target, w) for w in widths}
-    target.prefill(prompt_ids)
-    samples: dict[int, list[float]] = {w: [] for w in widths}
-    for turn in range(rounds + 1):  # round 0 warms each width up and is not counted
-        order = widths[turn % len(widths):] + widths[:turn % len(widths)]
-        for w in order:
-            begin = time.perf_counter()
-            scorers[w].score(tokens[:w], start)
-            if turn:
-                samples[w].append(1000.0 * (time.perf_counter() - begin))
-    return WidthCost({w: statistics.median(s) for w, s in samples.items()})
+    """Median ms of one target call per width after one uncounted warm-up round."""
+    WidthTimer(target, widths).round(prompt_ids)  # warm-up: first calls pay one-off costs
+    timer = WidthTimer(target, widths)
+    timer.round(prompt_ids, rounds)
+    return timer.cost()
 
 
 def predicted_speedup_for_widths(tokens_per_call: float, c: float, draft_lengths: Mapping[int, int],
