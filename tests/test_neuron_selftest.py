@@ -70,3 +70,8 @@ def test_high_but_inexact_agreement_warns_about_bf16_near_ties() -> None:
         check_self_test(result, 0.9)
     with pytest.raises(RuntimeProblem):
         check_self_test(result, 1.0)
+
+
+def test_no_room_for_a_window_is_a_warning_not_a_failure() -> None:
+    with pytest.warns(UserWarning, match="skipped"):
+        check_self_test(SelfTestResult(12, "0.13.322", []), 0.9)

@@ -90,6 +90,10 @@ def run_self_test(target: NeuronBackend, library_version: str) -> SelfTestResult
 
 def check_self_test(result: SelfTestResult, min_agreement: float) -> None:
     """RuntimeProblem below `min_agreement`; a warning when agreement is high but not exact."""
+    if not result.positions:
+        warnings.warn(f"Neuron self-test skipped: n_positions leaves no room for a k={result.k} window after "
+                      f"the {PROMPT_TOKENS}-token prompt", stacklevel=2)
+        return
     overall = result.agreement() or 0.0
     below, above = result.agreement(0, BUCKET_EDGE), result.agreement(BUCKET_EDGE)
     where = f"below slot 64: {_percent(below)}, from slot 64: {_percent(above)}"
