@@ -61,6 +61,15 @@ class Compiler:
     """Checks everything before the first compile (so errors come before a progress bar), then runs jobs."""
 
     def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
+        if config.speculation.engine == "fused":
+            raise UsageError(
+                Problem(
+                    "speculation.engine",
+                    "fused",
+                    "the fused decoder compiles its own graph at every load; save() does not keep it",
+                    "load the config directly (generate, serve), or compile for engine native / library",
+                )
+            )
         if not config.neuron.compiled_dir:
             raise UsageError(
                 Problem(

@@ -11,6 +11,7 @@ picks the window at run time (`speculative_forward(..., speculation_length=k)`).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,8 @@ def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPla
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
     from neuron_ssp.backends.neuron.fused import OnDeviceBackend, on_device_neuron_config
 
+    if config.neuron.compiled_dir:
+        warnings.warn("engine fused compiles at every load: neuron.compiled_dir is not used", stacklevel=3)
     backends = {}
     for role in plan.load_order:
         model_cfg = model_config(config, role)
