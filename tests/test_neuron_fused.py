@@ -115,7 +115,9 @@ def test_what_the_fused_decoder_cannot_do_is_refused_with_field_rule_fix(
         validate_config(config).raise_if_invalid()
 
 
-def test_compile_refuses_the_fused_engine(neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+def test_compile_refuses_the_fused_engine(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
     from neuron_ssp.backends.neuron.compile import compile_models
 
     config = fused_config(tiny_model_dirs, neuron={"compiled_dir": str(tmp_path / "c")})

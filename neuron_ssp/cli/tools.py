@@ -152,8 +152,8 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     console.print(tune_k_table(result, title, show_setup=neuron, wide=wide))
     best = result.recommended_k
     console.print(f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
-                  "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed per width "
-                  "after each prompt's runs); "
+                  "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed "
+                  "per width after each prompt's runs); "
                   "width model = τ·t(1) / (E\\[t(width)] + c·E\\[drafted]·t(1)); gap = measured/width model - 1. "
                   "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call).")
     if neuron:
