@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.backends.neuronx_api import neuron_base_class
+from neuron_ssp.backends.neuron.api import neuron_base_class
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
 

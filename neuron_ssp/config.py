@@ -61,7 +61,8 @@ class SpeculationConfig(_Strict):
     confidence_threshold: float = Field(0.6, ge=0.0, le=1.0)  # target-confidence
     ngram_max: int = Field(3, ge=1, le=16)
     ngram_min: int = Field(1, ge=1, le=16)
-    engine: Literal["native", "library"] = "native"  # library: transformers-neuronx's own loop
+    # library: transformers-neuronx's SpeculativeGenerator loop; fused: its FusedSpeculativeDecoder (on device)
+    engine: Literal["native", "library", "fused"] = "native"
 
     @model_validator(mode="after")
     def _bounds(self) -> SpeculationConfig:
@@ -95,6 +96,9 @@ class NeuronSettings(_Strict):
 
     compiled_dir: str | None = None  # local dir or s3://bucket/prefix; None = compile at every load
     compile_cache_url: str | None = None  # sets NEURON_COMPILE_CACHE_URL (else /var/tmp/neuron-compile-cache)
+    # after load, before the first request: a k-wide window against k one-token calls (backends/neuron/selftest.py)
+    self_test: bool = True
+    self_test_min_agreement: float = Field(0.9, ge=0.0, le=1.0)  # argmax agreement below this fails the load
 
 
 class ServeConfig(_Strict):

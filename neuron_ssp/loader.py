@@ -145,7 +145,7 @@ def load_pipeline(config: Config) -> Pipeline:
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)  # fail fast
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
-        from neuron_ssp.backends.neuron import load_neuron_backends
+        from neuron_ssp.backends.neuron.load import load_neuron_backends
         from neuron_ssp.topology import plan_deployment
 
         target, draft = load_neuron_backends(config, plan_deployment(config))
@@ -159,11 +159,16 @@ def load_pipeline(config: Config) -> Pipeline:
 
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, acceptor: TokenAcceptor,
                     rng: torch.Generator) -> Generator:
-    """Our loop by default; transformers-neuronx's own loop with `engine: library` (Neuron only)."""
+    """Our loop by default; transformers-neuronx's own loop with `engine: library`, its on-device
+    FusedSpeculativeDecoder with `engine: fused` (Neuron only)."""
     if config.speculation.engine == "library":
-        from neuron_ssp.backends.neuron_library import LibraryEngine
+        from neuron_ssp.backends.neuron.library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
+    if config.speculation.engine == "fused":  # validate_config refused what the fused decoder cannot do
+        from neuron_ssp.backends.neuron.fused import FusedEngine
+
+        return FusedEngine.build(config, target, draft)
     return SpeculativeGenerator(target, build_drafter(config, target, draft), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 

@@ -40,7 +40,7 @@ def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str) -
     monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(dev / "neuron*"))
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_COMPILE_CACHE_URL"):
         _unset_env(monkeypatch, name)
-    monkeypatch.setattr("neuron_ssp.backends.neuron_artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")
+    monkeypatch.setattr("neuron_ssp.backends.neuron.artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")
     import transformers_neuronx._standin as standin
 
     standin.reset()

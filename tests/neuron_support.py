@@ -50,3 +50,17 @@ def neuron_config(target: Path, draft: Path | None = None, /, **sections: Any) -
 
 def prompt(length: int = 7, seed: int = 3) -> torch.Tensor:
     return torch.randint(3, VOCAB, (length,), generator=torch.Generator().manual_seed(seed))
+
+
+def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
+    """A fresh stand-in "process" with stand-in switches (env vars such as NEURONX_STANDIN_SNAPSHOT) set."""
+    import sys
+
+    for name, value in switches.items():
+        monkeypatch.setenv(name, value)
+    for name in [m for m in sys.modules if m.split(".")[0] == "transformers_neuronx"]:
+        del sys.modules[name]
+    import transformers_neuronx._standin as standin
+
+    standin.reset()
+    return standin

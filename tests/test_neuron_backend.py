@@ -13,8 +13,8 @@ from transformers import LlamaForCausalLM
 
 from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.backends.neuron import load_neuron_backends
-from neuron_ssp.backends.neuronx_api import SUPPORTED, load_neuronx
+from neuron_ssp.backends.neuron.api import SUPPORTED, load_neuronx
+from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.torch import dtype_kwarg
 from neuron_ssp.config import Config
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter

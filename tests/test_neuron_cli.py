@@ -104,13 +104,28 @@ def test_compile_prints_the_time_per_k(neuronx: ModuleType, tiny_model_dirs: dic
     result = CliRunner().invoke(main, ["compile", str(config), "--k", "2,4", "--out", str(out)])
     assert result.exit_code == 0, result.output
     for label in (
-        "target k=2: compiled in",
-        "target k=4: compiled in",
+        "target k=2,4: compiled in",  # one target holds both windows
         "draft (no speculation): compiled in",
     ):
         assert label in result.output
     again = CliRunner().invoke(main, ["compile", str(config), "--k", "2,4", "--out", str(out), "--json"])
     assert all(row["reused"] for row in json.loads(again.output[again.output.index("[") :]))
+
+
+def test_doctor_self_test_passes_and_catches_the_0623de2_capping(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neuron_support import reimport_standin
+
+    config = _write_config(tmp_path, tiny_model_dirs)
+    passed = CliRunner().invoke(main, ["doctor", "--self-test", str(config), "--json"])
+    assert passed.exit_code == 0, passed.output
+    report = json.loads(passed.output[passed.output.index("{\n") :])
+    assert report["argmax_agreement"] == 1.0 and report["argmax_agreement_from_64"] == 1.0
+    reimport_standin(monkeypatch, NEURONX_STANDIN_SNAPSHOT="0623de2")
+    failed = CliRunner().invoke(main, ["doctor", "--self-test", str(config)])
+    assert failed.exit_code != 0
+    assert "neuron.self_test" in failed.output and "0623de2" in " ".join(failed.output.split())
 
 
 def _write_config(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> Path:

@@ -10,9 +10,9 @@ import torch
 from neuron_support import neuron_config, prompt
 
 from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
-from neuron_ssp.backends.neuron import load_neuron_backends
-from neuron_ssp.backends.neuron_library import LibraryEngine, adapt_acceptor
-from neuron_ssp.backends.neuronx_api import load_neuronx
+from neuron_ssp.backends.neuron.api import load_neuronx
+from neuron_ssp.backends.neuron.library import LibraryEngine, adapt_acceptor
+from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.generator import plain_generate, sampling_params
 from neuron_ssp.stats import GenerationStats
@@ -50,6 +50,34 @@ def test_library_loop_stops_at_eos(neuronx: ModuleType, tiny_model_dirs: dict[st
     eos = plain[5]
     result = engine.generate(ids, 24, eos_token_ids={eos})
     assert result.tokens == plain[: plain.index(eos) + 1]
+
+
+def test_every_eos_of_the_model_stops_the_library_loop(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    """The library takes one eos_token_id; a second EOS (Llama-3 has several) must stop its loop too."""
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"})
+    engine, target = engine_for(config, GreedyAcceptor())
+    ids = prompt(7)
+    plain = plain_generate(target, ids, 24, config.sampling).tokens
+    other_eos = plain[5]
+    assert target.model.config.eos_token_id == 2 and other_eos != 2
+    neuronx.RUNTIME.events.clear()
+    result = engine.generate(ids, 24, eos_token_ids={2, other_eos})
+    assert result.tokens == plain[: plain.index(other_eos) + 1]  # the real id, not the one the library saw
+    windows = [d["cache_ids"] for _, c, d in neuronx.RUNTIME.events if c == "speculative_forward"]
+    assert max(slot for w in windows for slot in w) < len(ids) + 12  # stopped near the EOS, not at 24 tokens
+
+
+def test_the_older_library_warns_that_it_finishes_greedily(
+    neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
+                           sampling={"temperature": 0.9})
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    rng = torch.Generator()
+    with pytest.warns(UserWarning) as caught:
+        LibraryEngine.from_config(config, target, draft, ProbabilisticAcceptor(sampling_params(config.sampling), rng))
+    greedy_tail = any("last <= k tokens greedily" in str(w.message) for w in caught)
+    assert greedy_tail == (neuronx_any.API == "sdk_2_18")
 
 
 def test_library_loop_samples_with_our_probabilistic_acceptor(
@@ -128,3 +156,27 @@ def test_the_library_engine_needs_the_neuron_backend(tiny_model_dirs: dict[str, 
     )
     with pytest.raises(UsageError, match="Neuron models only"):
         LibraryEngine.from_config(config, None, None, GreedyAcceptor())  # type: ignore[arg-type]
+
+
+def test_validate_warns_when_token_zero_is_an_ordinary_token(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from neuron_ssp.topology import validate_config
+
+    def warnings_for(target_dir: Path, engine: str) -> list[str]:
+        config = neuron_config(target_dir, tiny_model_dirs["draft"], speculation={"engine": engine})
+        return [p.fix for p in validate_config(config).warnings if p.field == "speculation.engine"]
+
+    ordinary = tmp_path / "llama3-like"
+    shutil.copytree(tiny_model_dirs["target"], ordinary)
+    (ordinary / "tokenizer.json").write_text(json.dumps(
+        {"added_tokens": [{"id": 95, "content": "<|eot_id|>", "special": True}],
+         "model": {"vocab": {"!": 0, "a": 1}}}))
+    special = tmp_path / "llama2-like"
+    shutil.copytree(tiny_model_dirs["target"], special)
+    (special / "tokenizer.json").write_text(json.dumps(
+        {"added_tokens": [{"id": 0, "content": "<unk>", "special": True}], "model": {"vocab": {"<unk>": 0}}}))
+    (fix,) = warnings_for(ordinary, "library")
+    assert "native" in fix and "fused" in fix
+    assert warnings_for(ordinary, "native") == [] and warnings_for(special, "library") == []

@@ -13,7 +13,7 @@ import pytest
 import torch
 from neuron_support import STANDIN, VOCAB
 
-from neuron_ssp.backends.neuronx_api import neuron_base_class
+from neuron_ssp.backends.neuron.api import neuron_base_class
 
 SIGNATURES = json.loads((STANDIN / "neuronx_signatures.json").read_text())
 HOME = {
@@ -25,6 +25,9 @@ HOME = {
     "DraftProvider": "transformers_neuronx.speculation",
     "DraftModelForSpeculation": "transformers_neuronx.speculation",
     "SpeculativeGenerator": "transformers_neuronx.speculation",
+    "FusedSpeculativeDecoder": "transformers_neuronx.fused_speculation",
+    "NeuronConfig": "transformers_neuronx.config",
+    "GenerationConfig": "transformers_neuronx.config",
 }
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -52,7 +55,9 @@ def test_the_package_never_sees_the_standin_without_the_fixture() -> None:
 
 
 def test_signatures_match_the_real_library(neuronx_any: ModuleType) -> None:
-    expected = SIGNATURES[neuronx_any.API]
+    expected = dict(SIGNATURES[neuronx_any.API])
+    if neuronx_any.API == "sdk_2_21":
+        expected.update(SIGNATURES["sdk_2_21_fused"])
     for qualified, params in expected.items():
         normalised = [
             {**p, "default": p.get("default")}
@@ -64,10 +69,24 @@ def test_signatures_match_the_real_library(neuronx_any: ModuleType) -> None:
 
 
 def test_the_copy_of_the_signatures_matches_shared() -> None:
+    """Ours holds everything shared/ holds, unchanged; it adds the fused decoder's classes (1ade6d74)."""
     shared = Path(__file__).resolve().parents[2] / "shared" / "neuronx_signatures.json"
     if not shared.is_file():
         pytest.skip("no shared/ beside the repository")
-    assert json.loads(shared.read_text()) == SIGNATURES
+    for key, value in json.loads(shared.read_text()).items():
+        if isinstance(value, dict):
+            assert {name: SIGNATURES[key][name] for name in value} == value, key
+        else:
+            assert SIGNATURES[key] == value, key
+
+
+def test_the_older_generation_has_no_fused_decoder(neuronx_any: ModuleType) -> None:
+    found = importlib.util.find_spec("transformers_neuronx.fused_speculation") is not None
+    if neuronx_any.API == "sdk_2_21":
+        assert found
+        return
+    with pytest.raises(ImportError):
+        importlib.import_module("transformers_neuronx.fused_speculation")
 
 
 def test_output_shapes(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:

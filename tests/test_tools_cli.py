@@ -19,7 +19,8 @@ from neuron_ssp.config import Config
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
 
-ROW_KEYS = {"k", "alpha", "c", "mean_accepted_length", "speedup_measured", "speedup_predicted"}
+ROW_KEYS = {"k", "alpha", "c", "mean_accepted_length", "speedup_measured", "speedup_predicted", "speedup_width_model",
+            "speedup_leviathan"}
 CATEGORY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "hf_prompt_lookup_speedup",
                  "mean_accepted_length", "acceptance_rate", "outputs_equal"}
 
@@ -50,7 +51,8 @@ def test_tune_k_json_plot_and_write(tiny_model, prompts, tmp_path):
                  "--json", "--plot", str(plot), "--write", str(config))
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"recommended_k", "rows"} and data["recommended_k"] in (2, 3)
+    assert set(data) == {"recommended_k", "rows", "call_ms_by_width"} and data["recommended_k"] in (2, 3)
+    assert set(data["call_ms_by_width"]) == {"1", "2", "3"}
     assert [row["k"] for row in data["rows"]] == [2, 3] and all(set(row) == ROW_KEYS for row in data["rows"])
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert config.read_text() == f"# keep me\nspeculation:\n  k: {data['recommended_k']}  # window\n"
@@ -59,7 +61,7 @@ def test_tune_k_json_plot_and_write(tiny_model, prompts, tmp_path):
 def test_tune_k_table(tiny_model, prompts):
     result = run("tune-k", "--k", "2,4", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")
     assert result.exit_code == 0, result.output
-    assert "recommended k =" in result.output and "predicted" in result.output
+    assert "recommended k =" in result.output and "width model" in result.output
 
 
 def test_bench_json_has_the_documented_shape(tiny_model, prompts, tmp_path):
@@ -130,9 +132,12 @@ def test_tune_k_on_neuron_reuses_compiled_targets(neuronx: ModuleType, tiny_mode
     args = ["tune-k", "--config", str(config), "--k", "2,3", "--prompts", prompts, "--nb-prompts", "1"]
     first = run(*args)
     assert first.exit_code == 0, first.output
-    assert "k=2: compiled in" in first.output and "k=3: compiled in" in first.output
-    again = run(*args)
-    assert "k=2: reused compiled models" in again.output and "k=3: reused compiled models" in again.output
+    flat = " ".join(first.output.split())
+    assert "k=2: compiled k=[2, 3] into one target" in flat and "k=3: compiled k=[2, 3] into one target" in flat
+    loads = [m for m, c, _ in neuronx.RUNTIME.events if c == "from_pretrained"]
+    assert len(loads) == 2  # the target (ngram drafter: no draft model): one compile, one load for both k
+    again = " ".join(run(*args).output.split())
+    assert "k=2: reused the target compiled for k=[2, 3]" in again
 
 
 def test_tune_k_on_neuron_without_the_library_says_what_to_install(tiny_model_dirs, tmp_path):

@@ -98,3 +98,40 @@ def test_flow_style_is_rewritten_and_a_missing_file_created(tmp_path):
     new = tmp_path / "new.yaml"
     assert write_k(new, 3, tiny_config()) == "created"
     assert load_config(new).speculation.k == 3
+
+
+def test_width_model_prices_each_call_by_the_width_it_scored():
+    from neuron_ssp.tools.width_cost import WidthCost, predicted_speedup_for_widths
+
+    cost = WidthCost({1: 10.0, 2: 12.0, 3: 15.0})
+    # half the calls drafted 2 (width 3), half drafted 0 (width 1); τ = 2; c = 0
+    torch_like = predicted_speedup_for_widths(2.0, 0.0, {2: 5, 0: 5}, cost, padded_width=None)
+    assert torch_like == pytest.approx(2.0 * 10.0 / ((15.0 + 10.0) / 2))
+    neuron_like = predicted_speedup_for_widths(2.0, 0.0, {2: 5, 0: 5}, cost, padded_width=3)  # always k wide
+    assert neuron_like == pytest.approx(2.0 * 10.0 / 15.0)
+    with_draft = predicted_speedup_for_widths(2.0, 0.1, {2: 10}, cost, padded_width=None)
+    assert with_draft == pytest.approx(2.0 * 10.0 / (15.0 + 0.1 * 2 * 10.0))
+
+
+def test_tune_k_measures_the_call_cost_per_width_once():
+    result = tune_k(shared_target_groups(tiny_pipeline(), [2, 4]), PROMPTS[:1], 8)
+    assert result.width_cost is not None and sorted(result.width_cost.ms) == [1, 2, 4]
+    assert all(row.speedup_width_model > 0 for row in result.rows)
+
+
+def test_the_default_table_fits_80_columns():
+    from rich.console import Console
+
+    from neuron_ssp.cli.tools_report import tune_k_table
+    from neuron_ssp.tools.width_cost import WidthCost
+
+    result = TuneKResult([_row(k, 1.0 + k / 10) for k in range(2, 11)], 4, 128,
+                         WidthCost({w: 30.0 + w for w in range(1, 11)}))
+    console = Console(width=80, record=True)
+    console.print(tune_k_table(result, "tune-k over 4 prompts", show_setup=False))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert all("…" not in line for line in lines)  # nothing cut
+    wide = Console(width=250, record=True)
+    wide.print(tune_k_table(result, "t", show_setup=True, wide=True))
+    assert "Leviathan" in wide.export_text()

@@ -52,7 +52,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     match; otherwise it compiles again. neuronx-cc also keeps its own cache of compiled graphs in
     NEURON_COMPILE_CACHE_URL (default /var/tmp/neuron-compile-cache; s3:// works too).
     """
-    from neuron_ssp.backends.neuron_compile import Compiler
+    from neuron_ssp.backends.neuron.compile import Compiler
 
     config = load_config(config_path, {"neuron.compiled_dir": out})
     ks = parse_ks(ks_text, config.speculation.k)
@@ -81,7 +81,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
                 [
                     {
                         "role": r.job.role,
-                        "k": r.job.speculation_length,
+                        "k": list(r.job.speculation_lengths or []) or None,
                         "seconds": r.seconds,
                         "reused": r.reused,
                         "location": r.location,
@@ -121,14 +121,24 @@ def parse_ks(text: str | None, default: int) -> list[int]:
     show_default=True,
     help="Directory of YAML configs to check against this instance.",
 )
+@click.option(
+    "--self-test",
+    "self_test_config",
+    metavar="CONFIG",
+    type=click.Path(path_type=Path),
+    help="Load CONFIG's target and check its k-wide window against one-token calls (positions below and "
+    "above 64); exit 1 when they disagree. Needs a Neuron device.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--check-model", "check_models", multiple=True, metavar="PATH",
               help="Also run the known-answer check on this model (a local HF directory or embedded:NAME): "
               "loads it on CPU and checks its loss on a reference sentence. Exit 1 if it fails.")
 @click.pass_context
-def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, as_json: bool,
-           check_models: tuple[str, ...]) -> None:
+def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, self_test_config: Path | None,
+           as_json: bool, check_models: tuple[str, ...]) -> None:
     """What this machine offers for Neuron: devices, packages, venv, compile cache, configs that fit."""
+    if self_test_config is not None:
+        ctx.exit(run_doctor_self_test(self_test_config, as_json))
     report = doctor_report(instance_type, configs_dir, _commands_without_neuron(ctx))
     if check_models:
         from neuron_ssp.model_check import check_model
@@ -140,6 +150,36 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, as_
         print_doctor(Console(), report)
     if not all(check["passed"] for check in report.get("model_checks", [])):
         ctx.exit(1)
+
+
+def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
+    """`doctor --self-test CONFIG`: the load-time self-test on its own, with its per-position figures."""
+    from neuron_ssp.backends.neuron.api import load_neuronx
+    from neuron_ssp.backends.neuron.load import load_neuron_backends
+    from neuron_ssp.backends.neuron.selftest import BUCKET_EDGE, check_self_test, run_self_test
+
+    config = load_config(config_path)
+    neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
+    speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
+    target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
+    target, _ = load_neuron_backends(target_only, plan_deployment(target_only))
+    result = run_self_test(target, load_neuronx().version)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        console = Console()
+        console.print(
+            f"self-test, transformers-neuronx {result.library_version}, k={result.k}: argmax agreement "
+            f"{result.agreement():.1%} (below slot {BUCKET_EDGE}: {result.agreement(0, BUCKET_EDGE) or 0:.1%}, "
+            f"from slot {BUCKET_EDGE}: {result.agreement(BUCKET_EDGE) or 0:.1%}), max |logit diff| "
+            f"{result.max_abs_diff:.3g}"
+        )
+        table = Table("slot", "max |logit diff|", "argmax", title="per cache position", title_justify="left")
+        for row in result.positions:
+            table.add_row(str(row.position), f"{row.max_abs_diff:.3g}", "same" if row.argmax_agrees else "[red]differs")
+        console.print(table)
+    check_self_test(result, config.neuron.self_test_min_agreement)
+    return 0
 
 
 def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands: list[str]) -> dict[str, Any]:
@@ -166,7 +206,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
 
 
 def _library_status() -> dict[str, Any]:
-    from neuron_ssp.backends.neuronx_api import load_neuronx
+    from neuron_ssp.backends.neuron.api import load_neuronx
 
     try:
         api = load_neuronx()

@@ -99,15 +99,17 @@ def _device(config: Config) -> str:
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedup and α vs k to this PNG.")
 @click.option("--write", "write_path", type=click.Path(path_type=Path),
               help="Write the recommended k into this YAML config (comments kept).")
+@click.option("--wide", is_flag=True, help="All columns (per-position acceptance, c, Leviathan); default fits 80.")
 @_threads_option
 @_without_k_flag
 @with_config
 def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, plot_path: Path | None,
-           write_path: Path | None, threads: int | None, as_json: bool) -> None:
+           write_path: Path | None, wide: bool, threads: int | None, as_json: bool) -> None:
     """Measure α, c and the speedup for each k, next to the Leviathan model's prediction; recommend k.
 
-    On a Neuron config every k is its own compiled target: run `neuron-ssp compile CONFIG --k 2..10`
-    first (with neuron.compiled_dir set) and tune-k reuses those models.
+    The target's call cost per window width is timed once; "width model" predicts each k's speedup
+    from it and the measured acceptance. On a Neuron config one compiled target holds every k: run
+    `neuron-ssp compile CONFIG --k 2..10` first (with neuron.compiled_dir set); tune-k loads it once.
     """
     from neuron_ssp.tools.per_k import compiled_target_groups, shared_target_groups, with_k
     from neuron_ssp.tools.tune_k import tune_k as run_tune_k
@@ -138,13 +140,13 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     if as_json:
         echo_json(tune_k_json(result))
         return
-    console.print(tune_k_table(result, title, show_setup=neuron))
+    console.print(tune_k_table(result, title, show_setup=neuron, wide=wide))
     best = result.recommended_k
     console.print(f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
-                  "wins). predicted = Leviathan model (i.i.d. acceptance α) over the measured draft lengths; gap = "
-                  "measured/predicted - 1: below 0 where a k-wide target call costs more than a one-token call "
-                  "(call ms) or the loop's own work shows, above 0 where drafts are accepted in runs (copied spans), "
-                  "which i.i.d. acceptance does not expect. docs/benchmarks.md explains both.")
+                  "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed "
+                  "per width after each prompt's runs); "
+                  "width model = τ·t(1) / (E\\[t(width)] + c·E\\[drafted]·t(1)); gap = measured/width model - 1. "
+                  "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call).")
     if neuron:
         for row in result.rows:
             console.print(f"k={row.k}: {row.setup.note}")

@@ -30,26 +30,35 @@ def tune_k_json(result: TuneKResult) -> dict[str, Any]:
     return {
         "recommended_k": result.recommended_k,
         "rows": [{"k": r.k, "alpha": r.alpha, "c": r.c, "mean_accepted_length": r.mean_accepted_length,
-                  "speedup_measured": r.speedup_measured, "speedup_predicted": r.speedup_predicted}
+                  "speedup_measured": r.speedup_measured, "speedup_predicted": r.speedup_predicted,
+                  "speedup_width_model": r.speedup_width_model, "speedup_leviathan": r.speedup_leviathan}
                  for r in result.rows],
+        "call_ms_by_width": result.width_cost.ms if result.width_cost else None,
     }
 
 
-def tune_k_table(result: TuneKResult, title: str, show_setup: bool) -> Table:
+def tune_k_table(result: TuneKResult, title: str, show_setup: bool, wide: bool = False) -> Table:
+    """Fits 80 columns by default (k, α, τ, ms/token, call ms, measured vs width-model speedup and gap);
+    `wide` adds per-position acceptance, full drafts, c, the Leviathan predictions and setup times."""
     table = Table(title=title, title_justify="left")
-    for name in ("k", "α", "acceptance per position", "full drafts", "c", "accepted len", "ms/token plain → SSp",
-                 "call ms plain → SSp", "speedup", "predicted", "gap", "Leviathan (full drafts)"):
+    names = ["k", "α", "τ", "ms/tok", "call ms", "speedup", "width model", "gap"]
+    if wide:
+        names += ["acceptance per position", "full drafts", "c", "plain ms/tok", "Leviathan (drafts)", "gap",
+                  "Leviathan (full)"]
+        names += ["compile / load s"] if show_setup else []
+    for name in names:
         table.add_column(name, justify="right")
-    if show_setup:
-        table.add_column("compile / load s", justify="right")
+    cost = result.width_cost
     for r in result.rows:
-        cells = [str(r.k), f"{r.alpha:.3f}", _positions(r.per_position_acceptance), f"{r.full_draft_fraction:.2f}",
-                 f"{r.c:.4f}", f"{r.mean_accepted_length:.2f}", f"{r.plain_ms_per_token:.1f} → {r.ms_per_token:.1f}",
-                 f"{r.plain_call_ms:.1f} → {r.ssp_call_ms:.1f}",
-                 _x(r.speedup_measured), _x(r.speedup_predicted), f"{100 * r.prediction_gap:+.0f}%",
-                 _x(r.speedup_leviathan)]
-        if show_setup:
-            cells.append(f"{r.setup.compile_s:.0f} / {r.setup.load_s:.0f}")
+        call = f"{cost.at(r.k):.1f}" if cost else "-"
+        cells = [str(r.k), f"{r.alpha:.2f}", f"{r.mean_accepted_length:.2f}", f"{r.ms_per_token:.1f}", call,
+                 _x(r.speedup_measured), _x(r.speedup_width_model or None),
+                 f"{100 * r.width_model_gap:+.0f}%" if r.speedup_width_model else "-"]
+        if wide:
+            cells += [_positions(r.per_position_acceptance), f"{r.full_draft_fraction:.2f}", f"{r.c:.4f}",
+                      f"{r.plain_ms_per_token:.1f}", _x(r.speedup_predicted), f"{100 * r.prediction_gap:+.0f}%",
+                      _x(r.speedup_leviathan)]
+            cells += [f"{r.setup.compile_s:.0f} / {r.setup.load_s:.0f}"] if show_setup else []
         table.add_row(*cells, style="bold green" if r.k == result.recommended_k else None)
     return table
 

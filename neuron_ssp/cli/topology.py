@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from neuron_ssp.cli.projection import print_projection
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import (
@@ -25,6 +26,7 @@ from neuron_ssp.topology import (
     validate_config,
 )
 from neuron_ssp.topology.memory import gib
+from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
 
 
 @click.command("validate")
@@ -59,10 +61,17 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool) -> No
 @click.option("--ms-per-token", type=click.FloatRange(min=0, min_open=True),
               help="Generation latency for the cost per million tokens (default: the published latency "
                    "of the target's plain decoding, where known; SSp divides it by its speedup).")
+@click.option("--engine", type=click.Choice(["native", "fused"]),
+              help="Also project ms/token and speedup for this engine from published latencies, α and k.")
+@click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
+              help="Acceptance rate assumed by --engine (tune-k measures it).")
+@click.option("--draft-ms-per-token", type=click.FloatRange(min=0, min_open=True),
+              help="The draft's plain ms/token for --engine, where none is published.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_instances: bool,
-         ms_per_token: float | None, as_json: bool) -> None:
+         ms_per_token: float | None, engine: str | None, alpha: float, draft_ms_per_token: float | None,
+         as_json: bool) -> None:
     """Device memory, NeuronCores, load order and cost of CONFIG's models on an instance.
 
     Exit code 0 when the config is valid there and the models fit, 1 otherwise.
@@ -77,14 +86,28 @@ def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_i
         ctx.exit(0 if any(_hosts(p) for p in plans) else 1)
     deployment = plan_deployment(config, instance_type, ms_per_token)
     report = validate_config(_on_neuron(config, deployment.instance.name))
+    projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token)
     if as_json:
-        click.echo(_json({**deployment.to_dict(), "validation": report.to_dict()}))
+        extra = {"projection": projection.to_dict()} if projection else {}
+        click.echo(_json({**deployment.to_dict(), "validation": report.to_dict(), **extra}))
     else:
         console = Console()
         _print_plan(console, deployment)
+        if projection is not None:
+            print_projection(console, projection)
         if report.errors or report.warnings:
             _print_report(console, str(config_path), report)
     ctx.exit(0 if report.ok and deployment.fits else 1)
+
+
+def _projection(config: Config, deployment: DeploymentPlan, engine: str | None, alpha: float,
+                target_ms: float | None, draft_ms: float | None) -> Projection | None:
+    if engine is None:
+        return None
+    draft = deployment.models.get("draft") if config.speculation.drafter == "model" else None
+    return project(engine, config.speculation.k, alpha, deployment.instance.name,
+                   deployment.models["target"].architecture.name, draft.architecture.name if draft else None,
+                   target_ms, draft_ms)
 
 
 def _validate_file(path: Path) -> ValidationReport:

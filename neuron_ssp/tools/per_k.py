@@ -1,14 +1,13 @@
 """A ready generator for each window k.
 
 On the torch backend one loaded target scores any width, so only the generator (drafter, acceptor,
-policy) is rebuilt per k and every k can be measured on the same prompt back to back. On Neuron the
-target is compiled for one k: each k needs its own compiled model (`neuron-ssp compile --k 2..10`
-makes them ahead of time; they are reused here) and its own load.
+policy) is rebuilt per k and every k can be measured on the same prompt back to back. On Neuron one
+compiled target holds a scoring network per k (`neuron-ssp compile --k 2..10`, or compiled here once):
+it is loaded once and each k's generator scores through `target.with_window(k)`.
 """
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import torch
 
 from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import Config
+from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import SpeculativeGenerator, sampling_params
 from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline
 from neuron_ssp.policies import build_policy
@@ -54,7 +54,9 @@ def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGener
     """A generator with `config`'s speculation and sampling settings on the pipeline's loaded models."""
     rng = torch.Generator()
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
-    return SpeculativeGenerator(pipeline.target, build_drafter(config, pipeline.target, pipeline.draft), acceptor,
+    with_window = getattr(pipeline.target, "with_window", None)  # Neuron: the network compiled for this k
+    target = with_window(config.speculation.k) if with_window is not None else pipeline.target
+    return SpeculativeGenerator(target, build_drafter(config, target, pipeline.draft), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 
@@ -64,28 +66,27 @@ def shared_target_groups(pipeline: Pipeline, ks: list[int]) -> Iterator[KGroup]:
 
 
 def compiled_target_groups(config: Config, ks: list[int]) -> Iterator[KGroup]:
-    """Neuron: per k, reuse (or make) the compiled target, load it, measure, release it."""
-    for k in ks:
-        config_k = with_k(config, k)
-        compile_s, note = prepare_compiled(config_k)
-        start = time.perf_counter()
-        pipeline = load_pipeline(config_k)
-        setup = KSetup(compile_s, time.perf_counter() - start, note)
-        yield KGroup(pipeline, {k: pipeline.generator}, {k: setup})
-        del pipeline  # the caller drops its group too: one compiled target on the device at a time
-        gc.collect()
+    """Neuron: one target compiled with every k (reused when `neuron-ssp compile` made it), loaded once."""
+    widest = with_k(config, max(ks))
+    compile_s, note = prepare_compiled(widest, ks)
+    start = time.perf_counter()
+    pipeline = load_pipeline(widest)
+    setup = KSetup(compile_s, time.perf_counter() - start, note)
+    yield KGroup(pipeline, {k: generator_for_k(pipeline, k) for k in ks}, {k: setup for k in ks})
 
 
-def prepare_compiled(config: Config) -> tuple[float, str]:
-    """Compile the target for this k unless `neuron-ssp compile` already did; (seconds, what happened)."""
+def prepare_compiled(config: Config, ks: list[int]) -> tuple[float, str]:
+    """Compile one target holding every k unless `neuron-ssp compile` already did; (seconds, what happened)."""
     if not config.neuron.compiled_dir:
-        return 0.0, ("compiled at load: set neuron.compiled_dir and run `neuron-ssp compile CONFIG --k 2..10` "
-                     "once to reuse compiled models")
-    from neuron_ssp.backends.neuron_compile import compile_models
+        raise UsageError(Problem(
+            "neuron.compiled_dir", None, "tune-k on Neuron compiles every k into one target and keeps it",
+            "set neuron.compiled_dir (a directory or s3://bucket/prefix), or run `neuron-ssp compile CONFIG "
+            f"--k {min(ks)}..{max(ks)} --out DIR` first"))
+    from neuron_ssp.backends.neuron.compile import compile_models
     from neuron_ssp.topology import plan_deployment
 
-    results = compile_models(config, plan_deployment(config), [config.speculation.k])
+    results = compile_models(config, plan_deployment(config), ks)
     seconds = sum(r.seconds for r in results if not r.reused)
     if all(r.reused for r in results):
-        return 0.0, f"reused compiled models in {config.neuron.compiled_dir}"
-    return seconds, f"compiled in {seconds:.0f} s, kept in {config.neuron.compiled_dir}"
+        return 0.0, f"reused the target compiled for k={ks} in {config.neuron.compiled_dir}"
+    return seconds, f"compiled k={ks} into one target in {seconds:.0f} s, kept in {config.neuron.compiled_dir}"

@@ -1,9 +1,11 @@
-"""Measure α, c and the speedup for each window k, next to what the Leviathan model predicts.
+"""Measure α, c and the speedup for each window k, next to what the width-cost and Leviathan models predict.
 
 Per prompt, plain decoding runs once and speculative sampling once per k, back to back and in an order
-that rotates from prompt to prompt (on Neuron, where each k is its own compiled model, plain runs again
-on each k's model), so machine noise hits plain and speculative runs alike. Each row aggregates all
-prompts (ratios of sums).
+that rotates from prompt to prompt, so machine noise hits plain and speculative runs alike (on Neuron
+one loaded target holds every compiled k). Each row aggregates all prompts (ratios of sums). Before
+the runs of each prompt, the target's call cost per window width is timed (a few calls per width,
+width_cost.py); with the measured acceptance it predicts each k's speedup, which the Leviathan model
+with c ≈ 0 does not on a CPU.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from neuron_ssp.tools.leviathan import (
 )
 from neuron_ssp.tools.per_k import KGroup, KSetup
 from neuron_ssp.tools.prompt_set import BenchPrompt
+from neuron_ssp.tools.width_cost import WidthCost, WidthTimer, predicted_speedup_for_widths
 
 # Measured speedups closer than this to the best one are within noise on a shared machine: the smaller
 # window wins (less draft work wasted, and on Neuron a smaller compiled target).
 RECOMMEND_TOLERANCE = 0.02
 WARMUP_TOKENS = 8
 PLAIN = 0  # the key of plain decoding among the windows (a window is >= 2)
+WIDTH_ROUNDS_PER_PROMPT = 3  # timed target calls per width after each prompt's runs (width_cost.py)
 
 StepCallback = Callable[[str], None]
 
@@ -50,7 +54,13 @@ class KRow:
     speedup_measured: float
     speedup_predicted: float  # Leviathan model over the measured draft lengths (what we compare)
     speedup_leviathan: float  # the paper's formula, as if every call drafted k-1 tokens
+    speedup_width_model: float = 0.0  # τ, c and the measured call cost per width (width_cost.py)
     setup: KSetup = field(default_factory=KSetup)
+
+    @property
+    def width_model_gap(self) -> float:
+        """measured / width-model prediction - 1."""
+        return self.speedup_measured / self.speedup_width_model - 1.0 if self.speedup_width_model else 0.0
 
     @property
     def prediction_gap(self) -> float:
@@ -63,6 +73,7 @@ class TuneKResult:
     rows: list[KRow]
     prompts: int
     max_new_tokens: int
+    width_cost: WidthCost | None = None
 
     @property
     def recommended_k(self) -> int:
@@ -76,19 +87,28 @@ def tune_k(groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens:
     plain_runs: dict[int, list[GenerationStats]] = {}
     ssp_runs: dict[int, list[GenerationStats]] = {}
     setups: dict[int, KSetup] = {}
+    timer: WidthTimer | None = None
+    padded = False  # Neuron: every call scores the compiled k, however few tokens were drafted
     for group in groups:
         setups.update(group.setups)
         _warm_up(group, prompts[0])
+        if timer is None:
+            padded = group.pipeline.target.max_score_width is not None
+            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
+            timer.round(group.pipeline.encode(prompts[0].text))  # warm-up round, not counted
+            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
         for turn, prompt in enumerate(prompts):
             runs = _measure(group, prompt, max_new_tokens, turn)
+            timer.round(group.pipeline.encode(prompt.text), WIDTH_ROUNDS_PER_PROMPT)
             for k in group.generators:
                 plain_runs.setdefault(k, []).append(runs[PLAIN])
                 ssp_runs.setdefault(k, []).append(runs[k])
                 if on_step:
                     on_step(f"k={k} · {prompt.category}")
         del group  # on Neuron: release this k's compiled target before the next one loads
-    rows = [k_row(k, plain_runs[k], ssp_runs[k], setups[k]) for k in sorted(ssp_runs)]
-    return TuneKResult(rows, len(prompts), max_new_tokens)
+    cost = timer.cost() if timer else None
+    rows = [k_row(k, plain_runs[k], ssp_runs[k], setups[k], cost, padded) for k in sorted(ssp_runs)]
+    return TuneKResult(rows, len(prompts), max_new_tokens, cost)
 
 
 def _measure(group: KGroup, prompt: BenchPrompt, max_new_tokens: int, turn: int) -> dict[int, GenerationStats]:
@@ -106,7 +126,8 @@ def _measure(group: KGroup, prompt: BenchPrompt, max_new_tokens: int, turn: int)
     return runs
 
 
-def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationStats], setup: KSetup) -> KRow:
+def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationStats], setup: KSetup,
+          cost: WidthCost | None = None, padded: bool = False) -> KRow:
     """One row from the runs of the same prompts, plain and with window k."""
     plain, ssp = merge_stats(plain_runs), merge_stats(ssp_runs)
     lengths: Counter[int] = sum((draft_length_counts(run) for run in ssp_runs), Counter())
@@ -122,6 +143,8 @@ def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationSt
         speedup_measured=throughput_ratio(ssp, plain),
         speedup_predicted=predicted_speedup_for_drafts(alpha, c, lengths),
         speedup_leviathan=predicted_speedup(alpha, k, c), setup=setup,
+        speedup_width_model=(predicted_speedup_for_widths(ssp.mean_accepted_length, c, lengths, cost,
+                                                          k if padded else None) if cost else 0.0),
     )
 
 

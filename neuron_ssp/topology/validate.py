@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
+from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
 from neuron_ssp.topology.generic_rules import check_positions, check_vocabulary, check_window
 from neuron_ssp.topology.models import Architecture, resolve_architecture
@@ -33,6 +34,7 @@ def validate_config(config: Config) -> ValidationReport:
     check_window(config, models, report)
     check_positions(config, models, report)
     check_vocabulary(architectures, models.get("draft"), report)
+    check_engine(config, models, architectures, report)
     if on_neuron:
         _check_neuron(config, models, architectures, report)
     return report

@@ -14,6 +14,13 @@ API = os.environ.get("NEURONX_STANDIN_API", "sdk_2_21")  # which generation of t
 if API not in ("sdk_2_18", "sdk_2_21"):
     raise ImportError(f"NEURONX_STANDIN_API must be sdk_2_18 or sdk_2_21, not {API!r}")
 DEVICE_CORES = 32  # a trn1.32xlarge unless a test says otherwise
+# NEURONX_STANDIN_SNAPSHOT=0623de2 imitates that snapshot's bug (April 2024, base.py _pad_cache_ids): a
+# speculative_forward window is padded to the smallest prompt bucket (64) and its cache_ids are capped at 63.
+SNAPSHOT = os.environ.get("NEURONX_STANDIN_SNAPSHOT", "")
+CAPPED_CACHE_ID = 63 if SNAPSHOT == "0623de2" else None
+# NEURONX_STANDIN_ONE_K=1 imitates a build whose enable_speculative_decoder takes a single int (its
+# signature does not declare a list), so each k needs its own model.
+ONE_K = os.environ.get("NEURONX_STANDIN_ONE_K") == "1"
 
 
 @dataclass

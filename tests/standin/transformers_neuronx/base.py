@@ -5,8 +5,6 @@ enabled after `to_neuron()` raise at once, and `load()` of artifacts saved for o
 arguments or speculation lengths raises in `to_neuron()`.
 """
 
-from __future__ import annotations
-
 import json
 import os
 
@@ -22,14 +20,25 @@ class NeuronModelBase(PretrainedModel):
         def save(self, directory):
             self._save(directory)
 
-        def enable_speculative_decoder(self, speculation_length):
+        def enable_speculative_decoder(self, speculation_length: list[int] | int | None):
             self._enable(speculation_length, None)
     else:
 
         def save(self, directory, sharded_weights=False):
             self._save(directory)
 
+        def enable_speculative_decoder(
+            self,
+            speculation_length: list[int] | int | None,
+            batch_sizes: list[int] | int | None = None,
+            token_tree=None,
+        ):
+            self._enable(speculation_length, batch_sizes)
+
+    if _standin.ONE_K:
         def enable_speculative_decoder(self, speculation_length, batch_sizes=None, token_tree=None):
+            if not isinstance(speculation_length, int):
+                raise TypeError("this build compiles one speculation_length per model")
             self._enable(speculation_length, batch_sizes)
 
     def load(self, directory):

@@ -8,10 +8,13 @@ models); reading a slot never written raises, since on a device it would silentl
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from transformers_neuronx import _standin
 from transformers_neuronx.base import NeuronModelBase
+from transformers_neuronx.config import NeuronConfig
 
 
 class LlamaForSampling(NeuronModelBase):
@@ -36,6 +39,10 @@ class LlamaForSampling(NeuronModelBase):
         self.batch_size = batch_size
         self.amp = amp
         self.tp_degree = tp_degree
+        self.neuron_config = neuron_config if neuron_config is not None else NeuronConfig()
+        self.batch_sizes = [batch_size]
+        # the fused decoder reads these from the compiled decoder (token buckets end at n_positions)
+        self.decoder_lm_head = SimpleNamespace(tp_degree=tp_degree, n_positions_list=[n_positions])
         self.ignored_kwargs = dict(kwargs)
         self.speculation_decoders: set[tuple[int, int]] = set()
         self.slots: list[int | None] = [None] * n_positions
@@ -71,6 +78,8 @@ class LlamaForSampling(NeuronModelBase):
                 f"the speculative decoder was compiled for {k} tokens, got input_ids of shape {tuple(input_ids.shape)}"
             )
         slots = self._slots_for(input_ids, cache_ids)
+        if _standin.CAPPED_CACHE_ID is not None and len(slots) > 1:  # snapshot 0623de2's _pad_cache_ids
+            slots = [min(slot, _standin.CAPPED_CACHE_ID) for slot in slots]
         _standin.RUNTIME.record(
             self.label,
             "speculative_forward",
@@ -121,7 +130,25 @@ class LlamaForSampling(NeuronModelBase):
             cache_ids=None if cache_ids is None else slots,
             input_ids=input_ids.view(-1).tolist(),
         )
-        return self._write_and_score(input_ids, slots, slots[-1:])  # (batch, V): the LAST position only
+        logits = self._write_and_score(input_ids, slots, slots[-1:])  # (batch, V): the LAST position only
+        generation = self.neuron_config.on_device_generation
+        return logits if generation is None else self.select_on_device(logits, generation)
+
+    @staticmethod
+    def select_on_device(logits, generation):
+        """on_device_generation: the compiled graph returns the next token id (batch, 1), not logits."""
+        if not generation.do_sample:
+            return logits.argmax(-1, keepdim=True)
+        scores = logits / generation.temperature
+        if generation.top_k:
+            threshold = torch.topk(scores, min(generation.top_k, scores.shape[-1]), dim=-1).values[..., -1:]
+            scores = scores.masked_fill(scores < threshold, float("-inf"))
+        probs = scores.softmax(-1)
+        if generation.top_p < 1.0:
+            ordered, order = probs.sort(dim=-1, descending=True)
+            drop = ordered.cumsum(-1) - ordered > generation.top_p
+            probs = probs.scatter(-1, order, ordered.masked_fill(drop, 0.0))
+        return torch.multinomial(probs, 1)
 
     def _require_device(self):
         if not getattr(self, "on_neuron", False):

@@ -3,19 +3,22 @@
 Order matters on Neuron, so it is spelt out here: validate (a bad placement would otherwise fail
 minutes into a load), set `NEURON_RT_VISIBLE_CORES` and the compile cache before the runtime starts,
 then per model in the plan's load order: `from_pretrained` with allow-listed arguments,
-`enable_speculative_decoder(k)` on the target, `load(dir)` of compiled artifacts when they match,
-and `to_neuron()` last.
+`enable_speculative_decoder(ks)` on the target, `load(dir)` of compiled artifacts when they match,
+and `to_neuron()` last. A target compiled by `neuron-ssp compile --k 2..8` holds every k; the backend
+picks the window at run time (`speculative_forward(..., speculation_length=k)`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
-from neuron_ssp.backends.neuron_artifacts import ArtifactStore, artifact_spec
-from neuron_ssp.backends.neuron_scoring import NeuronBackend
-from neuron_ssp.backends.neuronx_api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.scoring import NeuronBackend
+from neuron_ssp.backends.neuron.selftest import check_self_test, run_self_test
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -26,21 +29,46 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 
 
-def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[NeuronBackend, NeuronBackend | None]:
+def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
     """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'."""
     api = prepare_runtime(config, plan)
+    if config.speculation.engine == "fused":
+        return load_on_device_backends(api, config, plan)
     store = ArtifactStore(config.neuron.compiled_dir) if config.neuron.compiled_dir else None
     backends: dict[str, NeuronBackend] = {}
     for role in plan.load_order:
         model_cfg = model_config(config, role)
         k = speculation_length(config, role)
         model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
-        artifacts = None
+        windows, artifacts = ([k] if k else None), None
         if store is not None:
-            spec = artifact_spec(role, model_dir, api.constructor_kwargs(model_cfg), k, api.version)
-            artifacts = store.find(spec)
-        model = build_model(api, model_dir, model_cfg, k, artifacts)
-        backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k)
+            spec = artifact_spec(role, model_dir, api.constructor_kwargs(model_cfg), windows, api.version,
+                                 one_k_per_model=not api.speculation_takes_k_list)
+            if k is None:
+                artifacts = store.find(spec)
+            elif found := store.find_for_window(spec, k):
+                artifacts, windows = found
+        model = build_model(api, model_dir, model_cfg, windows, artifacts)
+        backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k, windows)
+    if config.neuron.self_test:
+        check_self_test(run_self_test(backends["target"], api.version), config.neuron.self_test_min_agreement)
+    return backends["target"], backends.get("draft")
+
+
+def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
+    """engine fused: both models with on-device embedding and generation, no speculation network of their
+    own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
+    in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
+    from neuron_ssp.backends.neuron.fused import OnDeviceBackend, on_device_neuron_config
+
+    if config.neuron.compiled_dir:
+        warnings.warn("engine fused compiles at every load: neuron.compiled_dir is not used", stacklevel=3)
+    backends = {}
+    for role in plan.load_order:
+        model_cfg = model_config(config, role)
+        model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
+        model = build_model(api, model_dir, model_cfg, None, None, on_device_neuron_config(config, model_dir))
+        backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
     return backends["target"], backends.get("draft")
 
 
@@ -84,13 +112,15 @@ def build_model(
     api: NeuronxApi,
     model_dir: Path,
     model_cfg: ModelConfig,
-    speculation_length: int | None,
+    speculation_lengths: list[int] | None,
     artifacts: Path | None,
+    neuron_config: Any = None,
 ) -> Any:
     """One LlamaForSampling on the device: compiled now, or loaded from `artifacts` when given."""
-    model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg))
-    if speculation_length is not None:
-        api.enable_speculation(model, speculation_length)
+    extra = {} if neuron_config is None else {"neuron_config": neuron_config}
+    model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg), **extra)
+    if speculation_lengths:
+        api.enable_speculation(model, speculation_lengths)
     if artifacts is not None:
         model.load(str(artifacts))
     model.to_neuron()

@@ -7,8 +7,13 @@ ours in ways that matter, so they are handled or refused here, not discovered la
 - its first token after the prompt is the target's argmax, whatever the sampling settings;
 - from SDK 2.21 it wants a zero-padded `(bs, k)` result and counts it with `count_nonzero`, so an
   accepted token id 0 would be miscounted: we stop with a message instead of returning a wrong text;
-- it always drafts k-1 tokens (policy 'fixed' only), knows one EOS id, and returns the tokens at
-  the end (`on_tokens` is called once).
+- it always drafts k-1 tokens (policy 'fixed' only) and returns the tokens at the end (`on_tokens` is
+  called once);
+- `sample(eos_token_id=...)` takes ONE id (it compares tensors element-wise). Models such as Llama-3
+  have several, so our acceptor adapter rewrites any other EOS it accepts into that one, which stops
+  the library's loop there, and the engine puts the real id back;
+- on 0.10-0.11 (7a30b42, c8d6bdc) the loop hands the last <= k tokens to `target.sample(..., top_k=1)`:
+  greedy, whatever the sampling settings (a warning says so).
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.backends.neuron_scoring import NeuronBackend
-from neuron_ssp.backends.neuronx_api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -102,14 +107,21 @@ class LibraryEngine:
             )
         if problems:
             raise UsageError(problems)
+        api = load_neuronx()
         if config.sampling.temperature > 0:
+            tail = (
+                f"; transformers-neuronx {api.version} (0.10-0.11 API) also finishes the last <= k tokens "
+                "greedily (target.sample(top_k=1))"
+                if api.finishes_greedily
+                else ""
+            )
             warnings.warn(
                 "engine 'library' picks the first token after the prompt greedily (transformers-neuronx's "
-                "loop); the rest follows the sampling settings",
+                f"loop){tail}; the rest follows the sampling settings. engine native samples every token",
                 stacklevel=2,
             )
         assert draft is not None
-        return cls(target, draft, acceptor, config.sampling, spec.k, rng)
+        return cls(target, draft, acceptor, config.sampling, spec.k, rng, api)
 
     def generate(
         self,
@@ -124,31 +136,54 @@ class LibraryEngine:
             self.rng.manual_seed(self.sampling.seed)
         stats = GenerationStats(k=self.k)
         spec = self.api.speculation
+        eos = set(eos_token_ids)
+        stop_id = library_stop_id(self.target.model, eos)
+        adapter = adapt_acceptor(self.acceptor, self.api, self.k, self.target.vocab_size, stats, eos, stop_id)
         loop = spec.SpeculativeGenerator(
             _Timed(spec.DraftModelForSpeculation(self.draft.model), stats, "time_draft_s"),
             _Timed(self.target.model, stats, "time_target_s"),
             self.k,
-            adapt_acceptor(self.acceptor, self.api, self.k, self.target.vocab_size, stats),
+            adapter,
         )
-        eos = sorted(eos_token_ids)
         start = time.perf_counter()
-        out = loop.sample(
-            prompt_ids.view(1, -1),
-            sequence_length=prompt_len + max_new_tokens,
-            eos_token_id=eos[0] if eos else None,
-        )
+        out = loop.sample(prompt_ids.view(1, -1), sequence_length=prompt_len + max_new_tokens, eos_token_id=stop_id)
         stats.wall_s = time.perf_counter() - start
-        tokens = _cut_at_eos(out[0, prompt_len : prompt_len + max_new_tokens].tolist(), set(eos))
+        tokens = _cut_at_eos(out[0, prompt_len : prompt_len + max_new_tokens].tolist(), eos)
+        if tokens and tokens[-1] == stop_id and adapter.rewritten_eos is not None:
+            tokens[-1] = adapter.rewritten_eos  # the EOS our acceptor accepted, before it became stop_id
         stats.new_tokens = len(tokens)
         if on_tokens and tokens:
             on_tokens(tokens)
         return GenerationResult(tokens, stats)
 
 
-def adapt_acceptor(acceptor: Acceptor, api: NeuronxApi, k: int, vocab_size: int, stats: GenerationStats) -> Any:
-    """Our acceptor as a subclass of the installed library's `TokenAcceptor`, in either generation's shape."""
+def library_stop_id(model: Any, eos: set[int]) -> int | None:
+    """The one EOS id the library's loop is given: the model config's first one when it is ours, else the smallest."""
+    configured = getattr(getattr(model, "config", None), "eos_token_id", None)
+    first = configured[0] if isinstance(configured, list) and configured else configured
+    if isinstance(first, int) and first in eos:
+        return first
+    return min(eos) if eos else None
+
+
+def adapt_acceptor(
+    acceptor: Acceptor,
+    api: NeuronxApi,
+    k: int,
+    vocab_size: int,
+    stats: GenerationStats,
+    eos: set[int] | None = None,
+    stop_id: int | None = None,
+) -> Any:
+    """Our acceptor as a subclass of the installed library's `TokenAcceptor`, in either generation's shape.
+
+    Any accepted EOS other than `stop_id` is rewritten to `stop_id` (remembered in `rewritten_eos`), so
+    the library's single-id check stops at every EOS of the model."""
+    others = (eos or set()) - {stop_id}
 
     class LibraryAcceptor(api.speculation.TokenAcceptor):  # type: ignore[name-defined,misc]
+        rewritten_eos: int | None = None
+
         def __call__(
             self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
         ) -> torch.Tensor:
@@ -156,6 +191,12 @@ def adapt_acceptor(acceptor: Acceptor, api: NeuronxApi, k: int, vocab_size: int,
             target = target_scores if target_scores.dim() == 3 else target_scores.unsqueeze(0)  # SDK < 2.21: (k, V)
             drafted = point_masses(ids[0], vocab_size).unsqueeze(0)  # the library drafts by argmax
             tokens = torch.as_tensor(acceptor(ids, drafted, target)).reshape(1, -1).to(torch.int64)
+            for i, token in enumerate(tokens[0].tolist()):
+                if token in others and stop_id is not None:
+                    self.rewritten_eos = token
+                    tokens = tokens[:, : i + 1].clone()
+                    tokens[0, i] = stop_id
+                    break
             n = tokens.shape[1]
             stats.record_call(ids.shape[1], n - 1, n)
             if not api.batched_acceptor:

@@ -2,9 +2,10 @@
 
 The compiled networks fix the shapes: context encoding (`forward` with `cache_ids=None`, logits of the
 LAST position only), one-token decoding (`forward` at one cache id), and on a speculation-enabled
-target a k-token window (`speculative_forward`, logits `(k, vocab, batch)`). A shorter window is
-padded to k: the padded slots get junk, which is harmless because every slot >= start is stale by
-contract and rewritten before it is read.
+target one k-token window per compiled k (`speculative_forward(..., speculation_length=k)` picks it,
+logits `(k, vocab, batch)`). A shorter window is padded to k: the padded slots get junk, which is
+harmless because every slot >= start is stale by contract and rewritten before it is read.
+`with_window(k)` gives a backend on the same loaded model scoring with another compiled k (tune-k).
 """
 
 from __future__ import annotations
@@ -13,19 +14,42 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 
 class NeuronBackend:
     """Scores through the networks compiled into one Neuron model; knows nothing of acceptance."""
 
-    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int, speculation_length: int | None):
+    def __init__(
+        self,
+        model: Any,
+        name: str,
+        vocab_size: int,
+        n_positions: int,
+        speculation_length: int | None,
+        compiled_windows: list[int] | None = None,
+    ):
         self.model = model
         self.name = name
         self.vocab_size = vocab_size
         self.n_positions = n_positions
         self.speculation_length = speculation_length
+        self.compiled_windows = sorted(compiled_windows or ([speculation_length] if speculation_length else []))
         self.max_score_width: int | None = speculation_length or 1
+
+    def with_window(self, k: int) -> NeuronBackend:
+        """The same loaded model scoring k-wide windows; k must be one the model was compiled for."""
+        if k not in self.compiled_windows:
+            raise UsageError(
+                Problem(
+                    "speculation.k",
+                    k,
+                    f"the {self.name} holds scoring networks for k in {self.compiled_windows} only",
+                    f"compile every k you want to use at once: neuron-ssp compile CONFIG --k "
+                    f"{','.join(str(n) for n in sorted({*self.compiled_windows, k}))}",
+                )
+            )
+        return NeuronBackend(self.model, self.name, self.vocab_size, self.n_positions, k, self.compiled_windows)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:

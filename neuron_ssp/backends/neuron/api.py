@@ -5,6 +5,10 @@ Two generations are in the field (see tests/standin/neuronx_signatures.json):
 - the speculative loop passes batched acceptor shapes `(bs, k-1[, V])` and expects a zero-padded
   `(bs, k)` result from SDK 2.21 (0.13) on; before, unbatched scores and the accepted tokens only.
 We detect both from signatures, not version strings (pip builds carry numbers like 0.13.322).
+`enable_speculative_decoder` takes a list of k in both (`Optional[Union[List[int], int]]` in base.py
+at 7a30b42 and 1ade6d7), so one model holds every window; a build whose signature does not say so
+gets one model per k. `fused_speculation.FusedSpeculativeDecoder` exists only in the later generation
+(1ade6d7) and is looked up separately (`engine: fused`).
 
 `LlamaForSampling` swallows unknown keyword arguments without a word, so a misspelt or renamed option
 would silently compile the wrong model: we pass an explicit allow-list and check that the installed
@@ -53,6 +57,7 @@ class NeuronxApi:
     speculation: ModuleType
     speculation_takes_batch_sizes: bool  # enable_speculative_decoder(k, batch_sizes=...)
     batched_acceptor: bool  # acceptor shapes (bs, k-1, V) -> zero-padded (bs, k)
+    speculation_takes_k_list: bool = True  # enable_speculative_decoder([2, ..., 8]): one model, every k
 
     @property
     def generation(self) -> str:
@@ -67,12 +72,28 @@ class NeuronxApi:
             "tp_degree": model.tp_degree,
         }
 
-    def enable_speculation(self, model: Any, k: int) -> None:
-        """Compile a k-token scoring network into `model`; must run before `to_neuron()`."""
+    @property
+    def finishes_greedily(self) -> bool:
+        """0.10-0.11 (7a30b42, c8d6bdc): `SpeculativeGenerator.sample` hands the last <= k tokens to
+        `target.sample(..., top_k=1)`, i.e. greedy whatever the acceptor does."""
+        return not self.batched_acceptor
+
+    def enable_speculation(self, model: Any, ks: list[int]) -> None:
+        """Compile one k-token scoring network per k into `model`; must run before `to_neuron()`."""
+        if len(ks) > 1 and not self.speculation_takes_k_list:
+            raise RuntimeProblem(
+                Problem(
+                    "transformers-neuronx",
+                    self.version,
+                    f"this build's enable_speculative_decoder takes one k, not the list {ks}",
+                    "compile one k per model (neuron-ssp compile does that for this build), or upgrade",
+                )
+            )
+        lengths: int | list[int] = ks if len(ks) > 1 else ks[0]
         if self.speculation_takes_batch_sizes:
-            model.enable_speculative_decoder(k, batch_sizes=1)
+            model.enable_speculative_decoder(lengths, batch_sizes=1)
         else:
-            model.enable_speculative_decoder(k)
+            model.enable_speculative_decoder(lengths)
 
 
 def load_neuronx() -> NeuronxApi:
@@ -111,7 +132,14 @@ def load_neuronx() -> NeuronxApi:
         speculation=speculation,
         speculation_takes_batch_sizes="batch_sizes" in _parameters(llama_class.enable_speculative_decoder),
         batched_acceptor="pad_token_id" in _parameters(speculation.SpeculativeGenerator.sample),
+        speculation_takes_k_list=takes_k_list(llama_class.enable_speculative_decoder),
     )
+
+
+def takes_k_list(enable_speculative_decoder: Any) -> bool:
+    """Whether `speculation_length` is declared as a list too (`Optional[Union[List[int], int]]`)."""
+    parameter = inspect.signature(enable_speculative_decoder).parameters.get("speculation_length")
+    return parameter is not None and "list" in str(parameter.annotation).lower()
 
 
 def neuron_base_class() -> type:

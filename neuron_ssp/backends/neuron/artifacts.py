@@ -1,9 +1,12 @@
-"""Compiled Neuron models kept between runs: one directory per model and speculation length.
+"""Compiled Neuron models kept between runs: one directory per model, holding every compiled k.
 
 `model.save(dir)` writes the compiled networks (NEFFs); a later `model.load(dir)` + `to_neuron()` skips
-the compile, but only for the same constructor arguments, the same `enable_speculative_decoder(k)`
+the compile, but only for the same constructor arguments, the same `enable_speculative_decoder(ks)`
 and a compatible compiler. So each directory carries a manifest with exactly those, and is reused
-only when the manifest matches. Weights are not in there: they are read from the checkpoint at every
+only when the manifest matches. A target compiled with `enable_speculative_decoder([2, ..., 8])`
+holds one scoring network per k in ONE directory; the manifest lists the ks and a load asking for a k
+outside them is refused. Only where the installed library cannot take a list (see api.py) is each k
+its own directory. Weights are not in there: they are read from the checkpoint at every
 load, so the model's `config.json` (not its path) identifies it.
 
 A store is a local directory or `s3://bucket/prefix` (synced through a local cache with boto3,
@@ -17,11 +20,11 @@ import json
 import os
 import re
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 MANIFEST = "neuron-ssp-artifact.json"
 LOCAL_CACHE = Path(os.environ.get("NEURON_SSP_CACHE", "~/.cache/neuron-ssp")).expanduser() / "compiled"
@@ -35,8 +38,9 @@ class ArtifactSpec:
     model_name: str
     model_config_sha256: str
     constructor: dict[str, Any]
-    speculation_length: int | None
+    speculation_lengths: list[int] | None  # every k compiled into the target; None for the draft
     library_version: str
+    one_k_per_model: bool = False  # the library takes one k per model: each k has its own directory
 
     @property
     def relative_dir(self) -> str:
@@ -44,16 +48,25 @@ class ArtifactSpec:
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", self.model_name) or "model"
         identity = json.dumps([self.model_config_sha256, c], sort_keys=True)
         digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
-        window = f"k{self.speculation_length}" if self.speculation_length else "no-speculation"
+        if not self.speculation_lengths:
+            window = "no-speculation"
+        elif self.one_k_per_model:
+            window = f"k{self.speculation_lengths[0]}"
+        else:
+            window = "speculation"  # one directory for the set of k: a new compile replaces it
         return f"{slug}-{c['amp']}-tp{c['tp_degree']}-npos{c['n_positions']}-{digest}/{window}"
+
+    def with_lengths(self, speculation_lengths: list[int] | None) -> ArtifactSpec:
+        return replace(self, speculation_lengths=speculation_lengths)
 
 
 def artifact_spec(
     role: str,
     model_dir: Path,
     constructor: dict[str, Any],
-    speculation_length: int | None,
+    speculation_lengths: list[int] | None,
     library_version: str,
+    one_k_per_model: bool = False,
 ) -> ArtifactSpec:
     config_bytes = (model_dir / "config.json").read_bytes()
     return ArtifactSpec(
@@ -61,8 +74,9 @@ def artifact_spec(
         model_dir.name,
         hashlib.sha256(config_bytes).hexdigest(),
         dict(constructor),
-        speculation_length,
+        sorted(speculation_lengths) if speculation_lengths else None,
         library_version,
+        one_k_per_model,
     )
 
 
@@ -78,12 +92,41 @@ class ArtifactStore:
         return f"{self.location.rstrip('/')}/{spec.relative_dir}"
 
     def find(self, spec: ArtifactSpec) -> Path | None:
-        """A local directory ready for `model.load()`, or None when nothing matching was compiled."""
+        """A local directory ready for `model.load()` holding every k of `spec`, or None."""
         local = self.staging_dir(spec)
         if self.remote and not _matches(local, spec, quiet=True):
             bucket, prefix = _split_s3(self.describe(spec))
             _download(bucket, prefix, local)
         return local if _matches(local, spec) else None
+
+    def find_for_window(self, spec: ArtifactSpec, k: int) -> tuple[Path, list[int]] | None:
+        """The compiled target that holds window k: (directory, every k compiled into it), or None.
+
+        Raises a UsageError when a target was compiled with these settings but without k, so a load
+        never silently compiles a 70B model again because of a k that `compile --k` did not cover.
+        """
+        probe = spec.with_lengths([k])
+        local = self.staging_dir(probe)
+        if self.remote and not _manifest(local):
+            bucket, prefix = _split_s3(self.describe(probe))
+            _download(bucket, prefix, local)
+        saved = _manifest(local)
+        if saved is None:
+            return None
+        compiled = saved.get("speculation_lengths") or []
+        if not _matches(local, spec.with_lengths(compiled)):
+            return None
+        if k not in compiled:
+            raise UsageError(
+                Problem(
+                    "speculation.k",
+                    k,
+                    f"the target in {self.describe(probe)} was compiled for k in {compiled}, not {k}",
+                    f"pick one of {compiled}, or compile it: neuron-ssp compile CONFIG --k "
+                    f"{','.join(str(n) for n in sorted({*compiled, k}))}",
+                )
+            )
+        return local, compiled
 
     def staging_dir(self, spec: ArtifactSpec) -> Path:
         """Where `model.save()` writes (for S3: the local copy that `publish` uploads)."""
@@ -99,10 +142,16 @@ class ArtifactStore:
         return self.describe(spec)
 
 
-def _matches(directory: Path, spec: ArtifactSpec, quiet: bool = False) -> bool:
+def _manifest(directory: Path) -> dict[str, Any] | None:
     try:
-        saved = json.loads((directory / MANIFEST).read_text())
+        return json.loads((directory / MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _matches(directory: Path, spec: ArtifactSpec, quiet: bool = False) -> bool:
+    saved = _manifest(directory)
+    if saved is None:
         return False
     saved.pop("compile_seconds", None)
     if saved == json.loads(json.dumps(asdict(spec))):

@@ -1,9 +1,11 @@
-"""Compile the config's models once per speculation length and keep the results in an artifact store.
+"""Compile the config's models once, every candidate k in one target, and keep them in an artifact store.
 
-A compile of a 70B target takes many minutes and changing k means a new one, so `neuron-ssp compile
---k 2..8` pays for all candidate windows up front (for `tune-k`); loading then reuses them. Models
-are compiled one after another in this process and released in between; neuronx-cc's own cache
-(NEURON_COMPILE_CACHE_URL) still makes a repeated compile of the same graph fast.
+A compile of a 70B target takes many minutes, so `neuron-ssp compile --k 2..8` builds ONE target with
+`enable_speculative_decoder([2, ..., 8])` (a scoring network per k, the weights loaded once) and one
+draft; loading reuses them and picks k at run time, so `tune-k` loads once and sweeps. Only a library
+build whose `enable_speculative_decoder` takes a single k gets one target per k (detected from its
+signature, see api.py). neuronx-cc's own cache (NEURON_COMPILE_CACHE_URL) still makes a repeated
+compile of the same graph fast.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ import gc
 import time
 from dataclasses import dataclass
 
-from neuron_ssp.backends.neuron import build_model, model_config, prepare_runtime
-from neuron_ssp.backends.neuron_artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.load import build_model, model_config, prepare_runtime
 from neuron_ssp.config import Config
 from neuron_ssp.embedded import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
@@ -23,13 +25,13 @@ from neuron_ssp.topology import DeploymentPlan
 @dataclass(frozen=True)
 class CompileJob:
     role: str
-    speculation_length: int | None  # None: the draft, which decodes one token per call
+    speculation_lengths: tuple[int, ...] | None  # None: the draft, which decodes one token per call
 
     @property
     def label(self) -> str:
-        return (
-            f"{self.role} k={self.speculation_length}" if self.speculation_length else f"{self.role} (no speculation)"
-        )
+        if not self.speculation_lengths:
+            return f"{self.role} (no speculation)"
+        return f"{self.role} k={','.join(str(k) for k in self.speculation_lengths)}"
 
 
 @dataclass(frozen=True)
@@ -40,14 +42,18 @@ class CompileResult:
     reused: bool  # already compiled with a matching manifest: nothing was done
 
 
-def compile_jobs(plan: DeploymentPlan, ks: list[int]) -> list[CompileJob]:
-    """The draft once (its networks do not depend on k), the target once per k, in the plan's load order."""
+def compile_jobs(plan: DeploymentPlan, ks: list[int], one_k_per_model: bool = False) -> list[CompileJob]:
+    """The draft once (its networks do not depend on k), the target once for every k (or once per k
+    where the library needs it), in the plan's load order."""
+    windows = sorted(set(ks))
     jobs: list[CompileJob] = []
     for role in plan.load_order:
-        if role == "target":
-            jobs += [CompileJob("target", k) for k in ks]
-        else:
+        if role != "target":
             jobs.append(CompileJob(role, None))
+        elif one_k_per_model:
+            jobs += [CompileJob("target", (k,)) for k in windows]
+        else:
+            jobs.append(CompileJob("target", tuple(windows)))
     return jobs
 
 
@@ -55,6 +61,15 @@ class Compiler:
     """Checks everything before the first compile (so errors come before a progress bar), then runs jobs."""
 
     def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
+        if config.speculation.engine == "fused":
+            raise UsageError(
+                Problem(
+                    "speculation.engine",
+                    "fused",
+                    "the fused decoder compiles its own graph at every load; save() does not keep it",
+                    "load the config directly (generate, serve), or compile for engine native / library",
+                )
+            )
         if not config.neuron.compiled_dir:
             raise UsageError(
                 Problem(
@@ -68,22 +83,24 @@ class Compiler:
         self.force = force
         self.api = prepare_runtime(config, plan)
         self.store = ArtifactStore(config.neuron.compiled_dir)
-        self.jobs = compile_jobs(plan, ks)
+        self.jobs = compile_jobs(plan, ks, one_k_per_model=not self.api.speculation_takes_k_list)
 
     def run(self, job: CompileJob) -> CompileResult:
         model_cfg = model_config(self.config, job.role)
         model_dir = resolve_model_path(model_cfg.path, f"{job.role}.path")
+        windows = list(job.speculation_lengths) if job.speculation_lengths else None
         spec = artifact_spec(
             job.role,
             model_dir,
             self.api.constructor_kwargs(model_cfg),
-            job.speculation_length,
+            windows,
             self.api.version,
+            one_k_per_model=not self.api.speculation_takes_k_list,
         )
         if not self.force and self.store.find(spec):
             return CompileResult(job, self.store.describe(spec), 0.0, reused=True)
         start = time.perf_counter()
-        model = build_model(self.api, model_dir, model_cfg, job.speculation_length, artifacts=None)
+        model = build_model(self.api, model_dir, model_cfg, windows, artifacts=None)
         model.save(str(self.store.staging_dir(spec)))
         seconds = time.perf_counter() - start
         del model

@@ -1,0 +1,215 @@
+"""`speculation.engine: fused`: transformers-neuronx's `FusedSpeculativeDecoder`, the draft loop on device.
+
+Our native loop makes one host round trip per draft token; the fused decoder (fused_speculation.py at
+1ade6d74, SDK 2.21+) compiles draft steps, target window and token selection into one graph. What the
+source says, and how it maps onto this package:
+- its `k` is "the number of tokens to speculate with the draft model": the graph runs the draft k + 1
+  times and the target over k + 1 positions (`n_active_tokens = self.k + 1`). Our window k scores k
+  positions per call with k-1 drafted tokens, so we pass `k=speculation.k - 1` (`fused_k`);
+- both models need `NeuronConfig(on_device_embedding=True, on_device_generation=GenerationConfig(...))`
+  (config.py), given to `from_pretrained(..., neuron_config=...)`; then they return token ids, not
+  logits, so plain decoding and the self-test cannot run on them;
+- sampling happens on device with the GenerationConfig's temperature / top_k / top_p; acceptance is
+  the library's (greedy when `do_sample=False`, rejection sampling otherwise): no plug-in acceptor,
+  no adaptive window, no model-free drafter;
+- same tp and vocabulary for both models; `sequence_length <= max_position - k`; `sample` counts
+  committed tokens per iteration in a (batch, 10) histogram (`rate`), so k + 1 <= 9;
+- `eos_token_id` is one id (it is compared element-wise per token); the on-device GenerationConfig
+  takes the full list, and we cut the output at any EOS on the host.
+Acceptance stats come from that histogram: every iteration drafts fused_k tokens and commits n, so
+acceptance rate, mean accepted length and per-position acceptance are exact; the draft / target time
+split is not observable (one graph), and is reported as zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Collection
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from neuron_ssp.backends.neuron.api import NEURON_INDEX
+from neuron_ssp.config import Config, SamplingConfig
+from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.generator import GenerationResult, TokenCallback
+from neuron_ssp.stats import GenerationStats
+
+HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
+MAX_WINDOW = HISTOGRAM_COLUMNS - 1  # our k = fused k + 1 = the most tokens one iteration commits
+
+
+def fused_k(window: int) -> int:
+    """Our window k (k-1 drafted, k scored) -> FusedSpeculativeDecoder's k (tokens the draft speculates)."""
+    return window - 1
+
+
+def load_fused_modules() -> tuple[ModuleType, ModuleType]:
+    """(fused_speculation, config) of the installed library, or a RuntimeProblem naming what to install."""
+    try:
+        fused = importlib.import_module("transformers_neuronx.fused_speculation")
+        config = importlib.import_module("transformers_neuronx.config")
+    except ImportError as exc:
+        raise RuntimeProblem(
+            Problem(
+                "speculation.engine",
+                "fused",
+                f"this transformers-neuronx has no fused_speculation module ({exc}); it ships from 0.13 (SDK 2.21)",
+                f"pip install 'transformers-neuronx>=0.13,<0.14' --extra-index-url={NEURON_INDEX}, "
+                "or use speculation.engine: native",
+            )
+        ) from None
+    missing = [name for name in ("FusedSpeculativeDecoder",) if not hasattr(fused, name)]
+    missing += [name for name in ("NeuronConfig", "GenerationConfig") if not hasattr(config, name)]
+    if missing:
+        raise RuntimeProblem(
+            Problem(
+                "speculation.engine",
+                "fused",
+                f"transformers-neuronx lacks {', '.join(missing)}",
+                "install 0.13.x from the Neuron repository, or use speculation.engine: native",
+            )
+        )
+    return fused, config
+
+
+def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], vocab_size: int) -> dict[str, Any]:
+    """GenerationConfig keyword arguments for our sampling settings (names from config.py at 1ade6d74)."""
+    greedy = sampling.temperature == 0
+    return {
+        "do_sample": not greedy,
+        "top_k": sampling.top_k or vocab_size,  # ours: 0 = off; theirs defaults to 50
+        "top_p": sampling.top_p,
+        "temperature": 1.0 if greedy else sampling.temperature,
+        "eos_token_id": list(eos_token_ids) or None,
+        "dynamic": False,
+    }
+
+
+def on_device_neuron_config(config: Config, model_dir: Path) -> Any:
+    """The `neuron_config=` both models of the fused decoder are built with."""
+    _, config_module = load_fused_modules()
+    vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    settings = generation_settings(config.sampling, model_eos_ids(model_dir, config), vocab_size)
+    return config_module.NeuronConfig(on_device_embedding=True,
+                                      on_device_generation=config_module.GenerationConfig(**settings))
+
+
+def model_eos_ids(model_dir: Path, config: Config) -> list[int]:
+    """EOS ids of the checkpoint (generation_config.json, else config.json) plus integer stop tokens."""
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((model_dir / name).read_text()).get("eos_token_id")
+        except (OSError, json.JSONDecodeError):
+            continue
+        ids = [eos] if isinstance(eos, int) else list(eos or [])
+        if ids:
+            break
+    return [*ids, *(t for t in config.generation.stop_tokens if isinstance(t, int) and t not in ids)]
+
+
+class OnDeviceBackend:
+    """A model compiled with on-device generation: it returns token ids, so it cannot score for our loop."""
+
+    max_score_width: int | None = None
+
+    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int):
+        self.model = model
+        self.name = name
+        self.vocab_size = vocab_size
+        self.n_positions = n_positions
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        raise self._refusal()
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        raise self._refusal()
+
+    def _refusal(self) -> RuntimeProblem:
+        return RuntimeProblem(
+            Problem(
+                "speculation.engine",
+                "fused",
+                "models compiled for the fused decoder generate on device and return token ids, not logits, "
+                "so plain decoding (compare, tune-k, latency baselines) cannot run on them",
+                "measure the baseline with the same config and speculation.engine: native",
+            )
+        )
+
+
+class FusedEngine:
+    """Same `generate` as `SpeculativeGenerator`, run by `FusedSpeculativeDecoder.sample`."""
+
+    def __init__(self, decoder: Any, target: OnDeviceBackend, k: int):
+        self.decoder = decoder
+        self.target = target
+        self.k = k
+
+    @classmethod
+    def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
+        fused, _ = load_fused_modules()
+        eos = model_eos_ids(resolve_model_path(config.target.path, "target.path"), config)
+        decoder = fused.FusedSpeculativeDecoder(
+            draft.model,
+            target.model,
+            k=fused_k(config.speculation.k),
+            pad_token_id=_pad_id(target.model, eos),
+            eos_token_id=eos[0] if eos else None,
+        )
+        decoder.to_neuron()
+        return cls(decoder, target, config.speculation.k)
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        on_tokens: TokenCallback | None = None,
+    ) -> GenerationResult:
+        prompt_len = prompt_ids.shape[0]
+        limit = self.target.n_positions - fused_k(self.k)  # sequence_length <= max_position - k
+        if prompt_len + max_new_tokens > limit:
+            raise RuntimeProblem(
+                Problem(
+                    "target.n_positions",
+                    self.target.n_positions,
+                    f"engine fused needs prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) <= n_positions - "
+                    f"(k-1) = {limit} (FusedSpeculativeDecoder.sample asserts sequence_length <= max_position - k)",
+                    "raise target.n_positions and draft.n_positions, or lower max_new_tokens",
+                )
+            )
+        stats = GenerationStats(k=self.k)
+        start = time.perf_counter()
+        sequences, rate, _ = self.decoder.sample(prompt_ids.view(1, -1), sequence_length=prompt_len + max_new_tokens)
+        stats.wall_s = time.perf_counter() - start
+        tokens = _cut_at_eos(sequences[0, prompt_len : prompt_len + max_new_tokens].tolist(), set(eos_token_ids))
+        record_histogram(stats, rate[0], fused_k(self.k))
+        stats.new_tokens = len(tokens)
+        if on_tokens and tokens:
+            on_tokens(tokens)
+        return GenerationResult(tokens, stats)
+
+
+def record_histogram(stats: GenerationStats, rate: torch.Tensor, drafted: int) -> None:
+    """`rate[n]` iterations committed n tokens (n-1 accepted drafts + 1 from the target) of `drafted` proposed."""
+    for committed in range(1, min(len(rate), drafted + 2)):
+        for _ in range(int(rate[committed])):
+            stats.record_call(drafted, committed - 1, committed)
+
+
+def _pad_id(model: Any, eos: list[int]) -> int:
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) else (eos[0] if eos else 0)
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens

@@ -1,0 +1,97 @@
+"""Rules of the transformers-neuronx engines (`speculation.engine: library | fused`), read from its source.
+
+fused (FusedSpeculativeDecoder, fused_speculation.py at 1ade6d74): the draft loop, acceptance and sampling
+run on device, so only what its GenerationConfig expresses is possible; its constructor asserts the same
+tp degree and vocabulary for both models; `sample` asserts sequence_length <= max_position - k (its k =
+our k - 1) and counts committed tokens in a 10-column histogram (our k <= 9).
+library (SpeculativeGenerator, speculation.py): from SDK 2.21 it counts accepted tokens with
+count_nonzero, so an accepted token id 0 is dropped; where id 0 is an ordinary token (Llama-3: "!")
+the engine stops with an error rather than return a wrong text, which a user should learn up front.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from neuron_ssp.config import BUILTIN_ACCEPTORS, Config, ModelConfig
+from neuron_ssp.errors import Problem
+from neuron_ssp.topology.models import Architecture
+from neuron_ssp.topology.report import ValidationReport
+
+FUSED_MAX_WINDOW = 9  # FusedSpeculativeDecoder.sample: rate = torch.zeros(batch_size, 10), indexed by k + 1
+LLAMA_3_VOCAB = 128256  # id 0 is "!" in the Llama-3 tokenizer
+FUSED_ACCEPTORS = ("greedy", "probabilistic")  # what the on-device selection does (do_sample False / True)
+
+
+def check_engine(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
+                 report: ValidationReport) -> None:
+    if config.speculation.engine == "fused":
+        report.errors.extend(fused_problems(config, models))
+    if config.speculation.engine == "library" and token_zero_is_ordinary(config.target, architectures.get("target")):
+        report.warnings.append(Problem(
+            "speculation.engine", "library",
+            "token id 0 is an ordinary token of this vocabulary (Llama-3: '!'); transformers-neuronx 0.13's "
+            "SpeculativeGenerator counts accepted tokens with count_nonzero, so a generation that accepts it "
+            "stops with an error half-way",
+            "use speculation.engine: native (same models, our loop) or fused (on device, SDK 2.21+)"))
+
+
+def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
+    """Everything the fused decoder cannot do with this config, each with field, rule and fix."""
+    spec, sampling, problems = config.speculation, config.sampling, []
+    native = "or use speculation.engine: native"
+    if config.platform.backend != "neuron":
+        problems.append(Problem("speculation.engine", "fused", "the fused decoder runs on Neuron only",
+                                "set platform.backend: neuron, or use engine: native"))
+    if spec.drafter != "model":
+        problems.append(Problem("speculation.drafter", spec.drafter,
+                                "engine fused drafts with a draft model on device; model-free drafters (ngram, "
+                                "suffix) run on the host", f"set drafter: model with a draft section, {native}"))
+    if spec.policy != "fixed":
+        problems.append(Problem("speculation.policy", spec.policy,
+                                "engine fused always speculates k-1 tokens (its graph is compiled for one k)",
+                                f"use policy: fixed, {native}"))
+    if spec.acceptor not in FUSED_ACCEPTORS:
+        kind = "a plug-in acceptor" if spec.acceptor not in BUILTIN_ACCEPTORS else f"acceptor '{spec.acceptor}'"
+        problems.append(Problem("speculation.acceptor", spec.acceptor,
+                                f"engine fused accepts tokens on device; {kind} cannot run there",
+                                f"use acceptor: greedy or probabilistic, {native}"))
+    if spec.acceptor == "greedy" and sampling.temperature > 0:
+        problems.append(Problem("sampling.temperature", sampling.temperature,
+                                "engine fused with acceptor greedy decodes greedily on device (do_sample=False)",
+                                "set temperature: 0, or acceptor: probabilistic to sample on device"))
+    if spec.k > FUSED_MAX_WINDOW:
+        problems.append(Problem("speculation.k", spec.k,
+                                f"engine fused commits at most {FUSED_MAX_WINDOW} tokens per iteration "
+                                "(FusedSpeculativeDecoder.sample's 10-column histogram)",
+                                f"use k <= {FUSED_MAX_WINDOW}, {native}"))
+    draft, target = models.get("draft"), models["target"]
+    if draft is not None and draft.tp_degree != target.tp_degree:
+        problems.append(Problem("draft.tp_degree", draft.tp_degree,
+                                f"engine fused needs the same tp_degree for draft and target ({target.tp_degree}); "
+                                "FusedSpeculativeDecoder asserts it",
+                                f"set draft.tp_degree: {target.tp_degree}"))
+    prompt = config.generation.max_prompt_tokens or 1
+    sequence = prompt + config.generation.max_new_tokens
+    for role, model in models.items():
+        if sequence > model.n_positions - (spec.k - 1):
+            problems.append(Problem(f"{role}.n_positions", model.n_positions,
+                                    f"engine fused needs sequence_length ({prompt} prompt + "
+                                    f"{config.generation.max_new_tokens} new = {sequence}) <= n_positions - (k-1) "
+                                    "(sample() asserts sequence_length <= max_position - k, its k = ours - 1)",
+                                    f"set {role}.n_positions to at least {sequence + spec.k - 1}"))
+    return problems
+
+
+def token_zero_is_ordinary(model: ModelConfig, architecture: Architecture | None) -> bool:
+    """Read the tokenizer when it is here; otherwise tell by the vocabulary (Llama-3's 128256)."""
+    tokenizer = Path(model.path) / "tokenizer.json"
+    try:
+        data = json.loads(tokenizer.read_text())
+    except (OSError, json.JSONDecodeError):
+        return architecture is not None and architecture.vocab == LLAMA_3_VOCAB
+    special = {t.get("id") for t in data.get("added_tokens", []) if t.get("special")}
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+    return 0 not in special and 0 in ids

@@ -1,0 +1,91 @@
+"""Projected ms/token and speedup of speculation from published per-token latencies, α and k.
+
+No hardware: the figures rest on assumptions, and each figure carries its own, so a reader knows what
+to measure (tune-k measures α, c and the call cost per width). Per iteration with window k (k-1
+drafted tokens) the target commits τ = (1-α^k)/(1-α) tokens on average (Leviathan et al., i.i.d.
+acceptance α) in one k-wide call, priced like a one-token call (batch 1 on Neuron is bound by reading
+the weights; a k-wide call reads them once). The draft costs its own published ms/token per step:
+- native: k-1 draft calls, each a host round trip (not counted: it is what `fused` removes);
+- fused: FusedSpeculativeDecoder always runs the draft k times per iteration (its k + 1 with its
+  k = ours - 1, fused_speculation.py at 1ade6d74), but on device, with no host round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neuron_ssp.topology.costs import published_latency
+
+DEFAULT_ALPHA = 0.8
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float | None
+    unit: str
+    assumption: str
+
+
+@dataclass(frozen=True)
+class Projection:
+    engine: str
+    k: int
+    figures: list[Figure]
+
+    @property
+    def speedup(self) -> float | None:
+        return next(f.value for f in self.figures if f.name == "speedup")
+
+    def to_dict(self) -> dict[str, object]:
+        return {"engine": self.engine, "k": self.k,
+                "figures": [f.__dict__ for f in self.figures]}
+
+
+def tokens_per_call(alpha: float, k: int) -> float:
+    return float(k) if alpha >= 1.0 else (1.0 - alpha**k) / (1.0 - alpha)
+
+
+def draft_steps(engine: str, k: int) -> int:
+    """Draft forward passes per iteration: k-1 (native, host loop) or k (fused: its k + 1, its k = ours - 1)."""
+    return k if engine == "fused" else k - 1
+
+
+def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, draft_arch: str | None,
+            target_ms: float | None = None, draft_ms: float | None = None) -> Projection:
+    """Every figure with the assumption it rests on; None where a latency is neither published nor given."""
+    target_latency = published_latency(target_arch, instance)
+    if target_ms is None and target_latency is not None:
+        target_ms, target_note = target_latency.ms_per_token, f"published plain decoding: {target_latency.source}"
+    else:
+        target_note = "given (--ms-per-token)" if target_ms is not None else (
+            f"no published latency of {target_arch} on {instance}: pass --ms-per-token")
+    if draft_arch is None:
+        draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
+    else:
+        draft_latency = published_latency(draft_arch, instance)
+        if draft_ms is None and draft_latency is not None:
+            draft_ms, draft_note = draft_latency.ms_per_token, f"published: {draft_latency.source}"
+        else:
+            draft_note = "given (--draft-ms-per-token)" if draft_ms is not None else (
+                f"no published latency of {draft_arch} on {instance}: pass --draft-ms-per-token")
+    tau = tokens_per_call(alpha, k)
+    steps = draft_steps(engine, k)
+    iteration = None if target_ms is None or draft_ms is None else target_ms + steps * draft_ms
+    ms = None if iteration is None else iteration / tau
+    speedup = None if ms is None or target_ms is None else target_ms / ms
+    overhead = ("host round trip per draft token not counted (native pays it, fused does not)"
+                if engine == "native" else "no host round trip: draft loop and acceptance on device")
+    return Projection(engine, k, [
+        Figure("target ms/token", target_ms, "ms", target_note),
+        Figure("draft ms/token", draft_ms, "ms", draft_note),
+        Figure("α", alpha, "", "assumed acceptance rate, i.i.d. per token (measure it: neuron-ssp tune-k)"),
+        Figure("tokens per target call τ", tau, "", f"(1-α^k)/(1-α) with k={k} (Leviathan et al.)"),
+        Figure("draft steps per call", float(steps), "",
+               "k-1 drafted tokens" if engine == "native"
+               else "FusedSpeculativeDecoder runs the draft its k + 1 = our k times"),
+        Figure("target call ms", target_ms, "ms",
+               "a k-wide call priced like a one-token call (batch 1 reads the weights once); tune-k measures it"),
+        Figure("projected ms/token", ms, "ms", f"(target call + steps × draft) / τ; {overhead}"),
+        Figure("speedup", speedup, "x", "target ms/token ÷ projected ms/token, same instance and tp"),
+    ])

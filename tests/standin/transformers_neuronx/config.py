@@ -1,0 +1,107 @@
+"""Stand-in of transformers_neuronx.config (1ade6d7): NeuronConfig and GenerationConfig.
+
+Same keyword-only parameters and defaults as the real classes (see neuronx_signatures.json,
+"sdk_2_21_fused"), the same refusal of unknown NeuronConfig keywords; only the fields the fused
+decoder and on-device generation read do anything here. SDK 2.18 builds (7a30b42) have a
+NeuronConfig too, but no on-device generation for the fused decoder: the stand-in keeps this module
+for both generations and leaves fused_speculation out of the older one.
+"""
+
+import enum
+
+
+class Layout(enum.Enum):
+    HSB = "HSB"
+    BSH = "BSH"
+    SBH = "SBH"
+
+    def __repr__(self):
+        return f"Layout.{self.name}"
+
+
+class GenerationConfig:
+    def __init__(
+        self,
+        *,
+        max_length=None,
+        do_sample=False,
+        top_k=50,
+        top_p=1.0,
+        top_p_min_tokens=1,
+        global_top_k=None,
+        eos_token_id=None,
+        temperature=1.0,
+        dynamic=False,
+        deterministic=False,
+        per_batch_line=False,
+    ):
+        self.max_length = max_length
+        self.do_sample = do_sample
+        self.per_batch_line = per_batch_line
+        self.top_k = top_k
+        self.top_p = float(top_p)
+        self.temperature = float(temperature)
+        self.top_p_min_tokens = top_p_min_tokens
+        self.global_top_k = global_top_k
+        self.eos_token_id = eos_token_id
+        self.dynamic = dynamic
+        self.deterministic = deterministic
+
+
+class NeuronConfig:
+    def __init__(
+        self,
+        *,
+        sparse_attn=None,
+        quant=None,
+        kv_cache_quant=None,
+        continuous_batching=None,
+        attention_layout: Layout = Layout.HSB,
+        collectives_layout: Layout = Layout.HSB,
+        cache_layout: Layout = Layout.SBH,
+        padding_side: str = "left",
+        group_query_attention=None,
+        sequence_parallel_norm: bool = False,
+        sequence_parallel_norm_threshold: int = 2048,
+        bf16_rms_norm: bool = False,
+        on_device_embedding: bool = False,
+        on_device_generation: GenerationConfig | None = None,
+        all_reduce_dtype: str | None = None,
+        cast_logits_dtype: str = "float32",
+        fuse_qkv: bool = False,
+        qkv_tiling: bool = False,
+        weight_tiling: bool = False,
+        mlp_in_weight_tiling_permute_order: list[int] = [1, 2, 0, 3],  # noqa: B006 (the real default)
+        mlp_out_weight_tiling_permute_order: list[int] = [1, 2, 0, 3],  # noqa: B006
+        log_softmax_scores: bool = False,
+        shard_over_sequence: bool = False,
+        output_all_logits: bool = False,
+        attn_output_transposed: bool = False,
+        fused_rmsnorm_qkv: bool = False,
+        fused_rmsnorm_mlp: bool = False,
+        mlp_out_weight_transpose: bool = False,
+        fuse_mlp: bool = False,
+        is_eagle_target: bool = False,
+        is_eagle_draft: bool = False,
+        has_pre_attention_norm: bool = True,
+        compilation_worker_count: int | None = None,
+        duplicate_q_weight_sos: bool = False,
+        **kwargs,
+    ):
+        assert padding_side in ["left", "right"], (
+            f"The `padding_side={padding_side}` argument must be either 'left' or 'right'"
+        )
+        assert len(kwargs) == 0, f"Unexpected NeuronConfig keyword arguments: {kwargs}"
+        self.padding_side = padding_side
+        self.on_device_embedding = on_device_embedding
+        self.on_device_generation = on_device_generation
+        self.continuous_batching = continuous_batching
+        self.is_eagle_target = is_eagle_target
+        self.is_eagle_draft = is_eagle_draft
+        self.shard_over_sequence = shard_over_sequence
+        self.is_sequence_parallel = False
+        self.lhs_aligned = padding_side == "right"
+
+    @property
+    def use_2d_cache_ids(self):
+        return self.lhs_aligned

@@ -1,0 +1,125 @@
+"""`engine: fused`: transformers-neuronx's FusedSpeculativeDecoder (stand-in of 1ade6d74) from our config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from neuron_support import STANDIN, neuron_config, prompt
+
+from neuron_ssp.backends.neuron.fused import FusedEngine, fused_k, generation_settings
+from neuron_ssp.backends.neuron.load import load_neuron_backends
+from neuron_ssp.config import SamplingConfig
+from neuron_ssp.errors import RuntimeProblem, UsageError
+from neuron_ssp.generator import plain_generate
+from neuron_ssp.topology import plan_deployment, validate_config
+
+pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
+REAL = json.loads((STANDIN / "neuronx_signatures.json").read_text())["sdk_2_21_fused"]
+
+
+def names(qualified: str) -> set[str]:
+    return {p["name"] for p in REAL[qualified] if p["kind"] != "var_keyword"}
+
+
+def fused_config(tiny_model_dirs: dict[str, Path], **sections):
+    return neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
+                         speculation={"engine": "fused", **sections.pop("speculation", {})}, **sections)
+
+
+def test_the_k_mapping_is_our_window_minus_one() -> None:
+    assert [fused_k(k) for k in (2, 4, 9)] == [1, 3, 8]
+
+
+def test_greedy_output_equals_plain_greedy_and_stats_come_from_the_fused_loop(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    config = fused_config(tiny_model_dirs)
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, target, draft)
+    ids = prompt(7)
+    result = engine.generate(ids, 24)
+
+    native = neuron_config(tiny_model_dirs["target"], neuron={"self_test": False})
+    plain_target, _ = load_neuron_backends(native, plan_deployment(native))
+    assert result.tokens == plain_generate(plain_target, ids, 24, native.sampling).tokens
+
+    ((_, _, built),) = [e for e in neuronx.RUNTIME.events if e[1] == "FusedSpeculativeDecoder"]
+    assert built["k"] == config.speculation.k - 1  # the draft speculates k-1 tokens
+    windows = [d["window"] for _, c, d in neuronx.RUNTIME.events if c == "iteration"]
+    assert windows and all(len(w) == config.speculation.k for w in windows)  # the target scores our k
+    stats = result.stats
+    assert stats.target_calls == len(windows)
+    assert stats.draft_tokens == len(windows) * (config.speculation.k - 1)
+    assert 0.0 <= stats.acceptance_rate <= 1.0 and stats.mean_accepted_length >= 1.0
+
+
+def test_arguments_are_a_subset_of_the_real_signatures(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    config = fused_config(tiny_model_dirs)
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    FusedEngine.build(config, target, draft)
+    ((_, _, built),) = [e for e in neuronx.RUNTIME.events if e[1] == "FusedSpeculativeDecoder"]
+    assert set(built) <= names("FusedSpeculativeDecoder.__init__")
+    settings = generation_settings(SamplingConfig(temperature=0.7, top_k=40, top_p=0.9), [2], 96)
+    assert set(settings) <= names("GenerationConfig.__init__")
+    assert {"on_device_embedding", "on_device_generation"} <= names("NeuronConfig.__init__")
+    for model in (target.model, draft.model):
+        assert model.neuron_config.on_device_embedding is True
+        assert model.neuron_config.on_device_generation.do_sample is False
+    loaded = [d for _, c, d in neuronx.RUNTIME.events if c == "from_pretrained"]
+    assert all("neuron_config" in d for d in loaded)
+
+
+def test_models_that_generate_on_device_refuse_to_score(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    config = fused_config(tiny_model_dirs)
+    target, _ = load_neuron_backends(config, plan_deployment(config))
+    with pytest.raises(RuntimeProblem, match="token ids, not logits"):
+        target.prefill(prompt(7))
+
+
+def test_the_older_library_is_refused_cleanly(neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    if neuronx_any.API != "sdk_2_18":
+        pytest.skip("the 2.21 stand-in ships fused_speculation")
+    config = fused_config(tiny_model_dirs)
+    with pytest.raises(RuntimeProblem) as caught:
+        load_neuron_backends(config, plan_deployment(config))
+    (problem,) = caught.value.problems
+    assert problem.field == "speculation.engine" and "0.13" in problem.fix
+
+
+@pytest.mark.parametrize(
+    ("sections", "field"),
+    [
+        ({"speculation": {"drafter": "ngram"}}, "speculation.drafter"),
+        ({"speculation": {"policy": "adaptive"}}, "speculation.policy"),
+        ({"speculation": {"acceptor": "typical"}}, "speculation.acceptor"),
+        ({"speculation": {"acceptor": "my_module:MyAcceptor"}}, "speculation.acceptor"),
+        ({"speculation": {"k": 10}}, "speculation.k"),
+        ({"sampling": {"temperature": 0.8}}, "sampling.temperature"),
+        ({"draft": {"tp_degree": 8}}, "draft.tp_degree"),
+        ({"generation": {"max_new_tokens": 110, "max_prompt_tokens": 24}}, "target.n_positions"),
+        ({"platform": {"backend": "torch"}}, "speculation.engine"),
+    ],
+)
+def test_what_the_fused_decoder_cannot_do_is_refused_with_field_rule_fix(
+    tiny_model_dirs: dict[str, Path], sections: dict, field: str
+) -> None:
+    config = fused_config(tiny_model_dirs, **sections)
+    errors = validate_config(config).errors
+    mine = [p for p in errors if p.field == field]
+    assert mine, [str(p) for p in errors]
+    assert all(p.rule and p.fix for p in mine)
+    with pytest.raises(UsageError):
+        validate_config(config).raise_if_invalid()
+
+
+def test_compile_refuses_the_fused_engine(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    from neuron_ssp.backends.neuron.compile import compile_models
+
+    config = fused_config(tiny_model_dirs, neuron={"compiled_dir": str(tmp_path / "c")})
+    with pytest.raises(UsageError, match="compiles its own graph"):
+        compile_models(config, plan_deployment(config), [4])
