@@ -22,7 +22,7 @@ from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter
 from neuron_ssp.embedded import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import build_policy
+from neuron_ssp.policies import build_draft_stop, build_policy
 from neuron_ssp.prompts import encode_prompt, stop_token_ids
 from neuron_ssp.topology import validate_config
 
@@ -96,7 +96,7 @@ class TextStream:
 
 def load_pipeline(config: Config) -> Pipeline:
     validate_config(config).raise_if_invalid()
-    rng = torch.Generator()
+    rng = torch.Generator(device=sampling_device(config))  # draws where the logits are (CUDA: no copies)
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)  # fail fast
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
@@ -119,11 +119,12 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.backends.neuron_library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
-    return SpeculativeGenerator(target, build_drafter(config, target, draft), acceptor,
+    return SpeculativeGenerator(target, build_drafter(config, target, draft, rng), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 
-def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None) -> Drafter:
+def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
+                  rng: torch.Generator) -> Drafter:
     spec = config.speculation
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)
@@ -133,7 +134,16 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
                                  f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
                                  f"({target.vocab_size}); speculative sampling compares token ids",
                                  "pick a draft from the same model family (same tokenizer), or use drafter: ngram"))
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, sampling_params(config.sampling), rng, build_draft_stop(spec))
+
+
+def sampling_device(config: Config) -> torch.device:
+    """The torch backend keeps logits on its device (CUDA or CPU); Neuron returns them on the host."""
+    if config.platform.backend != "torch":
+        return torch.device("cpu")
+    from neuron_ssp.backends.torch import resolve_device
+
+    return resolve_device(config.platform.device)
 
 
 def _load_torch(config: Config) -> tuple[ModelBackend, ModelBackend | None, PreTrainedTokenizerBase]:

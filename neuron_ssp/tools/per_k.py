@@ -18,7 +18,7 @@ import torch
 from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import Config
 from neuron_ssp.generator import SpeculativeGenerator, sampling_params
-from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline
+from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline, sampling_device
 from neuron_ssp.policies import build_policy
 
 
@@ -52,9 +52,9 @@ def generator_for_k(pipeline: Pipeline, k: int) -> SpeculativeGenerator:
 
 def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGenerator:
     """A generator with `config`'s speculation and sampling settings on the pipeline's loaded models."""
-    rng = torch.Generator()
+    rng = torch.Generator(device=sampling_device(config))
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
-    return SpeculativeGenerator(pipeline.target, build_drafter(config, pipeline.target, pipeline.draft), acceptor,
+    return SpeculativeGenerator(pipeline.target, build_drafter(config, pipeline.target, pipeline.draft, rng), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology.fitting import Placed
-from neuron_ssp.topology.generic_rules import check_positions, check_vocabulary, check_window
+from neuron_ssp.topology.generic_rules import check_acceptor, check_positions, check_vocabulary, check_window
 from neuron_ssp.topology.models import Architecture, resolve_architecture
 from neuron_ssp.topology.neuron_rules import (
     check_batch,
@@ -33,6 +33,7 @@ def validate_config(config: Config) -> ValidationReport:
     check_window(config, models, report)
     check_positions(config, models, report)
     check_vocabulary(architectures, models.get("draft"), report)
+    check_acceptor(config, report)
     if on_neuron:
         _check_neuron(config, models, architectures, report)
     return report
