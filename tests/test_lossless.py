@@ -58,7 +58,7 @@ def ssp_histogram(sampling: SamplingConfig, acceptor_cls, k: int = 4) -> torch.T
     target, draft = TableBackend(VOCAB, seed=0), TableBackend(VOCAB, seed=1, sharpness=1.0)
     rng = torch.Generator()
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft), acceptor_cls(params, rng), FixedPolicy(k),
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, params, rng), acceptor_cls(params, rng), FixedPolicy(k),
                                sampling, k, rng)
     counts = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
     for seed in range(SAMPLES):
