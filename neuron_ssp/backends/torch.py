@@ -7,7 +7,8 @@ cache is built (`_new_cache`) and the name of the dtype argument (`dtype_kwarg`)
 
 Sliding-window (and linear-attention) cache layers of transformers 5.x keep only the last window of
 states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
-(as Hugging Face's assisted generation does), and `crop(0)` after each call trims them back.
+(as Hugging Face's assisted generation does). Recording layers then keep every state written since
+the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
 
 Logits stay on the model's device: on CUDA the sampler draws there and only token ids cross to the
 host, not (n, vocab) floats per call.
@@ -74,8 +75,8 @@ class TorchBackend:
         if self._cache is None:
             raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
         stale = self._cache.get_seq_length() - start
-        if stale > 0 or self._recording:  # crop(0) trims recorded window layers; 4.4x reads 0 as a length
-            self._cache.crop(-max(stale, 0))
+        if stale > 0:
+            self._cache.crop(-stale)
         n = token_ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
         out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
