@@ -176,20 +176,20 @@ def test_plain_decoding_refuses_non_finite_logits_too():
 class Timed:
     """Wraps a backend and adds up the seconds spent inside its calls, measured apart from the stats."""
 
-    def __init__(self, inner, sleep_s: float):
-        self.inner, self.sleep_s, self.seconds = inner, sleep_s, 0.0
+    def __init__(self, inner, sleep_s: float, prefill_sleep_s: float = 0.0):
+        self.inner, self.sleep_s, self.prefill_sleep_s, self.seconds = inner, sleep_s, prefill_sleep_s, 0.0
         self.vocab_size, self.n_positions, self.name = inner.vocab_size, inner.n_positions, inner.name
         self.max_score_width = None
 
-    def _timed(self, call, *args):
+    def _timed(self, call, *args, sleep_s=None):
         start = time.perf_counter()
-        time.sleep(self.sleep_s)
+        time.sleep(self.sleep_s if sleep_s is None else sleep_s)
         out = call(*args)
         self.seconds += time.perf_counter() - start
         return out
 
     def prefill(self, prompt_ids):
-        return self._timed(self.inner.prefill, prompt_ids)
+        return self._timed(self.inner.prefill, prompt_ids, sleep_s=self.prefill_sleep_s or self.sleep_s)
 
     def score(self, token_ids, start):
         return self._timed(self.inner.score, token_ids, start)
@@ -203,21 +203,40 @@ class SlowAcceptor(ProbabilisticAcceptor):
         return super().__call__(draft_ids, draft_scores, target_scores)
 
 
+class TimedDrafter:
+    """Adds up the seconds spent inside the drafter (its model calls and its own work)."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def begin(self, prompt_ids, max_new_tokens):
+        start = time.perf_counter()
+        self.inner.begin(prompt_ids, max_new_tokens)
+        self.seconds += time.perf_counter() - start
+
+    def propose(self, sequence, max_tokens):
+        start = time.perf_counter()
+        draft = self.inner.propose(sequence, max_tokens)
+        self.seconds += time.perf_counter() - start
+        return draft
+
+
 @pytest.mark.parametrize("slow_loop", [False, True])
 def test_time_split_matches_model_time_measured_outside_the_stats(slow_loop):
-    target, draft = Timed(TableBackend(16, 0), 0.002), Timed(TableBackend(16, 1), 0.001)
+    # the draft's prompt encoding is slow: it must be charged to the draft, not to the target
+    target, draft = Timed(TableBackend(16, 0), 0.002), Timed(TableBackend(16, 1), 0.001, prefill_sleep_s=0.05)
     gen = make(target, draft, 4, sampling=SamplingConfig(temperature=1.0))
+    gen.drafter = drafter = TimedDrafter(gen.drafter)
     if slow_loop:
         gen.acceptor = SlowAcceptor(gen.params, gen.rng)
     begin = time.perf_counter()
     stats = gen.generate(PROMPT, 40).stats
     outside = time.perf_counter() - begin
-    calls = len(target.inner.calls) + len(draft.inner.calls)
-    slack = 0.0005 * calls + 0.002  # the generator's clock brackets each call: a little more, never less
+    slack = 0.0005 * len(target.inner.calls) + 0.005  # each bracket adds a clock read, never removes time
     assert target.seconds <= stats.time_target_s <= target.seconds + slack
-    assert draft.seconds <= stats.time_draft_s <= draft.seconds + slack
+    assert draft.seconds <= stats.time_draft_s <= drafter.seconds + slack
     assert stats.wall_s <= outside
-    assert stats.time_overhead_s == pytest.approx(stats.wall_s - target.seconds - draft.seconds, abs=slack)
+    assert stats.time_overhead_s <= stats.wall_s - target.seconds - draft.seconds
     if slow_loop:
         assert stats.time_overhead_s >= 0.004 * stats.num_drafts
 
