@@ -115,7 +115,7 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.params = sampling_params(sampling)
         self.k = k
-        self.rng = rng or torch.Generator()
+        self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: TokenCallback | None = None) -> GenerationResult:
@@ -180,12 +180,12 @@ def plain_generate(target: ModelBackend, prompt_ids: torch.Tensor, max_new_token
     """Plain autoregressive decoding of the target (RSp): the baseline every speedup is measured against."""
     check_room(target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
     params = sampling_params(sampling)
-    rng = torch.Generator().manual_seed(sampling.seed)
     stats = GenerationStats(k=1)
     seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens)
     start = time.perf_counter()
     logits = target.prefill(prompt_ids)
     stats.time_target_s = time.perf_counter() - start
+    rng = torch.Generator(device=logits.device).manual_seed(sampling.seed)  # draws where the logits are
     check_finite(logits, seq.length - 1)
     seq.extend([next_token(logits, params, rng)])
     while not seq.done:
