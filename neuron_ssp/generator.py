@@ -47,12 +47,12 @@ def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, fiel
                  max_new_tokens, field)
 
 
-def check_finite(logits: torch.Tensor, first_position: int) -> None:
+def check_finite(logits: torch.Tensor, first_position: int, target: ModelBackend) -> None:
     """Refuse to emit tokens from logits that hold NaN or inf (rows scored from `first_position` on)."""
     row = first_non_finite_row(logits.view(-1, logits.shape[-1]))
     if row is not None:
         raise RuntimeProblem(Problem(
-            "target.path", "(the loaded target)",
+            "target.path", target.name,
             f"the target produced non-finite logits (NaN or inf) at position {first_position + row}",
             "check the target's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
 
@@ -131,7 +131,7 @@ class SpeculativeGenerator:
         logits = self.target.prefill(prompt_ids)
         stats.time_draft_s += t0 - start
         stats.time_target_s += time.perf_counter() - t0
-        check_finite(logits, seq.length - 1)
+        check_finite(logits, seq.length - 1, self.target)
         seq.extend([next_token(logits, self.params, self.rng)])
         confidence = _confidence(logits, seq.last) if self.policy.uses_target_confidence else 1.0
 
@@ -146,7 +146,7 @@ class SpeculativeGenerator:
             target_logits = self.target.score(inputs, seq.length - 1)
             stats.time_draft_s += t1 - t0
             stats.time_target_s += time.perf_counter() - t2
-            check_finite(target_logits, seq.length - 1)
+            check_finite(target_logits, seq.length - 1, self.target)
 
             if len(draft):
                 tokens = self._accept(draft.tokens, draft.logits, target_logits)
@@ -186,13 +186,13 @@ def plain_generate(target: ModelBackend, prompt_ids: torch.Tensor, max_new_token
     logits = target.prefill(prompt_ids)
     stats.time_target_s = time.perf_counter() - start
     rng = torch.Generator(device=logits.device).manual_seed(sampling.seed)  # draws where the logits are
-    check_finite(logits, seq.length - 1)
+    check_finite(logits, seq.length - 1, target)
     seq.extend([next_token(logits, params, rng)])
     while not seq.done:
         t0 = time.perf_counter()
         logits = target.score(torch.tensor([seq.last]), seq.length - 1)[0]
         stats.time_target_s += time.perf_counter() - t0
-        check_finite(logits, seq.length - 1)
+        check_finite(logits, seq.length - 1, target)
         stats.record_call(0, 0, seq.extend([next_token(logits, params, rng)]))
     stats.wall_s = time.perf_counter() - start
     stats.new_tokens = seq.length - seq.prompt_len
