@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from neuron_ssp.backends.neuron.api import neuron_base_class
+from neuron_ssp.config import did_you_mean, greedy_acceptor_problem
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
 
@@ -26,10 +27,9 @@ class TokenAcceptor(neuron_base_class()):  # type: ignore[misc]
     """Base class of our acceptors: results are variable-length `(1, n)`, never zero-padded.
 
     Where transformers-neuronx imports, this subclasses its `TokenAcceptor`, so the library's own
-    code accepts ours as one of its acceptors.
+    code accepts ours as one of its acceptors. Scores may live on any device; the random generator
+    must live on the same one.
     """
-
-    lossless = True
 
     def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None):
         self.sampling = sampling or SamplingParams()
@@ -50,32 +50,43 @@ class ProbabilisticAcceptor(TokenAcceptor):
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
-        ids = draft_ids[0]
-        m = ids.shape[0]
         p = logits_to_probs(target_scores[0], self.sampling)
+        ids = draft_ids[0].to(p.device)
+        m = ids.shape[0]
         kept = m
         if m:
-            q = logits_to_probs(draft_scores[0], self.sampling)
-            rows = torch.arange(m)
+            q = logits_to_probs(draft_scores[0].to(p.device), self.sampling)
+            rows = torch.arange(m, device=p.device)
             p_d, q_d = p[rows, ids], q[rows, ids]
-            u = torch.rand(m, generator=self.generator)
-            rejected = (u * q_d >= p_d).nonzero()
+            u = torch.rand(m, generator=self.generator, device=p.device)
+            # keep d only when u*q(d) < p(d) holds: a NaN on either side rejects (NaN compares False)
+            rejected = (~(u * q_d < p_d)).nonzero()
             if rejected.numel():
                 kept = int(rejected[0])
                 residual = (p[kept] - q[kept]).clamp_min(0.0)
                 total = residual.sum()
-                last_row = residual / total if total > 0 else p[kept]
+                last_row = residual / total if bool(torch.isfinite(total)) and total > 0 else p[kept]
                 return torch.cat([ids[:kept], sample(last_row, self.generator).view(1)]).view(1, -1)
         return torch.cat([ids[:kept], sample(p[kept], self.generator).view(1)]).view(1, -1)
 
 
 class GreedyAcceptor(TokenAcceptor):
-    """Keep drafted tokens while they equal the target's argmax: output == plain greedy decoding."""
+    """Keep drafted tokens while they equal the target's argmax: output == plain greedy decoding.
+
+    It refuses a temperature above 0: it would ignore it and return greedy tokens mixed with sampled
+    ones (the first token and plain steps are sampled), which is neither what was asked nor lossless.
+    """
+
+    def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None):
+        super().__init__(sampling, generator)
+        problem = greedy_acceptor_problem("greedy", self.sampling.temperature)
+        if problem is not None:
+            raise UsageError(problem)
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
-        ids = draft_ids[0]
         best = target_scores[0].argmax(-1)
+        ids = draft_ids[0].to(best.device)
         m = ids.shape[0]
         mismatch = (ids != best[:m]).nonzero()
         kept = int(mismatch[0]) if mismatch.numel() else m
@@ -89,8 +100,6 @@ class TypicalAcceptor(TokenAcceptor):
     over-weights them, so acceptance rises but the output distribution is no longer the target's.
     """
 
-    lossless = False
-
     def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None,
                  threshold: float = 0.09, alpha: float = 0.3):
         super().__init__(sampling, generator)
@@ -99,12 +108,12 @@ class TypicalAcceptor(TokenAcceptor):
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
-        ids = draft_ids[0]
-        m = ids.shape[0]
         raw = target_scores[0].float().softmax(-1)
+        ids = draft_ids[0].to(raw.device)
+        m = ids.shape[0]
         entropy = -(raw * raw.clamp_min(1e-30).log()).sum(-1)
         bar = torch.minimum(torch.full_like(entropy, self.threshold), self.alpha * torch.exp(-entropy))
-        fails = (raw[torch.arange(m), ids] <= bar[:m]).nonzero()
+        fails = (raw[torch.arange(m, device=raw.device), ids] <= bar[:m]).nonzero()
         kept = int(fails[0]) if fails.numel() else m
         last = sample(logits_to_probs(target_scores[0, kept], self.sampling), self.generator)
         return torch.cat([ids[:kept], last.view(1)]).view(1, -1)
@@ -116,7 +125,6 @@ class ZeroPaddedAcceptor(TokenAcceptor):
     def __init__(self, inner: Any):
         super().__init__()
         self.inner = inner
-        self.lossless = getattr(inner, "lossless", True)
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
@@ -139,7 +147,8 @@ def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generat
         return BUILTIN[spec](sampling, generator)
     if ":" not in spec:
         raise UsageError(Problem("speculation.acceptor", spec, "unknown acceptor",
-                                 f"use one of {sorted(BUILTIN)} or a plug-in as 'module:Class'"))
+                                 f"{did_you_mean(spec, list(BUILTIN))}use one of {', '.join(BUILTIN)}, "
+                                 "or a plug-in as 'module:Class'"))
     cls = _import_plugin(spec)
     params = inspect.signature(cls).parameters
     kwargs = {name: value for name, value in (("sampling", sampling), ("generator", generator)) if name in params}

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from neuron_ssp.errors import Problem, UsageError
 
@@ -63,6 +63,15 @@ class SpeculationConfig(_Strict):
     ngram_min: int = Field(1, ge=1, le=16)
     # library: transformers-neuronx's SpeculativeGenerator loop; fused: its FusedSpeculativeDecoder (on device)
     engine: Literal["native", "library", "fused"] = "native"
+
+    @field_validator("acceptor")
+    @classmethod
+    def _known_acceptor(cls, value: str) -> str:
+        """Built-in names are checked with the rest of the config; a plug-in is imported at load."""
+        if ":" in value or value in BUILTIN_ACCEPTORS:
+            return value
+        raise ValueError(f"unknown acceptor; {did_you_mean(value, BUILTIN_ACCEPTORS)}use one of "
+                         f"{', '.join(BUILTIN_ACCEPTORS)}, or a plug-in as 'module:Class'")
 
     @model_validator(mode="after")
     def _bounds(self) -> SpeculationConfig:
@@ -134,6 +143,22 @@ class Config(_Strict):
                 f"k ({self.speculation.k}) exceeds target.n_positions ({self.target.n_positions})"
             )
         return self
+
+
+def greedy_acceptor_problem(acceptor: str, temperature: float) -> Problem | None:
+    """Greedy acceptance keeps only the target's argmax: with a temperature it would silently ignore it."""
+    if acceptor != "greedy" or temperature == 0:
+        return None
+    return Problem("speculation.acceptor", acceptor,
+                   f"the greedy acceptor keeps only the target's argmax, so sampling.temperature "
+                   f"{temperature} would be ignored (and the output be neither greedy nor sampled)",
+                   "use acceptor: probabilistic to sample (lossless at any temperature), or set "
+                   "sampling.temperature: 0 for greedy decoding")
+
+
+def did_you_mean(value: Any, choices: tuple[str, ...] | list[str]) -> str:
+    near = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.5)
+    return f"did you mean '{near[0]}'? " if near else ""
 
 
 # ---------------------------------------------------------------- loading
@@ -215,12 +240,11 @@ def _problem_from_pydantic(err: dict[str, Any], data: dict[str, Any]) -> Problem
     if kind == "extra_forbidden":
         section = loc[0] if len(loc) > 1 else ""
         valid = list(_SECTION_MODELS.get(section, Config).model_fields)
-        near = difflib.get_close_matches(loc[-1], valid, n=1, cutoff=0.5)
-        hint = f"did you mean '{near[0]}'? " if near else ""
         return Problem(field, value, f"unknown key '{loc[-1]}'",
-                       f"{hint}valid keys here: {', '.join(valid)}")
+                       f"{did_you_mean(loc[-1], valid)}valid keys here: {', '.join(valid)}")
     if kind == "literal_error":
-        return Problem(field, value, "not an allowed value", f"use one of {ctx.get('expected')}")
+        return Problem(field, value, "not an allowed value",
+                       f"{did_you_mean(value, _literal_choices(loc))}use one of {ctx.get('expected')}")
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()))
@@ -232,6 +256,13 @@ def _problem_from_pydantic(err: dict[str, Any], data: dict[str, Any]) -> Problem
     if kind == "missing":
         return Problem(field, None, "required field is missing", f"add `{loc[-1]}:` to the config")
     return Problem(field, value, err["msg"], f"give {field} a value of the right type")
+
+
+def _literal_choices(loc: list[str]) -> list[str]:
+    """The allowed values of the Literal field at `loc` (section.field), for a nearest-name hint."""
+    model = _SECTION_MODELS.get(loc[0] if len(loc) > 1 else "", Config)
+    info = model.model_fields.get(loc[-1])
+    return [str(choice) for choice in get_args(info.annotation)] if info is not None else []
 
 
 def _pick(data: Any, loc: list[str]) -> Any:

@@ -16,10 +16,11 @@ import torch
 from neuron_ssp.acceptors import TokenAcceptor
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SamplingConfig
-from neuron_ssp.drafters.base import Drafter
+from neuron_ssp.drafters.base import Draft, Drafter
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams, next_token
+from neuron_ssp.policies import WindowPolicy
+from neuron_ssp.positions import require_room, target_slots
+from neuron_ssp.sampling import SamplingParams, first_non_finite_row, next_token
 from neuron_ssp.stats import GenerationStats
 
 TokenCallback = Callable[[list[int]], None]
@@ -40,18 +41,25 @@ def sampling_params(sampling: SamplingConfig) -> SamplingParams:
     return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, k: int, field: str) -> None:
-    """Fail before the first call, not when the cache overflows half-way."""
-    needed = prompt_len + max_new_tokens + k
+def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, field: str,
+               extra_slots: int = 0) -> None:
+    """Fail before the first call, not when the cache overflows half-way. Our loop writes
+    `positions.target_slots` slots; an engine that writes more (transformers-neuronx's loop) says how
+    many more with `extra_slots`."""
     if prompt_len == 0:
         raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
-    if needed > backend.n_positions:
-        raise UsageError(Problem(
-            field, backend.n_positions,
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + k ({k}) = {needed} "
-            f"exceeds the {backend.n_positions} cache positions",
-            f"raise {field} to at least {needed} (within the model's limit), "
-            "or shorten the prompt / lower --max-new-tokens"))
+    require_room(backend.n_positions, target_slots(prompt_len, max_new_tokens) + extra_slots, prompt_len,
+                 max_new_tokens, field)
+
+
+def check_finite(logits: torch.Tensor, first_position: int, target: ModelBackend) -> None:
+    """Refuse to emit tokens from logits that hold NaN or inf (rows scored from `first_position` on)."""
+    row = first_non_finite_row(logits.view(-1, logits.shape[-1]))
+    if row is not None:
+        raise RuntimeProblem(Problem(
+            "target.path", target.name,
+            f"the target produced non-finite logits (NaN or inf) at position {first_position + row}",
+            "check the target's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
 
 
 class _Sequence:
@@ -104,7 +112,7 @@ class _Sequence:
 
 
 class SpeculativeGenerator:
-    def __init__(self, target: ModelBackend, drafter: Drafter, acceptor: TokenAcceptor, policy: FixedPolicy,
+    def __init__(self, target: ModelBackend, drafter: Drafter, acceptor: TokenAcceptor, policy: WindowPolicy,
                  sampling: SamplingConfig, k: int, rng: torch.Generator | None = None):
         if target.max_score_width is not None and k > target.max_score_width:
             raise UsageError(Problem("speculation.k", k, f"the target scores at most {target.max_score_width} "
@@ -117,46 +125,47 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.params = sampling_params(sampling)
         self.k = k
-        self.rng = rng or torch.Generator()
+        self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: TokenCallback | None = None, *, on_commit: CommitCallback | None = None,
                  should_stop: StopCheck | None = None) -> GenerationResult:
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.k, "target.n_positions")
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
         self.rng.manual_seed(self.sampling.seed)
         self.policy.reset()
         stats = GenerationStats(k=self.k)
         seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens, on_commit)
         start = time.perf_counter()
 
+        self.drafter.begin(prompt_ids, max_new_tokens)  # checks the draft model's room before any call
+        t0 = time.perf_counter()
         logits = self.target.prefill(prompt_ids)
-        self.drafter.begin(prompt_ids)
-        stats.time_target_s += time.perf_counter() - start
+        stats.time_draft_s += t0 - start
+        stats.time_target_s += time.perf_counter() - t0
+        check_finite(logits, seq.length - 1, self.target)
         seq.extend([next_token(logits, self.params, self.rng)])
         confidence = _confidence(logits, seq.last) if self.policy.uses_target_confidence else 1.0
 
         while not seq.done and not (should_stop and should_stop()):
             window = min(self.policy.window(confidence), self.k, seq.remaining)
             t0 = time.perf_counter()
-            draft = self.drafter.propose(seq.committed(), window - 1, self.policy, self.params, self.rng) \
-                if window > 1 else None
+            draft = self.drafter.propose(seq.committed(), window - 1) if window > 1 \
+                else Draft.empty(self.target.vocab_size)
             t1 = time.perf_counter()
-            drafted = len(draft) if draft is not None else 0
-            inputs = torch.tensor([seq.last])
-            if drafted:
-                inputs = torch.cat([inputs, draft.tokens])
-            target_logits = self.target.score(inputs, seq.length - 1)
+            inputs = torch.cat([torch.tensor([seq.last]), draft.tokens])
             t2 = time.perf_counter()
+            target_logits = self.target.score(inputs, seq.length - 1)
             stats.time_draft_s += t1 - t0
-            stats.time_target_s += t2 - t1
+            stats.time_target_s += time.perf_counter() - t2
+            check_finite(target_logits, seq.length - 1, self.target)
 
-            if drafted:
+            if len(draft):
                 tokens = self._accept(draft.tokens, draft.logits, target_logits)
             else:
                 tokens = [next_token(target_logits[0], self.params, self.rng)]
             accepted = len(tokens) - 1
-            stats.record_call(drafted, accepted, seq.extend(tokens, accepted, drafted))
-            self.policy.observe(drafted, accepted)
+            stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft)))
+            self.policy.observe(len(draft), accepted)
             if self.policy.uses_target_confidence:
                 confidence = _confidence(target_logits[accepted], tokens[-1])
 
@@ -180,19 +189,21 @@ def plain_generate(target: ModelBackend, prompt_ids: torch.Tensor, max_new_token
                    sampling: SamplingConfig, eos_token_ids: Collection[int] = (),
                    on_tokens: TokenCallback | None = None) -> GenerationResult:
     """Plain autoregressive decoding of the target (RSp): the baseline every speedup is measured against."""
-    check_room(target, prompt_ids.shape[0], max_new_tokens, 1, "target.n_positions")
+    check_room(target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
     params = sampling_params(sampling)
-    rng = torch.Generator().manual_seed(sampling.seed)
     stats = GenerationStats(k=1)
     seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens)
     start = time.perf_counter()
     logits = target.prefill(prompt_ids)
     stats.time_target_s = time.perf_counter() - start
+    rng = torch.Generator(device=logits.device).manual_seed(sampling.seed)  # draws where the logits are
+    check_finite(logits, seq.length - 1, target)
     seq.extend([next_token(logits, params, rng)])
     while not seq.done:
         t0 = time.perf_counter()
         logits = target.score(torch.tensor([seq.last]), seq.length - 1)[0]
         stats.time_target_s += time.perf_counter() - t0
+        check_finite(logits, seq.length - 1, target)
         stats.record_call(0, 0, seq.extend([next_token(logits, params, rng)]))
     stats.wall_s = time.perf_counter() - start
     stats.new_tokens = seq.length - seq.prompt_len

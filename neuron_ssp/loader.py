@@ -30,7 +30,7 @@ from neuron_ssp.generator import (
     plain_generate,
     sampling_params,
 )
-from neuron_ssp.policies import build_policy
+from neuron_ssp.policies import build_draft_stop, build_policy
 from neuron_ssp.prompts import encode_messages, encode_prompt, stop_token_ids
 from neuron_ssp.topology import validate_config
 
@@ -72,8 +72,11 @@ class Pipeline:
         return encode_messages(self.tokenizer, messages, self.config.generation.chat_template)
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """The n_positions rule `generate` enforces, asked before a request is queued."""
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.config.speculation.k, "target.n_positions")
+        """The n_positions rule `generate` enforces, asked before a request is queued. transformers-neuronx's
+        loops write past our last slot: its SpeculativeGenerator up to k more, the fused decoder k-1 more."""
+        spec = self.config.speculation
+        extra = {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", extra_slots=extra)
 
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
                      on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None
@@ -141,7 +144,7 @@ class TextStream:
 
 def load_pipeline(config: Config) -> Pipeline:
     validate_config(config).raise_if_invalid()
-    rng = torch.Generator()
+    rng = torch.Generator(device=sampling_device(config))  # draws where the logits are (CUDA: no copies)
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)  # fail fast
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
@@ -169,11 +172,12 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.backends.neuron.fused import FusedEngine
 
         return FusedEngine.build(config, target, draft)
-    return SpeculativeGenerator(target, build_drafter(config, target, draft), acceptor,
+    return SpeculativeGenerator(target, build_drafter(config, target, draft, rng), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 
-def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None) -> Drafter:
+def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
+                  rng: torch.Generator) -> Drafter:
     spec = config.speculation
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)
@@ -183,7 +187,16 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
                                  f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
                                  f"({target.vocab_size}); speculative sampling compares token ids",
                                  "pick a draft from the same model family (same tokenizer), or use drafter: ngram"))
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, sampling_params(config.sampling), rng, build_draft_stop(spec))
+
+
+def sampling_device(config: Config) -> torch.device:
+    """The torch backend keeps logits on its device (CUDA or CPU); Neuron returns them on the host."""
+    if config.platform.backend != "torch":
+        return torch.device("cpu")
+    from neuron_ssp.backends.torch import resolve_device
+
+    return resolve_device(config.platform.device)
 
 
 def _load_torch(config: Config) -> tuple[ModelBackend, ModelBackend | None, PreTrainedTokenizerBase]:

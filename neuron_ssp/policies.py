@@ -1,7 +1,9 @@
-"""k policies: how wide the next speculation window is, and when to stop drafting.
+"""k policies: how wide the next speculation window is.
 
 A window of w means w-1 drafted tokens and w positions scored by the target; w = 1 is a plain
 decoding step. The window never exceeds the configured k (on Neuron: the compiled k).
+Draft-confidence (stop drafting when the draft hesitates) is a rule of the model drafter, which is
+the only one that sees draft probabilities: `build_draft_stop` gives its threshold.
 """
 
 from __future__ import annotations
@@ -9,11 +11,10 @@ from __future__ import annotations
 from neuron_ssp.config import SpeculationConfig
 
 
-class FixedPolicy:
-    """Always the full window k."""
+class WindowPolicy:
+    """The interface the generator drives; by itself it always opens the full window k."""
 
     uses_target_confidence = False
-    uses_draft_confidence = False
 
     def __init__(self, k: int):
         self.k = k
@@ -21,17 +22,18 @@ class FixedPolicy:
     def window(self, target_confidence: float) -> int:
         return self.k
 
-    def keep_drafting(self, draft_confidence: float) -> bool:
-        return True
-
     def observe(self, drafted: int, accepted: int) -> None:
-        """Fixed windows learn nothing."""
+        """What the last target call kept of its draft; stateless policies ignore it."""
 
     def reset(self) -> None:
         """Start of a new sequence; stateless policies have nothing to forget."""
 
 
-class AdaptivePolicy(FixedPolicy):
+class FixedPolicy(WindowPolicy):
+    """Always the full window k."""
+
+
+class AdaptivePolicy(WindowPolicy):
     """Hugging Face's heuristic: +2 after a fully accepted draft, -1 after a rejection, within [k_min, k]."""
 
     def __init__(self, k: int, k_min: int = 2):
@@ -52,20 +54,7 @@ class AdaptivePolicy(FixedPolicy):
         self.current = max(self.k_min, min(self.k, self.current + step))
 
 
-class DraftConfidencePolicy(FixedPolicy):
-    """Stop drafting as soon as the draft's top probability falls below p_min (cheap early exit)."""
-
-    uses_draft_confidence = True
-
-    def __init__(self, k: int, p_min: float):
-        super().__init__(k)
-        self.p_min = p_min
-
-    def keep_drafting(self, draft_confidence: float) -> bool:
-        return draft_confidence >= self.p_min
-
-
-class TargetConfidencePolicy(FixedPolicy):
+class TargetConfidencePolicy(WindowPolicy):
     """Draft only when the target was confident in its last token; otherwise decode plainly.
 
     The strategy of Clay's post of 2024-11-21 (clay-atlas.com; code in ccs96307/fast-llm-inference:
@@ -83,11 +72,14 @@ class TargetConfidencePolicy(FixedPolicy):
         return self.k if target_confidence >= self.threshold else 1
 
 
-def build_policy(spec: SpeculationConfig) -> FixedPolicy:
+def build_policy(spec: SpeculationConfig) -> WindowPolicy:
     if spec.policy == "adaptive":
         return AdaptivePolicy(spec.k, spec.k_min)
-    if spec.policy == "draft-confidence":
-        return DraftConfidencePolicy(spec.k, spec.p_min)
     if spec.policy == "target-confidence":
         return TargetConfidencePolicy(spec.k, spec.confidence_threshold)
-    return FixedPolicy(spec.k)
+    return FixedPolicy(spec.k)  # fixed, and draft-confidence (whose rule lives in the drafter)
+
+
+def build_draft_stop(spec: SpeculationConfig) -> float:
+    """The draft's top probability below which the model drafter stops (0 = never stops early)."""
+    return spec.p_min if spec.policy == "draft-confidence" else 0.0

@@ -54,3 +54,15 @@ def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     if params.greedy:
         return int(logits.argmax(-1))
     return int(sample(logits_to_probs(logits, params), generator))
+
+
+def first_non_finite_row(logits: torch.Tensor) -> int | None:
+    """Index of the first row of a (n, V) tensor that no distribution can come from: one holding NaN
+    or +inf, or nothing but -inf. None when every row is usable (-inf alone marks an impossible token).
+
+    NaN compares False with everything, so a NaN that reached the acceptor would be accepted or
+    sampled silently; callers turn a hit into an error that names the position.
+    """
+    bad = (logits.isnan() | logits.isposinf()).any(-1) | logits.isneginf().all(-1)
+    hits = bad.nonzero()
+    return int(hits[0]) if hits.numel() else None

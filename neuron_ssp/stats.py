@@ -1,10 +1,19 @@
-"""Generation statistics, defined as vLLM and Spec-Bench define them.
+"""Generation statistics, each under the name of whoever defines it.
 
-- acceptance rate = accepted draft tokens / proposed draft tokens
-- mean accepted length = tokens committed by decode-loop target calls / those calls (bonus included;
-  the prompt's prefill call and the token it yields are left out of both)
-- per-position acceptance: for draft position i (1..k-1), accepted / proposed at that position
-- time split: draft, target (prefill included), overhead = wall - draft - target
+- acceptance rate (vLLM's "draft acceptance rate", Spec-Bench's too) = accepted draft tokens /
+  proposed draft tokens
+- mean accepted length, Spec-Bench's τ = tokens committed by decode-loop target calls / those calls:
+  bonus token included, calls that drafted nothing (plain steps) included; the prompt's prefill call
+  and the token it yields are left out of both
+- vLLM's mean acceptance length = 1 + accepted draft tokens / num_drafts, where num_drafts counts
+  only the calls that scored at least one draft token (vllm/v1/spec_decode/metrics.py)
+- per-position acceptance (ours, conditional): at draft position i (1..k-1), accepted / drafts that
+  reached position i; vLLM's per-position acceptance rate divides by num_drafts instead
+- time split: draft (the drafter's calls, its prompt encoding included), target (prefill included),
+  overhead = wall - draft - target (acceptor, sampling, bookkeeping)
+
+Draft tokens the acceptor kept after an end-of-sequence token are not committed, so they count as
+neither accepted nor proposed.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ class GenerationStats:
     new_tokens: int = 0
     target_calls: int = 0
     loop_tokens: int = 0  # committed by the decode-loop target calls (for mean accepted length)
+    num_drafts: int = 0  # target calls that scored at least one draft token (vLLM's num_drafts)
     draft_tokens: int = 0
     accepted_tokens: int = 0
     proposed_at: list[int] = field(default_factory=list)
@@ -32,9 +42,14 @@ class GenerationStats:
         self.accepted_at = self.accepted_at or [0] * max(self.k - 1, 0)
 
     def record_call(self, drafted: int, accepted: int, committed: int) -> None:
-        """One target call that scored `drafted` draft tokens and kept `accepted` of them."""
+        """One target call that scored `drafted` draft tokens, kept `accepted` of them and committed
+        `committed` tokens (fewer than accepted + 1 when an end-of-sequence token cut the block)."""
+        accepted = min(accepted, committed)
+        if committed <= accepted:  # the block ended at a draft token: later drafts were never judged
+            drafted = accepted
         self.target_calls += 1
         self.loop_tokens += committed
+        self.num_drafts += drafted > 0
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
         for i in range(drafted):
@@ -48,11 +63,21 @@ class GenerationStats:
 
     @property
     def mean_accepted_length(self) -> float:
+        """Spec-Bench's τ: committed tokens per decode-loop target call."""
         return self.loop_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def vllm_mean_acceptance_length(self) -> float:
+        """vLLM's: 1 + accepted / num_drafts (1 when nothing was drafted, as vLLM reports it)."""
+        return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     @property
     def per_position_acceptance(self) -> list[float | None]:
         return [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at, strict=True)]
+
+    @property
+    def vllm_per_position_acceptance(self) -> list[float | None]:
+        return [a / self.num_drafts if self.num_drafts else None for a in self.accepted_at]
 
     @property
     def time_overhead_s(self) -> float:
@@ -73,9 +98,12 @@ class GenerationStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "target_calls": self.target_calls,
+            "num_drafts": self.num_drafts,
+            "vllm_mean_acceptance_length": self.vllm_mean_acceptance_length,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
             "per_position_acceptance": self.per_position_acceptance,
+            "vllm_per_position_acceptance": self.vllm_per_position_acceptance,
             "tokens_per_s": self.tokens_per_s,
             "ms_per_token": self.ms_per_token,
             "wall_s": self.wall_s,

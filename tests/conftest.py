@@ -32,9 +32,15 @@ class TableBackend:
 
     max_score_width = None
 
-    def __init__(self, vocab_size: int, seed: int, sharpness: float = 2.0, n_positions: int = 512):
+    def __init__(self, vocab_size: int, seed: int, sharpness: float = 2.0, n_positions: int = 512,
+                 flat_share: float = 0.0):
+        """`flat_share`: the share of two-token contexts whose logits are scaled to near-uniform, so the
+        model is confident in some places and hesitant in others (what confidence policies react to)."""
         gen = torch.Generator().manual_seed(seed)
         self.table = torch.randn(vocab_size, vocab_size, vocab_size, generator=gen) * sharpness
+        if flat_share:
+            flat = torch.rand(vocab_size, vocab_size, 1, generator=gen) < flat_share
+            self.table = torch.where(flat, self.table * 0.05 / sharpness, self.table)
         self.vocab_size = vocab_size
         self.n_positions = n_positions
         self.name = f"table{seed}"
@@ -44,6 +50,17 @@ class TableBackend:
     def _logits_after(self, position: int) -> torch.Tensor:
         prev = self.slots[position - 1] if position >= 1 else 0
         return self.table[prev, self.slots[position]]
+
+    def perturbed(self, scale: float, seed: int) -> TableBackend:
+        """A copy whose logits carry extra noise: a draft that agrees with this model often, not always."""
+        copy = TableBackend(self.vocab_size, seed, n_positions=self.n_positions)
+        noise = torch.randn(self.table.shape, generator=torch.Generator().manual_seed(seed))
+        copy.table = self.table + scale * noise
+        return copy
+
+    @property
+    def highest_slot(self) -> int:
+        return max(start + n - 1 for start, n in self.calls)
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         self.slots[: len(prompt_ids)] = prompt_ids

@@ -12,6 +12,7 @@ from neuron_ssp.acceptors import (
     GreedyAcceptor,
     ProbabilisticAcceptor,
     TokenAcceptor,
+    TypicalAcceptor,
     ZeroPaddedAcceptor,
     build_acceptor,
 )
@@ -102,3 +103,52 @@ def test_bad_plugins_are_named(plugin_module, spec, message):
         build_acceptor(spec, SamplingParams(), None)
     problem = err.value.problems[0]
     assert problem.field == "speculation.acceptor" and problem.value == spec and message in problem.rule
+
+
+# ---------------------------------------------------------------- issue 14 items 1, 2, 11
+
+
+@pytest.mark.parametrize("where", ["draft", "target"])
+def test_a_nan_never_accepts_the_draft_token(where):
+    """`u*q >= p` is False for a NaN, which used to accept the draft token."""
+    params = SamplingParams(temperature=1.0)
+    draft = torch.zeros(1, 1, 4)
+    target = torch.zeros(1, 2, 4)
+    (draft if where == "draft" else target)[0, 0, 2] = float("nan")
+    acceptor = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))
+    for _ in range(20):
+        try:
+            out = acceptor(torch.tensor([[2]]), draft, target)
+        except RuntimeError:  # nothing valid to resample from: an error, never an accepted draft
+            continue
+        assert out.shape == (1, 1)  # rejected at the draft token; accepted would read [[2, bonus]]
+
+
+def test_a_nan_draft_row_falls_back_to_the_target_distribution():
+    params = SamplingParams(temperature=1.0)
+    target = torch.tensor([[[0.0, 20.0, 0.0], [0.0, 0.0, 0.0]]])
+    draft = torch.full((1, 1, 3), float("nan"))
+    out = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))(torch.tensor([[2]]), draft, target)
+    assert out.tolist() == [[1]]
+
+
+def test_greedy_acceptor_refuses_a_temperature():
+    with pytest.raises(UsageError) as err:
+        GreedyAcceptor(SamplingParams(temperature=0.7))
+    problem = err.value.problems[0]
+    assert problem.field == "speculation.acceptor" and "0.7" in problem.rule and "probabilistic" in problem.fix
+    with pytest.raises(UsageError):
+        build_acceptor("greedy", SamplingParams(temperature=1.0), None)
+    assert isinstance(build_acceptor("greedy", SamplingParams(temperature=0.0), None), GreedyAcceptor)
+
+
+def test_no_acceptor_carries_an_unread_lossless_flag():
+    """Nothing read it: losslessness is shown by tests/test_lossless.py, not declared."""
+    assert not any(hasattr(cls, "lossless") for cls in (TokenAcceptor, ProbabilisticAcceptor, GreedyAcceptor,
+                                                         TypicalAcceptor, ZeroPaddedAcceptor))
+
+
+def test_an_unknown_builtin_name_gets_the_nearest_one():
+    with pytest.raises(UsageError) as err:
+        build_acceptor("probabalistic", SamplingParams(), None)
+    assert "did you mean 'probabilistic'?" in err.value.problems[0].fix

@@ -70,3 +70,29 @@ def test_model_drafter_needs_a_draft_section(tmp_path):
 def test_missing_config_file_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_unknown_acceptor_and_policy_come_with_the_other_problems_and_a_hint(tmp_path):
+    found = problems(tmp_path, "speculation:\n  k: 1\n  acceptor: probabalistic\n  policy: adaptve\n"
+                               "sampling:\n  top_p: 1.5\n")
+    assert set(found) == {"speculation.k", "speculation.acceptor", "speculation.policy", "sampling.top_p"}
+    assert found["speculation.acceptor"].value == "probabalistic"
+    assert "did you mean 'probabilistic'?" in found["speculation.acceptor"].fix
+    assert "did you mean 'adaptive'?" in found["speculation.policy"].fix
+    assert "module:Class" in found["speculation.acceptor"].fix
+
+
+def test_a_plugin_acceptor_spec_passes_the_schema(tmp_path):
+    config = load_config(write(tmp_path, "speculation:\n  acceptor: my_module:MyAcceptor\n"))
+    assert config.speculation.acceptor == "my_module:MyAcceptor"
+
+
+def test_greedy_acceptor_with_a_temperature_is_a_validation_error(tmp_path):
+    from neuron_ssp.topology import validate_config
+
+    config = load_config(write(tmp_path, "speculation:\n  acceptor: greedy\nsampling:\n  temperature: 0.8\n"))
+    errors = validate_config(config).errors
+    assert [p.field for p in errors] == ["speculation.acceptor"]
+    assert "temperature 0.8" in errors[0].rule and "sampling.temperature: 0" in errors[0].fix
+    greedy = load_config(write(tmp_path, "speculation:\n  acceptor: greedy\nsampling:\n  temperature: 0\n"))
+    assert validate_config(greedy).errors == []

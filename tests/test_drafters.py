@@ -7,7 +7,6 @@ from conftest import TableBackend
 
 from neuron_ssp.drafters import ModelDrafter
 from neuron_ssp.drafters.ngram import lookup
-from neuron_ssp.policies import DraftConfidencePolicy, FixedPolicy
 from neuron_ssp.sampling import SamplingParams
 
 
@@ -25,20 +24,20 @@ def test_lookup_without_a_match_proposes_nothing():
 
 def test_model_drafter_feeds_only_uncached_tokens():
     draft = TableBackend(16, 0)
-    drafter = ModelDrafter(draft)
+    drafter = ModelDrafter(draft, SamplingParams(), None)
     prompt = torch.tensor([1, 2, 3, 4])
-    drafter.begin(prompt)
-    out = drafter.propose(torch.cat([prompt, torch.tensor([5])]), 3, FixedPolicy(4), SamplingParams(), None)
+    drafter.begin(prompt, 16)
+    out = drafter.propose(torch.cat([prompt, torch.tensor([5])]), 3)
     assert len(out) == 3 and out.logits.shape == (3, 16)
     assert draft.calls == [(0, 4), (4, 1), (5, 1), (6, 1)]
     # the target accepted all 3 drafts and added one: the last draft and the bonus are new to the cache
     committed = torch.cat([prompt, torch.tensor([5]), out.tokens, torch.tensor([0])])
-    drafter.propose(committed, 1, FixedPolicy(4), SamplingParams(), None)
+    drafter.propose(committed, 1)
     assert draft.calls[-1] == (7, 2)
 
 
 def test_draft_confidence_stops_early():
-    drafter = ModelDrafter(TableBackend(16, 0, sharpness=0.01))  # near-uniform: top prob ~ 1/16
-    drafter.begin(torch.tensor([1, 2]))
-    out = drafter.propose(torch.tensor([1, 2, 3]), 3, DraftConfidencePolicy(4, 0.5), SamplingParams(), None)
+    drafter = ModelDrafter(TableBackend(16, 0, sharpness=0.01), SamplingParams(), None, stop_below=0.5)
+    drafter.begin(torch.tensor([1, 2]), 16)  # near-uniform: top prob ~ 1/16
+    out = drafter.propose(torch.tensor([1, 2, 3]), 3)
     assert len(out) == 0

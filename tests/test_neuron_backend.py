@@ -229,9 +229,11 @@ def test_scoring_past_the_compiled_positions_is_refused(neuronx: ModuleType, tin
 
 
 def speculative(config: Config, target, draft, acceptor) -> SpeculativeGenerator:
-    drafter = ModelDrafter(draft) if draft is not None else NgramDrafter(target.vocab_size)
+    rng = torch.Generator()
+    drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
+        else NgramDrafter(target.vocab_size)
     return SpeculativeGenerator(
-        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k
+        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k, rng
     )
 
 
@@ -297,7 +299,8 @@ def test_sampling_runs_and_is_reproducible(neuronx: ModuleType, tiny_model_dirs:
     rng = torch.Generator()
     acceptor = ProbabilisticAcceptor(sampling_params(config.sampling), rng)
     generator = SpeculativeGenerator(
-        target, ModelDrafter(draft), acceptor, build_policy(config.speculation), config.sampling, 4, rng
+        target, ModelDrafter(draft, sampling_params(config.sampling), rng), acceptor,
+        build_policy(config.speculation), config.sampling, 4, rng
     )
     first, second = generator.generate(prompt(7), 20), generator.generate(prompt(7), 20)
     assert first.tokens == second.tokens and len(first.tokens) == 20

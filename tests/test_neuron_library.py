@@ -86,7 +86,7 @@ def test_library_loop_samples_with_our_probabilistic_acceptor(
     config = neuron_config(
         tiny_model_dirs["target"],
         tiny_model_dirs["draft"],
-        speculation={"engine": "library"},
+        speculation={"engine": "library", "acceptor": "probabilistic"},
         sampling={"temperature": 0.9, "seed": 3},
     )
     rng = torch.Generator()

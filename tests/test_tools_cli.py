@@ -87,8 +87,20 @@ def test_eval_json(tiny_model):
     result = run("eval", "--nb-prompts", "3", "--answer-tokens", "4", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["problems"] == 3 and set(data["plain"]) == {"correct", "n", "accuracy", "wald_95"}
+    assert data["problems"] == 3 and set(data["plain"]) == {"correct", "n", "accuracy", "wald_95", "wilson_95",
+                                                            "clopper_pearson_95"}
     assert data["z_test"]["differ"] is False and len(data["answers"]) == 3
+
+
+@pytest.mark.parametrize("interval, header", [(None, "Wilson"), ("clopper-pearson", "Clopper-Pearson"),
+                                              ("wald", "Wald")])
+def test_eval_table_shows_the_chosen_interval(tiny_model, interval, header):
+    """A tiny random model answers nothing right: 0/3, where Wald collapses to [0.000, 0.000]."""
+    args = ["eval", "--nb-prompts", "3", "--answer-tokens", "4"] + (["--interval", interval] if interval else [])
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert f"95% {header} interval" in result.output
+    assert ("[0.000, 0.000]" in result.output) == (header == "Wald")
 
 
 def test_eval_lossless_json(tiny_model):

@@ -72,7 +72,7 @@ def test_lossless_check_on_a_lossless_sampler():
 
 
 def test_lossless_check_catches_a_lossy_acceptor():
-    config = tiny_config(speculation={"acceptor": "greedy"})  # greedy acceptance at temperature 1: not sampling
+    config = tiny_config(speculation={"acceptor": "typical"})  # documented as lossy
     pipeline = pipeline_on(TableBackend(12, seed=0, sharpness=0.5), config, CharTokenizer(12))
     report = check_lossless(pipeline, "abcdefghi" * 2, samples=600, temperature=1.0)
     assert report.estimate.p_value < 0.01

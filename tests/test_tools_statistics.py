@@ -55,3 +55,21 @@ def test_clearly_different_samplers_give_a_large_tv_and_a_detected_difference():
     assert estimate.tv == pytest.approx(0.3, abs=0.04)
     assert estimate.p_value < 0.01
     assert estimate.tv > estimate.null_tv_mean * 5
+
+
+def test_wilson_and_clopper_pearson_known_values():
+    """Published values (e.g. Brown, Cai & DasGupta 2001 tables; R's binom.test for the exact one)."""
+    assert Proportion(0, 100).interval("wilson") == pytest.approx((0.0, 0.0370), abs=1e-4)
+    assert Proportion(0, 100).interval("clopper-pearson") == pytest.approx((0.0, 0.0362), abs=1e-4)
+    assert Proportion(50, 100).interval("wilson") == pytest.approx((0.4038, 0.5962), abs=1e-4)
+    assert Proportion(50, 100).interval("clopper-pearson") == pytest.approx((0.3983, 0.6017), abs=1e-4)
+    assert Proportion(100, 100).interval("wilson")[0] == pytest.approx(0.9630, abs=1e-4)
+    assert Proportion(0, 0).interval("wilson") == (0.0, 1.0)
+    assert Proportion(50, 100).interval() == Proportion(50, 100).interval("wilson")  # the default
+
+
+def test_the_z_test_is_signed_and_symmetric():
+    up, down = two_proportion_z_test(Proportion(60, 100), Proportion(50, 100)), \
+        two_proportion_z_test(Proportion(50, 100), Proportion(60, 100))
+    assert up.z == pytest.approx(-down.z) and up.p_value == pytest.approx(down.p_value)
+    assert two_proportion_z_test(Proportion(0, 10), Proportion(0, 10)).p_value == 1.0

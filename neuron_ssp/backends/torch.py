@@ -4,6 +4,14 @@ Rolling back a rejected draft is `DynamicCache.crop(-n)`: the n slots from `star
 before the new tokens are scored. A negative count means "remove n" in transformers 4.4x (what
 Neuron DLAMIs carry) and is the only form 5.x (what PyPI serves) accepts; what else differs is how a
 cache is built (`_new_cache`) and the name of the dtype argument (`dtype_kwarg`).
+
+Sliding-window (and linear-attention) cache layers of transformers 5.x keep only the last window of
+states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
+(as Hugging Face's assisted generation does). Recording layers then keep every state written since
+the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
+
+Logits stay on the model's device: on CUDA the sampler draws there and only token ids cross to the
+host, not (n, vocab) floats per call.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import torch
 import transformers
 from packaging.version import Version
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from neuron_ssp.errors import Problem, UsageError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
@@ -49,13 +59,16 @@ class TorchBackend:
         self.n_positions = min(n_positions, int(getattr(model.config, "max_position_embeddings", n_positions)))
         self._keep_last = _last_logits_kwarg(model)
         self._cache: DynamicCache | None = None
+        self._recording = _needs_past_recording(self._new_cache(), name)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         self._cache = self._new_cache()
         out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), past_key_values=self._cache,
                          use_cache=True, **self._keep_last)
-        return out.logits[0, -1].float().cpu()
+        if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
+            self._cache.activate_past_recording()
+        return out.logits[0, -1].float()
 
     @torch.inference_mode()
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -68,10 +81,27 @@ class TorchBackend:
         positions = torch.arange(start, start + n, device=self.device)
         out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
                          position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
-        return out.logits[0].float().cpu()
+        return out.logits[0].float()
 
     def _new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config) if TRANSFORMERS_5 else DynamicCache()
+
+
+def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
+    """Whether the cache has layers that forget states (sliding window, linear attention), which can be
+    rolled back only with past recording; refuse up front where this transformers has none."""
+    layers = getattr(cache, "layers", [])  # 4.4x caches have no layer objects, and no window layers
+    forgetful = sorted({type(layer).__name__ for layer in layers if hasattr(layer, "record_past")})
+    if not forgetful:
+        return False
+    if not hasattr(cache, "activate_past_recording"):
+        raise UsageError(Problem(
+            f"{name}.path", ", ".join(forgetful),
+            f"the model's KV cache keeps only a sliding window (or a linear-attention state), and transformers "
+            f"{transformers.__version__} cannot roll such a cache back after a rejected draft",
+            "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
+            "full attention in every layer"))
+    return True
 
 
 def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:

@@ -22,7 +22,9 @@ def stats_table(stats: GenerationStats, title: str = "speculative sampling") -> 
         ("tokens/s", f"{stats.tokens_per_s:.1f}"),
         ("ms/token", f"{stats.ms_per_token:.1f}"),
         ("acceptance rate", f"{stats.acceptance_rate:.3f}  ({stats.accepted_tokens}/{stats.draft_tokens} drafted)"),
-        ("mean accepted length", f"{stats.mean_accepted_length:.2f} tokens per target call"),
+        ("mean accepted length τ", f"{stats.mean_accepted_length:.2f} tokens per target call (Spec-Bench)"),
+        ("vLLM mean accept. length", f"{stats.vllm_mean_acceptance_length:.2f} (1 + accepted / {stats.num_drafts} "
+                                     "drafts)"),
         ("target calls", f"{stats.target_calls} (+1 prefill)"),
         ("acceptance per position", per_position or "-"),
         ("time draft / target / overhead",

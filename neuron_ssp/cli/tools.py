@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import torch
@@ -37,6 +37,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.hf_baseline import HF_PROMPT_LOOKUP_TOKENS
 from neuron_ssp.tools.machine import describe_machine, machine_info
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, balanced, by_category, load_prompts
+from neuron_ssp.tools.proportions import IntervalMethod
 
 PROMPTS_HELP = "JSONL with a 'prompt' (and 'category') field per line (default: the Spec-Bench dev set)."
 
@@ -161,6 +162,9 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
 @click.option("--nb-prompts", type=int, default=100, show_default=True, help="Multiplication problems to ask.")
 @click.option("--answer-tokens", type=click.IntRange(min=1), default=16, show_default=True,
               help="New tokens per answer.")
+@click.option("--interval", type=click.Choice(["wilson", "clopper-pearson", "wald"]), default="wilson",
+              show_default=True, help="95% interval for each accuracy (--json gives all three). Wald collapses "
+              "to a point at 0/n and n/n.")
 @click.option("--lossless", is_flag=True,
               help="Instead: total-variation distance between SSp and plain next-token distributions.")
 @click.option("--samples", type=int, default=8000, show_default=True, help="--lossless: samples per method.")
@@ -168,11 +172,12 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
               "answer copies from). Default: a copy task.")
 @_threads_option
 @with_config
-def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: bool, samples: int,
+def eval_command(config: Config, nb_prompts: int, answer_tokens: int, interval: str, lossless: bool, samples: int,
                  lossless_prompt: str | None, threads: int | None, as_json: bool) -> None:
     """Quality: a×b (a, b in 1..99, from --seed) answered by plain sampling and by SSp, scored exactly.
 
-    Each accuracy gets a 95% Wald interval; a pooled two-proportion z-test says whether they differ.
+    Each accuracy gets a 95% interval (Wilson by default; Clopper-Pearson or Wald with --interval); a
+    pooled two-proportion z-test says whether they differ.
     With --lossless: the first two new tokens sampled --samples times from each, at temperature 1
     unless --temperature is given, compared by total-variation distance with a 95% upper bound.
     """
@@ -192,9 +197,10 @@ def eval_command(config: Config, nb_prompts: int, answer_tokens: int, lossless: 
         echo_json({**math_json(result, config.sampling.seed, config.sampling.temperature),
                    "machine": machine_info(_device(config)), "settings": _settings(config)})
         return
+    method = cast(IntervalMethod, interval)
     console.print(math_table(result, f"a×b, {len(problems)} problems, seed {config.sampling.seed} | "
-                                     f"{describe(config)}"))
-    console.print(math_verdict(result))
+                                     f"{describe(config)}", method))
+    console.print(math_verdict(result, method))
 
 
 def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bool) -> None:

@@ -10,7 +10,7 @@ from rich.table import Table
 from neuron_ssp.tools.bench import BenchResult, CategoryResult
 from neuron_ssp.tools.eval_math import MathEval
 from neuron_ssp.tools.lossless import LosslessReport
-from neuron_ssp.tools.proportions import Proportion
+from neuron_ssp.tools.proportions import INTERVAL_METHODS, IntervalMethod, Proportion
 from neuron_ssp.tools.tune_k import TuneKResult
 
 
@@ -65,10 +65,12 @@ def tune_k_table(result: TuneKResult, title: str, show_setup: bool, wide: bool =
 
 # ---------------------------------------------------------------- eval
 
+INTERVAL_NAMES = {"wald": "Wald", "wilson": "Wilson", "clopper-pearson": "Clopper-Pearson"}
+
 
 def _proportion_json(p: Proportion) -> dict[str, Any]:
-    low, high = p.wald_95
-    return {"correct": p.successes, "n": p.trials, "accuracy": p.value, "wald_95": [low, high]}
+    intervals = {f"{method.replace('-', '_')}_95": list(p.interval(method)) for method in INTERVAL_METHODS}
+    return {"correct": p.successes, "n": p.trials, "accuracy": p.value, **intervals}
 
 
 def math_json(result: MathEval, seed: int, temperature: float) -> dict[str, Any]:
@@ -80,25 +82,24 @@ def math_json(result: MathEval, seed: int, temperature: float) -> dict[str, Any]
                         for o in result.outcomes]}
 
 
-def math_table(result: MathEval, title: str) -> Table:
+def math_table(result: MathEval, title: str, interval: IntervalMethod = "wilson") -> Table:
     table = Table(title=title, title_justify="left")
-    for name in ("", "correct", "accuracy", "95% Wald interval"):
+    for name in ("", "correct", "accuracy", f"95% {INTERVAL_NAMES[interval]} interval"):
         table.add_column(name, justify="right")
     for name, p in (("plain sampling", result.plain), ("speculative sampling", result.ssp)):
-        low, high = p.wald_95
+        low, high = p.interval(interval)
         table.add_row(name, f"{p.successes}/{p.trials}", f"{p.value:.3f}", f"[{low:.3f}, {high:.3f}]")
     return table
 
 
-def math_verdict(result: MathEval) -> str:
+def math_verdict(result: MathEval, interval: IntervalMethod = "wilson") -> str:
     test = result.test
     word = "DIFFER" if test.differ() else "do not differ"
     verdict = (f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
                f"{word} at the 5% level")
-    if any(p.successes in (0, p.trials) for p in (result.plain, result.ssp)):
-        n = len(result.outcomes)
-        verdict += (f"\nnote: Wald intervals collapse to a point at 0% or 100% correct; there the rule of three "
-                    f"puts the 95% bound on the other side at 3/n = {3 / n:.3f} away")
+    if interval == "wald" and any(p.successes in (0, p.trials) for p in (result.plain, result.ssp)):
+        verdict += ("\nnote: Wald intervals collapse to a point at 0% or 100% correct; "
+                    "--interval wilson or clopper-pearson give a real bound there")
     return verdict
 
 

@@ -39,7 +39,8 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool) -> No
     """Check CONFIG files against the Trn1/Inf2 rules before anything loads.
 
     Rules: tp degree per platform and instance, NeuronCore placement of draft and target, device
-    memory per core (25 % headroom), n_positions >= prompt + max_new_tokens + k, 2 <= k <= n_positions,
+    memory per core (25 % headroom), n_positions >= the slots a generation writes (prompt + max_new_tokens
+    - 1 for the target), 2 <= k <= n_positions,
     batch 1 on Neuron, one vocabulary for draft and target. Every problem is printed with its fix.
     Exit code 0 when every config is valid, 1 otherwise.
     """

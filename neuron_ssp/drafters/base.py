@@ -1,4 +1,8 @@
-"""The drafter interface: one small protocol, many drafters (as in HF's candidate generators)."""
+"""The drafter interface: one small protocol, many drafters (as in HF's candidate generators).
+
+A drafter sees only the committed tokens and how many it may propose; whatever else it needs (a
+draft model, the sampling transform, a random generator) it is given when it is built.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,13 @@ from typing import Protocol
 
 import torch
 
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams
-
 
 @dataclass(frozen=True)
 class Draft:
-    """m proposed tokens and the draft's scores for them; point masses are 0 / -inf logits rows."""
+    """m proposed tokens and the draft's scores for them; point masses are 0 / -inf logits rows.
+
+    "No draft" is an empty Draft (m = 0), never None.
+    """
 
     tokens: torch.Tensor  # (m,) int64
     logits: torch.Tensor  # (m, V) float32
@@ -21,14 +25,18 @@ class Draft:
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    @classmethod
+    def empty(cls, vocab_size: int) -> Draft:
+        return cls(torch.empty(0, dtype=torch.long), torch.empty(0, vocab_size))
+
 
 class Drafter(Protocol):
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        """Start a new sequence (a model drafter encodes the prompt here)."""
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """Start a new sequence of at most `max_new_tokens` tokens (a model drafter encodes the prompt,
+        after checking that its cache has room for the whole generation)."""
         ...
 
-    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         """Up to `max_tokens` tokens that may follow `sequence` (all committed tokens, 1-D)."""
         ...
 

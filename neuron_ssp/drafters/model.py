@@ -2,6 +2,8 @@
 
 It remembers which tokens its KV cache holds; before drafting it feeds only the committed tokens it
 has not seen (the target's token, and the last draft token when the whole draft was accepted).
+Draft tokens are drawn with the same sampling transform and random generator as the target's, which
+is what keeps the acceptor's q the distribution the tokens really came from.
 """
 
 from __future__ import annotations
@@ -10,41 +12,50 @@ import torch
 
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.drafters.base import Draft
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
+from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.positions import draft_slots, require_room
+from neuron_ssp.sampling import SamplingParams, first_non_finite_row, next_token
 
 
 class ModelDrafter:
-    def __init__(self, backend: ModelBackend):
+    def __init__(self, backend: ModelBackend, sampling: SamplingParams, generator: torch.Generator | None,
+                 stop_below: float = 0.0):
+        """`stop_below`: the draft-confidence rule, stop drafting when the draft's top probability
+        (temperature 1) falls below it; 0 never stops early."""
         self.backend = backend
         self.vocab_size = backend.vocab_size
+        self.sampling = sampling
+        self.generator = generator
+        self.stop_below = stop_below
         self._cached: list[int] = []  # token in each KV slot the draft backend has filled
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        prompt_len = prompt_ids.shape[0]
+        require_room(self.backend.n_positions, draft_slots(prompt_len, max_new_tokens), prompt_len,
+                     max_new_tokens, "draft.n_positions")
         self.backend.prefill(prompt_ids)
         self._cached = prompt_ids.tolist()
 
-    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         committed = sequence.tolist()
         valid = self._valid_prefix(committed)
-        logits = self.backend.score(sequence[valid:], valid)[-1]
+        logits = self._checked(self.backend.score(sequence[valid:], valid)[-1], len(committed) - 1)
         self._cached = committed
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for step in range(max_tokens):
-            if policy.uses_draft_confidence and not policy.keep_drafting(float(logits.softmax(-1).max())):
+            if self.stop_below and float(logits.float().softmax(-1).max()) < self.stop_below:
                 break
-            token = int(sample(logits_to_probs(logits, sampling), generator)) if not sampling.greedy \
-                else int(logits.argmax())
+            token = next_token(logits, self.sampling, self.generator)
             tokens.append(token)
             rows.append(logits)
             if step + 1 < max_tokens:
-                logits = self.backend.score(torch.tensor([token]), len(self._cached))[-1]
+                position = len(self._cached)
+                logits = self._checked(self.backend.score(torch.tensor([token]), position)[-1], position)
                 self._cached.append(token)
         if not tokens:
-            return Draft(torch.empty(0, dtype=torch.long), torch.empty(0, self.vocab_size))
-        return Draft(torch.tensor(tokens), torch.stack(rows))
+            return Draft.empty(self.vocab_size)
+        return Draft(torch.tensor(tokens), torch.stack(rows).float())
 
     def _valid_prefix(self, committed: list[int]) -> int:
         """Slots whose cached token still equals the committed one; only the tail can differ."""
@@ -52,3 +63,11 @@ class ModelDrafter:
         while valid > 0 and self._cached[valid - 1] != committed[valid - 1]:
             valid -= 1
         return valid
+
+    def _checked(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        if first_non_finite_row(logits.view(1, -1)) is not None:
+            raise RuntimeProblem(Problem(
+                "draft.path", self.backend.name,
+                f"the draft model produced non-finite logits (NaN or inf) at position {position}",
+                "check the draft's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
+        return logits

@@ -9,8 +9,6 @@ from __future__ import annotations
 import torch
 
 from neuron_ssp.drafters.base import Draft, point_masses
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams
 
 
 class NgramDrafter:
@@ -19,11 +17,10 @@ class NgramDrafter:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         """Nothing to encode: the lookup reads the sequence passed to `propose`."""
 
-    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         tokens = lookup(sequence, max_tokens, self.ngram_max, self.ngram_min)
         return Draft(tokens, point_masses(tokens, self.vocab_size))
 

@@ -1,7 +1,8 @@
 """dust-tt/llama2-ssp's quality check: a×b with a, b drawn from 1..99, scored on the first integer of the answer.
 
 Plain sampling and speculative sampling answer the same problems with the same seeds; each gets a
-95% Wald interval, and a pooled two-proportion z-test says whether their accuracies differ. (The
+95% interval (Wilson, Clopper-Pearson or Wald: `tools.proportions`), and a pooled two-proportion
+z-test says whether their accuracies differ. (The
 two runs answer the same problems, so the unpaired test is conservative; with greedy decoding the
 answers are identical by construction.)
 """

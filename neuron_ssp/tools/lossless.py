@@ -21,8 +21,6 @@ from neuron_ssp.drafters.base import Draft, Drafter
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import SpeculativeGenerator, plain_generate
 from neuron_ssp.loader import Pipeline
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams
 from neuron_ssp.tools.per_k import generator_for_k
 from neuron_ssp.tools.prefix_memo import PrefixMemo
 from neuron_ssp.tools.tv_distance import TvEstimate, estimate_tv
@@ -58,13 +56,12 @@ class _DraftLog:
         self.inner = inner
         self.first_draft: int | None = None
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         self.first_draft = None
-        self.inner.begin(prompt_ids)
+        self.inner.begin(prompt_ids, max_new_tokens)
 
-    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
-        draft = self.inner.propose(sequence, max_tokens, policy, sampling, generator)
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
+        draft = self.inner.propose(sequence, max_tokens)
         if self.first_draft is None:
             self.first_draft = len(draft)
         return draft

@@ -18,7 +18,7 @@ from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import SpeculativeGenerator, sampling_params
-from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline
+from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline, sampling_device
 from neuron_ssp.policies import build_policy
 
 
@@ -52,11 +52,11 @@ def generator_for_k(pipeline: Pipeline, k: int) -> SpeculativeGenerator:
 
 def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGenerator:
     """A generator with `config`'s speculation and sampling settings on the pipeline's loaded models."""
-    rng = torch.Generator()
+    rng = torch.Generator(device=sampling_device(config))
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
     with_window = getattr(pipeline.target, "with_window", None)  # Neuron: the network compiled for this k
     target = with_window(config.speculation.k) if with_window is not None else pipeline.target
-    return SpeculativeGenerator(target, build_drafter(config, target, pipeline.draft), acceptor,
+    return SpeculativeGenerator(target, build_drafter(config, target, pipeline.draft, rng), acceptor,
                                 build_policy(config.speculation), config.sampling, config.speculation.k, rng)
 
 

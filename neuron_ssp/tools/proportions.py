@@ -1,11 +1,21 @@
-"""Binomial proportions: a 95% Wald interval for one, a two-proportion z-test for two."""
+"""Binomial proportions with scipy.stats: a 95% interval for one (Wald, Wilson or Clopper-Pearson), and
+a test of whether two differ.
+
+dust-tt/llama2-ssp reported Wald intervals; Wald collapses to a point at 0/n or n/n (exactly what a
+small eval prints), so Wilson is the default and Clopper-Pearson (exact, conservative) is offered too.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+from scipy import stats
+
+IntervalMethod = Literal["wald", "wilson", "clopper-pearson"]
+INTERVAL_METHODS: tuple[IntervalMethod, ...] = ("wald", "wilson", "clopper-pearson")
+CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True)
@@ -17,13 +27,20 @@ class Proportion:
     def value(self) -> float:
         return self.successes / self.trials if self.trials else 0.0
 
-    @property
-    def wald_95(self) -> tuple[float, float]:
-        """p ± 1.96·sqrt(p(1-p)/n), clipped to [0, 1]. Degenerate (zero width) at p = 0 or 1."""
+    def interval(self, method: IntervalMethod = "wilson", confidence: float = CONFIDENCE) -> tuple[float, float]:
+        """A two-sided interval for the true proportion; [0, 1] when there are no trials."""
         if not self.trials:
             return 0.0, 1.0
-        half = Z_95 * math.sqrt(self.value * (1.0 - self.value) / self.trials)
-        return max(0.0, self.value - half), min(1.0, self.value + half)
+        if method == "wald":  # p ± z·sqrt(p(1-p)/n), clipped: zero width at p = 0 or 1
+            half = stats.norm.ppf(0.5 + confidence / 2) * math.sqrt(self.value * (1.0 - self.value) / self.trials)
+            return max(0.0, self.value - half), min(1.0, self.value + half)
+        scipy_method = "exact" if method == "clopper-pearson" else method
+        ci = stats.binomtest(self.successes, self.trials).proportion_ci(confidence, method=scipy_method)
+        return float(ci.low), float(ci.high)
+
+    @property
+    def wald_95(self) -> tuple[float, float]:
+        return self.interval("wald")
 
 
 @dataclass(frozen=True)
@@ -36,12 +53,13 @@ class ZTest:
 
 
 def two_proportion_z_test(a: Proportion, b: Proportion) -> ZTest:
-    """Pooled two-proportion z-test of H0: both proportions are equal."""
+    """Pooled two-proportion z-test of H0: both proportions are equal: the 2x2 chi-square test without
+    continuity correction (z² = χ²), signed by which proportion is larger."""
     if not a.trials or not b.trials:
         return ZTest(0.0, 1.0)
-    pooled = (a.successes + b.successes) / (a.trials + b.trials)
-    se = math.sqrt(pooled * (1.0 - pooled) * (1.0 / a.trials + 1.0 / b.trials))
-    if se == 0.0:
+    if a.successes + b.successes in (0, a.trials + b.trials):
         return ZTest(0.0, 1.0)  # both all-correct or all-wrong: no evidence of a difference
-    z = (a.value - b.value) / se
-    return ZTest(z, math.erfc(abs(z) / math.sqrt(2.0)))
+    table = [[a.successes, a.trials - a.successes], [b.successes, b.trials - b.successes]]
+    result = stats.chi2_contingency(table, correction=False)
+    z = math.copysign(math.sqrt(result.statistic), a.value - b.value)
+    return ZTest(z, float(result.pvalue))

@@ -1,5 +1,5 @@
 """Total-variation distance between two samples of discrete outcomes, with an upper confidence bound
-and a permutation test.
+and a permutation test (scipy.stats.permutation_test).
 
 - TV(P̂, Q̂) = ½ Σ |P̂(x) - Q̂(x)| over the empirical distributions.
 - Upper bound (McDiarmid): changing one of the n_a (n_b) samples moves TV(P̂, Q̂) by at most 1/n_a
@@ -15,7 +15,8 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-import torch
+import numpy as np
+from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,8 @@ class TvEstimate:
 
 
 def tv_distance(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
-    pooled, kinds = _pooled_codes(a, b)
-    return _split_tv(pooled, len(a), kinds)
+    codes_a, codes_b, kinds = _codes(a, b)
+    return _tv(codes_a, codes_b, kinds)
 
 
 def tv_upper_bound(tv: float, n_a: int, n_b: int, confidence: float = 0.95) -> float:
@@ -39,24 +40,23 @@ def tv_upper_bound(tv: float, n_a: int, n_b: int, confidence: float = 0.95) -> f
 
 def estimate_tv(a: Sequence[Hashable], b: Sequence[Hashable], confidence: float = 0.95,
                 permutations: int = 500, seed: int = 0) -> TvEstimate:
-    pooled, kinds = _pooled_codes(a, b)
-    n_a, n_b = len(a), len(b)
-    observed = _split_tv(pooled, n_a, kinds)
-    gen = torch.Generator().manual_seed(seed)
-    null = [_split_tv(pooled[torch.randperm(n_a + n_b, generator=gen)], n_a, kinds) for _ in range(permutations)]
-    p_value = (1 + sum(t >= observed - 1e-12 for t in null)) / (1 + permutations)
-    return TvEstimate(observed, tv_upper_bound(observed, n_a, n_b, confidence), confidence,
-                      sum(null) / len(null) if null else 0.0, p_value)
+    codes_a, codes_b, kinds = _codes(a, b)
+    observed = _tv(codes_a, codes_b, kinds)
+    test = stats.permutation_test((codes_a, codes_b), lambda x, y: _tv(x, y, kinds), permutation_type="independent",
+                                  vectorized=False, n_resamples=permutations, alternative="greater",
+                                  rng=np.random.default_rng(seed))
+    return TvEstimate(observed, tv_upper_bound(observed, len(a), len(b), confidence), confidence,
+                      float(np.mean(test.null_distribution)), float(test.pvalue))
 
 
-def _pooled_codes(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[torch.Tensor, int]:
-    """Both samples as one tensor of small integer codes (a first, then b), and the number of codes."""
+def _codes(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Both samples as small integer codes, and the number of codes."""
     codes = {x: i for i, x in enumerate(dict.fromkeys([*a, *b]))}
-    return torch.tensor([codes[x] for x in [*a, *b]], dtype=torch.long), len(codes)
+    return np.array([codes[x] for x in a]), np.array([codes[x] for x in b]), len(codes)
 
 
-def _split_tv(pooled: torch.Tensor, n_a: int, kinds: int) -> float:
-    """TV between the empirical distributions of pooled[:n_a] and pooled[n_a:]."""
-    p = torch.bincount(pooled[:n_a], minlength=kinds).double() / n_a
-    q = torch.bincount(pooled[n_a:], minlength=kinds).double() / (pooled.shape[0] - n_a)
-    return 0.5 * float((p - q).abs().sum())
+def _tv(a: np.ndarray, b: np.ndarray, kinds: int) -> float:
+    """TV between the empirical distributions of two code arrays."""
+    p = np.bincount(a, minlength=kinds) / len(a)
+    q = np.bincount(b, minlength=kinds) / len(b)
+    return 0.5 * float(np.abs(p - q).sum())

@@ -1,12 +1,13 @@
-"""Rules that hold on every backend: window k against positions, and a shared vocabulary.
+"""Rules that hold on every backend: window k against positions, a shared vocabulary, the acceptor.
 
 They need no hardware facts, so the torch reference backend checks them too.
 """
 
 from __future__ import annotations
 
-from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.config import Config, ModelConfig, greedy_acceptor_problem
 from neuron_ssp.errors import Problem
+from neuron_ssp.positions import draft_slots, library_target_slots, target_slots
 from neuron_ssp.topology.models import ARCHITECTURES, Architecture
 from neuron_ssp.topology.report import ValidationReport
 
@@ -23,22 +24,35 @@ def check_window(config: Config, models: dict[str, ModelConfig], report: Validat
 
 
 def check_positions(config: Config, models: dict[str, ModelConfig], report: ValidationReport) -> None:
-    """n_positions must hold prompt + max_new_tokens + k: the KV cache is sized once, at compile time.
+    """n_positions must hold every slot a generation writes (`neuron_ssp.positions`): the KV cache is
+    sized once, at compile time.
 
     Without `generation.max_prompt_tokens` a one-token prompt is assumed; the engine checks the real
-    prompt at run time."""
+    prompt at run time, by the same rule."""
     generation, k = config.generation, config.speculation.k
-    prompt = generation.max_prompt_tokens or 1
-    needed = prompt + generation.max_new_tokens + k
+    prompt, new = generation.max_prompt_tokens or 1, generation.max_new_tokens
+    library = config.speculation.engine == "library"
+    needs = {"target": library_target_slots(prompt, new, k) if library else target_slots(prompt, new),
+             "draft": draft_slots(prompt, new)}
     prompt_text = (f"max_prompt_tokens ({prompt})" if generation.max_prompt_tokens
                    else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)")
+    how = {"target": f"prompt + max_new_tokens - 1{' + k (engine: library)' if library else ''}",
+           "draft": "prompt + max_new_tokens - 2 (the prompt's at least)"}
     for role, model in models.items():
+        needed = needs[role]
         if model.n_positions < needed:
             report.errors.append(Problem(
                 f"{role}.n_positions", model.n_positions,
-                f"must cover {prompt_text} + max_new_tokens ({generation.max_new_tokens}) + k ({k}) "
+                f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes {how[role]} "
                 f"= {needed} positions",
                 f"set {role}.n_positions to at least {needed}, or lower generation.max_new_tokens"))
+
+
+def check_acceptor(config: Config, report: ValidationReport) -> None:
+    """An acceptor that cannot honour the sampling settings (greedy acceptance with a temperature)."""
+    problem = greedy_acceptor_problem(config.speculation.acceptor, config.sampling.temperature)
+    if problem is not None:
+        report.errors.append(problem)
 
 
 def check_vocabulary(architectures: dict[str, Architecture], draft: ModelConfig | None,

@@ -10,7 +10,7 @@ from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
-from neuron_ssp.topology.generic_rules import check_positions, check_vocabulary, check_window
+from neuron_ssp.topology.generic_rules import check_acceptor, check_positions, check_vocabulary, check_window
 from neuron_ssp.topology.models import Architecture, resolve_architecture
 from neuron_ssp.topology.neuron_rules import (
     check_batch,
@@ -35,6 +35,7 @@ def validate_config(config: Config) -> ValidationReport:
     check_positions(config, models, report)
     check_vocabulary(architectures, models.get("draft"), report)
     check_engine(config, models, architectures, report)
+    check_acceptor(config, report)
     if on_neuron:
         _check_neuron(config, models, architectures, report)
     return report

@@ -131,7 +131,7 @@ class LibraryEngine:
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         prompt_len = prompt_ids.shape[0]
-        check_room(self.target, prompt_len, max_new_tokens, self.k, "target.n_positions")
+        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_slots=self.k)
         if self.rng is not None:
             self.rng.manual_seed(self.sampling.seed)
         stats = GenerationStats(k=self.k)
