@@ -71,12 +71,16 @@ class Pipeline:
         """A conversation through the chat template; one user turn encodes exactly as `encode`."""
         return encode_messages(self.tokenizer, messages, self.config.generation.chat_template)
 
-    def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """The n_positions rule `generate` enforces, asked before a request is queued. transformers-neuronx's
-        loops write past our last slot: its SpeculativeGenerator up to k more, the fused decoder k-1 more."""
+    @property
+    def extra_slots(self) -> int:
+        """Cache slots an engine writes past our loop's last one: transformers-neuronx's SpeculativeGenerator
+        up to k more, the fused decoder k-1 more (see neuron_ssp.positions)."""
         spec = self.config.speculation
-        extra = {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", extra_slots=extra)
+        return {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
+
+    def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """The n_positions rule `generate` enforces, asked before a request is queued."""
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", self.extra_slots)
 
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
                      on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None

@@ -18,6 +18,11 @@ def target_slots(prompt_len: int, max_new_tokens: int) -> int:
     return prompt_len + max_new_tokens - 1
 
 
+def max_new_tokens_within(n_positions: int, prompt_len: int, extra_slots: int = 0) -> int:
+    """The largest max_new_tokens whose target slots (plus an engine's `extra_slots`) fit the cache."""
+    return n_positions - extra_slots - prompt_len + 1
+
+
 def draft_slots(prompt_len: int, max_new_tokens: int) -> int:
     return max(prompt_len, prompt_len + max_new_tokens - 2)
 

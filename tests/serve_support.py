@@ -49,8 +49,10 @@ class FakePipeline:
     def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
         return self.encode("\n".join(m["content"] for m in messages))
 
+    extra_slots = 0  # the native loop's rule
+
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, self.config.speculation.k, "target.n_positions")
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
 
     def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None):
         self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})

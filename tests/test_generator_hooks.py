@@ -17,7 +17,7 @@ PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 
 def make(target_model, draft_model, k=4):
     rng = torch.Generator()
-    return SpeculativeGenerator(backend(target_model), ModelDrafter(backend(draft_model)),
+    return SpeculativeGenerator(backend(target_model), ModelDrafter(backend(draft_model), sampling_params(GREEDY), rng),
                                 build_acceptor("probabilistic", sampling_params(GREEDY), rng), FixedPolicy(k),
                                 GREEDY, k, rng)
 

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from neuron_ssp.config import ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.loader import Pipeline
+from neuron_ssp.positions import max_new_tokens_within
 from neuron_ssp.serve.errors import ApiError, error_body, error_response
 from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
@@ -182,7 +183,7 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, f
         problem = exc.problems[0]
         if problem.field != "target.n_positions":
             raise ApiError(400, exc.problems) from None
-        room = pipeline.target.n_positions - len(prompt_ids) - pipeline.config.speculation.k
+        room = max_new_tokens_within(pipeline.target.n_positions, len(prompt_ids), pipeline.extra_slots)
         fix = (f"send {field} <= {room}" if room >= 1 else "shorten the prompt") + \
             " (the server's target.n_positions is fixed when it starts)"
         raise ApiError(400, Problem(field, max_tokens, problem.rule, fix)) from None
