@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.table import Table
@@ -146,3 +147,79 @@ def _bench_cells(c: CategoryResult) -> list[str]:
     if (assisted := c.hf_speedup("hf_assisted")) is not None:
         cells.append(_x(assisted))
     return cells
+
+
+# ---------------------------------------------------------------- bench: drafters side by side
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values and min(values) > 0 else 0.0
+
+
+def drafter_table(result: BenchResult, title: str) -> Table:
+    """Per category: plain tok/s, each drafter's speedup / α / accepted length, HF prompt lookup."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("category", justify="right")
+    table.add_column("plain tok/s", justify="right")
+    for name in result.drafters:
+        for column in (name, f"{name} α", f"{name} acc len"):
+            table.add_column(column, justify="right")
+    table.add_column("HF lookup", justify="right")
+    table.add_column("= plain", justify="right")
+    for c in [*result.categories, result.overall]:
+        cells = [c.category, f"{c.plain_tok_s:.1f}"]
+        for name in result.drafters:
+            fit = c.drafter_fit(name)
+            cells += [_x(fit.speedup_measured), f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}"]
+        cells += [_x(c.hf_speedup("hf_lookup")),
+                  " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters)]
+        table.add_row(*cells, style="bold" if c is result.overall else None)
+    cells = ["geomean", ""]
+    for name in result.drafters:
+        cells += [_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])), "", ""]
+    lookups = [c.hf_speedup("hf_lookup") for c in result.categories]
+    cells += [_x(geomean([v for v in lookups if v is not None])) if None not in lookups else "-", ""]
+    table.add_row(*cells, style="bold")
+    return table
+
+
+def drafter_json(result: BenchResult) -> dict[str, Any]:
+    return {name: {
+        "geomean_speedup": geomean([c.drafter_fit(name).speedup_measured for c in result.categories]),
+        "categories": {c.category: {"speedup": c.drafter_fit(name).speedup_measured,
+                                    "acceptance_rate": c.drafter_fit(name).alpha,
+                                    "mean_accepted_length": c.drafter_fit(name).mean_accepted_length,
+                                    "outputs_equal": c.drafter_equal(name) == len(c.measures)}
+                       for c in result.categories}} for name in result.drafters}
+
+
+def repeated_table(passes: dict[str, BenchResult], title: str) -> Table:
+    """The repeated workload: each drafter's speedup per pass (first, warm, cold), per category."""
+    table = Table(title=title, title_justify="left")
+    first = next(iter(passes.values()))
+    table.add_column("category", justify="right")
+    for name in first.drafters:
+        for pass_name in passes:
+            table.add_column(f"{name} {pass_name}", justify="right")
+    table.add_column("= plain", justify="right")
+    rows = [*[c.category for c in first.categories], first.overall.category]
+    for i, category in enumerate(rows):
+        cells = [category]
+        for name in first.drafters:
+            for result in passes.values():
+                group = [*result.categories, result.overall][i]
+                cells.append(_x(group.drafter_fit(name).speedup_measured))
+        equal = sum([*r.categories, r.overall][i].drafter_equal(n) for r in passes.values() for n in first.drafters)
+        total = sum(len([*r.categories, r.overall][i].measures) for r in passes.values()) * len(first.drafters)
+        cells.append(f"{equal}/{total}")
+        table.add_row(*cells, style="bold" if i == len(rows) - 1 else None)
+    cells = ["geomean"]
+    for name in first.drafters:
+        for result in passes.values():
+            cells.append(_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])))
+    table.add_row(*cells, "", style="bold")
+    return table
+
+
+def repeated_json(passes: dict[str, BenchResult]) -> dict[str, Any]:
+    return {pass_name: drafter_json(result) for pass_name, result in passes.items()}
