@@ -36,7 +36,7 @@ def call_cost(width: int) -> float:
     return 1.0 if width == 1 else 1.6 + 0.2 * min(width - 2, 6) / 6
 
 
-def record(path: Path, max_new_tokens: int) -> None:
+def record(path: Path, max_new_tokens: int, half: str) -> None:
     from neuron_ssp.config import load_config
     from neuron_ssp.loader import load_pipeline
 
@@ -44,12 +44,18 @@ def record(path: Path, max_new_tokens: int) -> None:
     rows = []
     for category, prompts in by_category(load_prompts(DEFAULT_PROMPTS)).items():
         for position, prompt in enumerate(prompts):
+            if not _in_half(position, half):
+                continue
             ids = pipeline.encode(prompt.text)
             tokens, confidence = _greedy(pipeline, ids, max_new_tokens)
             rows.append({"category": category, "position": position, "prompt": ids.tolist(),
                          "output": tokens, "confidence": confidence})
             print(category, position, len(tokens), flush=True)
-    path.write_text(json.dumps(rows))
+            path.write_text(json.dumps(rows))
+
+
+def _in_half(position: int, half: str) -> bool:
+    return half == "all" or (position % 2 == 0) == (half == "choose")
 
 
 def _greedy(pipeline, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], list[float]]:
@@ -116,7 +122,7 @@ def geomean(values: list[float]) -> float:
 
 def sweep(path: Path, half: str, vocab: int) -> None:
     rows = json.loads(path.read_text())
-    rows = [r for r in rows if (r["position"] % 2 == 0) == (half == "choose")] if half != "all" else rows
+    rows = [r for r in rows if _in_half(r["position"], half)]
     configs: list[tuple[str, object, int, float]] = []
     for k, threshold in itertools.product((6, 8), (0.3, 0.4)):
         for nmin in (1, 2):
@@ -147,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.mode == "record":
-        record(args.path, args.max_new_tokens)
+        record(args.path, args.max_new_tokens, args.half)
     else:
         sweep(args.path, args.half, args.vocab)
 

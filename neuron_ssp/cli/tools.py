@@ -29,6 +29,7 @@ from neuron_ssp.cli.tools_report import (
     math_json,
     math_table,
     math_verdict,
+    per_prompt_json,
     repeated_json,
     repeated_table,
     tune_k_json,
@@ -294,7 +295,8 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
         with _progress("bench", 3 * count) as step:
             passes = run_repeated(pipeline, prompts, config.generation.max_new_tokens, step, names)
         if as_json:
-            echo_json({"machine": machine, "repeated": repeated_json(passes)})
+            echo_json({"machine": machine, "repeated": repeated_json(passes),
+                       "per_prompt": {name: per_prompt_json(result) for name, result in passes.items()}})
             return
         console.print(repeated_table(passes, f"bench --repeated-workload: greedy, "
                                              f"{config.generation.max_new_tokens} new tokens | {describe(config)}\n"
@@ -309,7 +311,8 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
              f"{describe_machine(machine)}")
     if len(result.drafters) > 1:
         if as_json:
-            echo_json({**bench_json(result, machine), "drafters": drafter_json(result)})
+            echo_json({**bench_json(result, machine), "drafters": drafter_json(result),
+                       "per_prompt": per_prompt_json(result)})
             return
         console.print(drafter_table(result, title))
         console.print("each drafter's speedup = its SSp tok/s ÷ plain tok/s (same run, interleaved per prompt); "

@@ -183,6 +183,25 @@ def drafter_table(result: BenchResult, title: str) -> Table:
     return table
 
 
+def _run_json(stats: Any) -> dict[str, Any]:
+    return {"new_tokens": stats.new_tokens, "wall_s": stats.wall_s, "target_calls": stats.target_calls,
+            "loop_tokens": stats.loop_tokens, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens}
+
+
+def per_prompt_json(result: BenchResult) -> list[dict[str, Any]]:
+    """Raw counts per prompt run, so a subset (e.g. the half not used to choose a config) can be re-aggregated."""
+    rows = []
+    for c in result.categories:
+        seen: dict[str, int] = {}
+        for m in c.measures:
+            position = seen.setdefault(m.prompt.text, len(seen))
+            rows.append({"category": c.category, "position": position, "plain": _run_json(m.plain),
+                         "drafters": {name: {**_run_json(run.stats), "outputs_equal": run.outputs_equal}
+                                      for name, run in m.drafters.items()}})
+    return rows
+
+
 def drafter_json(result: BenchResult) -> dict[str, Any]:
     return {name: {
         "geomean_speedup": geomean([c.drafter_fit(name).speedup_measured for c in result.categories]),
