@@ -277,3 +277,31 @@ def test_greedy_ssp_with_suffix_equals_plain_on_the_embedded_model(use_embedded_
     for prompt in prompts + prompts:  # the second round drafts from the first round's history
         assert pipeline.speculative(prompt).tokens == pipeline.plain(prompt).tokens
     assert pipeline.generator.drafter.history.stored_tokens > 0
+
+
+def test_history_updates_never_race_a_draft():
+    """A server finishes requests on one thread while another drafts: every draft sees a whole tree."""
+    import threading
+
+    history = SuffixHistory(SuffixConfig(max_depth=6, cache_tokens=400, max_spec_factor=4.0))
+    rng = random.Random(1)
+    requests = [[rng.randrange(5) for _ in range(rng.randrange(5, 40))] for _ in range(150)]
+    errors: list[BaseException] = []
+
+    def finish_requests() -> None:
+        try:
+            for tokens in requests:
+                history.add(tokens)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    writer = threading.Thread(target=finish_requests)
+    writer.start()
+    drafts = 0
+    while writer.is_alive() or drafts < 200:
+        path = history.speculate([rng.randrange(5) for _ in range(6)], 7)
+        assert len(path.tokens) <= 7 and all(0 <= p <= 1 for p in path.probs)
+        drafts += 1
+    writer.join()
+    assert not errors
+    assert_tree_matches(history.tree, history.tree.sequences())

@@ -27,7 +27,7 @@ import torch
 from neuron_ssp.config import SuffixConfig
 from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.drafters.suffix_store import HistoryFile, HistoryFileError
-from neuron_ssp.drafters.suffix_tree import Path, SuffixTree
+from neuron_ssp.drafters.suffix_tree import DraftPath, SuffixTree
 from neuron_ssp.errors import Problem
 from neuron_ssp.policies import FixedPolicy
 from neuron_ssp.sampling import SamplingParams
@@ -60,7 +60,7 @@ class SuffixHistory:
             if self.store is not None:
                 self._save(tokens)
 
-    def speculate(self, context: list[int], max_tokens: int) -> Path:
+    def speculate(self, context: list[int], max_tokens: int) -> DraftPath:
         s = self.settings
         with self.lock:
             return self.tree.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob)
@@ -139,7 +139,7 @@ class SuffixDrafter:
         tokens = torch.tensor(path.tokens, dtype=torch.long)
         return Draft(tokens, point_masses(tokens, self.vocab_size))
 
-    def best_path(self, context: list[int], max_tokens: int) -> Path:
+    def best_path(self, context: list[int], max_tokens: int) -> DraftPath:
         """The higher-scoring of the two sources' drafts; this request's own text wins a tie."""
         s = self.settings
         local = self._local.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob)

@@ -50,7 +50,7 @@ def child_count(child: Node | Leaf) -> int:
 
 
 @dataclass
-class Path:
+class DraftPath:
     """The most frequent continuation of a context: tokens, cumulative probabilities, their sum."""
 
     tokens: list[int] = field(default_factory=list)
@@ -221,7 +221,7 @@ class SuffixTree:
     # ------------------------------------------------------------ drafting
 
     def speculate(self, context: Sequence[int], max_tokens: int, max_spec_factor: float,
-                  min_token_prob: float) -> Path:
+                  min_token_prob: float) -> DraftPath:
         """The most frequent continuation after the longest suffix of `context` seen with one.
 
         Draft length <= max_spec_factor x match length (the paper's adaptive length); drafting stops
@@ -230,7 +230,7 @@ class SuffixTree:
         tail = list(context[-self.max_depth:])
         cursor, match_len = self._longest_match(tail)
         if cursor is None:
-            return Path()
+            return DraftPath()
         budget = min(max_tokens, int(match_len * max_spec_factor + 1e-6))
         path = self._follow(cursor, tail[-match_len:], budget, min_token_prob)
         path.match_len = match_len
@@ -268,8 +268,8 @@ class SuffixTree:
             return cursor.leaf.start + cursor.depth < len(self._seqs[cursor.leaf.seq])
         return cursor.node is not None and cursor.node.total > 0
 
-    def _follow(self, cursor: _Cursor, matched: list[int], budget: int, min_token_prob: float) -> Path:
-        path = Path()
+    def _follow(self, cursor: _Cursor, matched: list[int], budget: int, min_token_prob: float) -> DraftPath:
+        path = DraftPath()
         prob = 1.0
         context = list(matched)  # the walked path: the match, then the draft
         while len(path.tokens) < budget:
