@@ -42,16 +42,16 @@ def record(path: Path, max_new_tokens: int, half: str) -> None:
 
     pipeline = load_pipeline(load_config())
     rows = []
-    for category, prompts in by_category(load_prompts(DEFAULT_PROMPTS)).items():
-        for position, prompt in enumerate(prompts):
-            if not _in_half(position, half):
-                continue
-            ids = pipeline.encode(prompt.text)
-            tokens, confidence = _greedy(pipeline, ids, max_new_tokens)
-            rows.append({"category": category, "position": position, "prompt": ids.tolist(),
-                         "output": tokens, "confidence": confidence})
-            print(category, position, len(tokens), flush=True)
-            path.write_text(json.dumps(rows))
+    todo = [(category, position, prompt) for category, prompts in by_category(load_prompts(DEFAULT_PROMPTS)).items()
+            for position, prompt in enumerate(prompts) if _in_half(position, half)]
+    todo.sort(key=lambda item: item[1] % 2)  # the choose half first
+    for category, position, prompt in todo:
+        ids = pipeline.encode(prompt.text)
+        tokens, confidence = _greedy(pipeline, ids, max_new_tokens)
+        rows.append({"category": category, "position": position, "prompt": ids.tolist(),
+                     "output": tokens, "confidence": confidence})
+        print(category, position, len(tokens), flush=True)
+        path.write_text(json.dumps(rows))
 
 
 def _in_half(position: int, half: str) -> bool:
@@ -124,13 +124,13 @@ def sweep(path: Path, half: str, vocab: int) -> None:
     rows = json.loads(path.read_text())
     rows = [r for r in rows if _in_half(r["position"], half)]
     configs: list[tuple[str, object, int, float]] = []
-    for k, threshold in itertools.product((6, 8), (0.3, 0.4)):
+    for k, threshold in itertools.product((8,), (0.3, 0.4)):
         for nmin in (1, 2):
             configs.append((f"ngram 3..{nmin} k={k} tc={threshold}",
                             lambda nmin=nmin: NgramDrafter(vocab, 3, nmin), k, threshold))
-        for depth, prob, factor in itertools.product((16, 24, 32), (0.1, 0.2, 0.3), (1.0, 2.0, 4.0)):
-            settings = SuffixConfig(max_depth=depth, min_token_prob=prob, max_spec_factor=factor)
-            configs.append((f"suffix d={depth} p={prob} f={factor} k={k} tc={threshold}",
+        for depth, prob, factor, nmin in itertools.product((8, 24), (0.1, 0.3, 0.5), (1.0, 2.0, 4.0), (1, 2, 3)):
+            settings = SuffixConfig(max_depth=depth, min_token_prob=prob, max_spec_factor=factor, min_match=nmin)
+            configs.append((f"suffix d={depth} p={prob} f={factor} m={nmin} k={k} tc={threshold}",
                             lambda s=settings: SuffixDrafter(vocab, s), k, threshold))
     results = []
     for name, make, k, threshold in configs:

@@ -305,3 +305,10 @@ def test_history_updates_never_race_a_draft():
     writer.join()
     assert not errors
     assert_tree_matches(history.tree, history.tree.sequences())
+
+
+def test_min_match_keeps_short_contexts_from_drafting():
+    history = SuffixHistory(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_match=2))
+    history.add([5, 1, 2, 3])
+    assert history.speculate([9, 1], 3).tokens == []  # one matching token is not enough
+    assert history.speculate([5, 1], 3).tokens == [2, 3]

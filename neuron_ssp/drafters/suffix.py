@@ -63,7 +63,7 @@ class SuffixHistory:
     def speculate(self, context: list[int], max_tokens: int) -> DraftPath:
         s = self.settings
         with self.lock:
-            return self.tree.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob)
+            return self.tree.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob, s.min_match)
 
     def clear(self) -> None:
         with self.lock:
@@ -142,7 +142,7 @@ class SuffixDrafter:
     def best_path(self, context: list[int], max_tokens: int) -> DraftPath:
         """The higher-scoring of the two sources' drafts; this request's own text wins a tie."""
         s = self.settings
-        local = self._local.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob)
+        local = self._local.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob, s.min_match)
         shared = self.history.speculate(context, max_tokens)
         return shared if shared.score > local.score else local
 

@@ -221,15 +221,16 @@ class SuffixTree:
     # ------------------------------------------------------------ drafting
 
     def speculate(self, context: Sequence[int], max_tokens: int, max_spec_factor: float,
-                  min_token_prob: float) -> DraftPath:
+                  min_token_prob: float, min_match: int = 1) -> DraftPath:
         """The most frequent continuation after the longest suffix of `context` seen with one.
 
         Draft length <= max_spec_factor x match length (the paper's adaptive length); drafting stops
-        when the cumulative probability of the next token falls below `min_token_prob`.
+        when the cumulative probability of the next token falls below `min_token_prob`; a match
+        shorter than `min_match` tokens drafts nothing.
         """
         tail = list(context[-self.max_depth:])
         cursor, match_len = self._longest_match(tail)
-        if cursor is None:
+        if cursor is None or match_len < min_match:
             return DraftPath()
         budget = min(max_tokens, int(match_len * max_spec_factor + 1e-6))
         path = self._follow(cursor, tail[-match_len:], budget, min_token_prob)
