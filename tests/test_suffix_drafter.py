@@ -26,6 +26,11 @@ GREEDY = SamplingConfig(temperature=0.0)
 VOCAB = 64
 
 
+def loose(**settings) -> SuffixConfig:
+    """Settings that draft on any match (the defaults want 2 tokens of context and p >= 0.5)."""
+    return SuffixConfig(**{"min_match": 1, "min_token_prob": 0.1, **settings})
+
+
 def brute_counts(sequences: list[list[int]], context: list[int], depth: int) -> Counter:
     """How often each token followed `context`, over occurrences cut at `depth` + 1 tokens (the tree's rule)."""
     n = len(context)
@@ -93,7 +98,7 @@ def test_removing_sequences_leaves_the_tree_of_the_rest(seed):
 def test_known_counts_give_the_most_frequent_continuation():
     """History: 'A B C D' three times, 'A B X Y' once -> after 'A B' the draft is 'C D', P(C) = 3/4."""
     a, b, c, d, x, y = 10, 11, 12, 13, 14, 15
-    history = SuffixHistory(SuffixConfig(max_depth=8, min_token_prob=0.1, max_spec_factor=4.0))
+    history = SuffixHistory(loose(max_depth=8, min_token_prob=0.1, max_spec_factor=4.0))
     for seq in ([a, b, c, d], [a, b, x, y], [a, b, c, d], [a, b, c, d]):
         history.add(seq)
     path = history.speculate([1, 2, a, b], 4)
@@ -101,14 +106,14 @@ def test_known_counts_give_the_most_frequent_continuation():
     assert path.probs == pytest.approx([0.75, 0.75])
     assert history.tree.continuations([a, b]) == {c: 3, x: 1}
     # min_token_prob above 3/4: nothing is likely enough to draft
-    strict = SuffixHistory(SuffixConfig(max_depth=8, min_token_prob=0.8, max_spec_factor=4.0))
+    strict = SuffixHistory(loose(max_depth=8, min_token_prob=0.8, max_spec_factor=4.0))
     for seq in ([a, b, c, d], [a, b, x, y], [a, b, c, d], [a, b, c, d]):
         strict.add(seq)
     assert strict.speculate([a, b], 4).tokens == []
 
 
 def test_longest_match_beats_a_more_frequent_short_one():
-    history = SuffixHistory(SuffixConfig(max_depth=8, max_spec_factor=4.0))
+    history = SuffixHistory(loose(max_depth=8, max_spec_factor=4.0))
     for seq in ([5, 1, 2], [5, 1, 2], [6, 1, 3]):
         history.add(seq)
     assert history.speculate([6, 1], 1).tokens == [3]  # '6 1' seen once, followed by 3
@@ -116,7 +121,7 @@ def test_longest_match_beats_a_more_frequent_short_one():
 
 
 def test_draft_length_is_capped_by_the_spec_factor():
-    history = SuffixHistory(SuffixConfig(max_depth=8, max_spec_factor=1.0))
+    history = SuffixHistory(loose(max_depth=8, max_spec_factor=1.0))
     history.add(list(range(20)))
     assert history.speculate([30, 3, 4], 10).tokens == [5, 6]  # match 2 -> at most 2 tokens
     assert len(history.speculate([1, 2, 3, 4], 10).tokens) == 4
@@ -124,7 +129,7 @@ def test_draft_length_is_capped_by_the_spec_factor():
 
 def test_local_and_global_sources_are_scored_together():
     """The higher expected accepted length wins: a certain continuation beats an uncertain one."""
-    settings = SuffixConfig(max_depth=8, max_spec_factor=4.0, min_token_prob=0.1)
+    settings = loose(max_depth=8, max_spec_factor=4.0, min_token_prob=0.1)
     drafter = SuffixDrafter(VOCAB, settings)
     drafter.history.add([1, 2, 3, 4, 5, 6, 7, 8])
     propose = lambda seq: drafter.propose(torch.tensor(seq), 4, FixedPolicy(5), SamplingParams(), None)  # noqa: E731
@@ -141,7 +146,7 @@ def test_local_and_global_sources_are_scored_together():
 
 
 def test_finish_adds_the_request_to_the_history():
-    drafter = SuffixDrafter(VOCAB, SuffixConfig(max_depth=8, max_spec_factor=4.0))
+    drafter = SuffixDrafter(VOCAB, loose(max_depth=8, max_spec_factor=4.0))
     drafter.begin(torch.tensor([1, 2, 3]))
     drafter.finish(torch.tensor([1, 2, 3, 20, 21, 22, 23]))
     assert drafter.history.stored_tokens == 7
@@ -151,7 +156,7 @@ def test_finish_adds_the_request_to_the_history():
 
 
 def test_eviction_keeps_the_history_under_cache_tokens():
-    history = SuffixHistory(SuffixConfig(max_depth=6, cache_tokens=100))
+    history = SuffixHistory(loose(max_depth=6, cache_tokens=100))
     rng = random.Random(0)
     requests = [[rng.randrange(VOCAB) for _ in range(rng.randrange(10, 40))] for _ in range(30)]
     for tokens in requests:
@@ -172,7 +177,7 @@ def test_eviction_keeps_the_history_under_cache_tokens():
 
 def test_persist_and_load_round_trip(tmp_path):
     path = tmp_path / "history.jsonl"
-    settings = SuffixConfig(max_depth=8, max_spec_factor=4.0, persist_path=str(path))
+    settings = loose(max_depth=8, max_spec_factor=4.0, persist_path=str(path))
     first = SuffixHistory(settings, HistoryFile(path, "m", VOCAB))
     first.add([1, 2, 3, 4])
     first.add([7, 2, 3, 9])
@@ -183,10 +188,10 @@ def test_persist_and_load_round_trip(tmp_path):
 
 def test_load_evicts_to_cache_tokens_and_compacts_the_file(tmp_path):
     path = tmp_path / "history.jsonl"
-    big = SuffixHistory(SuffixConfig(cache_tokens=1000), HistoryFile(path, "m", VOCAB))
+    big = SuffixHistory(loose(cache_tokens=1000), HistoryFile(path, "m", VOCAB))
     for i in range(5):
         big.add([i] * 10)
-    small = SuffixHistory(SuffixConfig(cache_tokens=25), HistoryFile(path, "m", VOCAB))
+    small = SuffixHistory(loose(cache_tokens=25), HistoryFile(path, "m", VOCAB))
     assert small.tree.sequences() == [[3] * 10, [4] * 10]
     assert len(path.read_text().splitlines()) == 3  # header + the two kept requests
 
@@ -201,7 +206,7 @@ def test_load_evicts_to_cache_tokens_and_compacts_the_file(tmp_path):
 def test_a_corrupt_file_gives_a_clear_error_and_an_empty_start(tmp_path, caplog, content, says):
     path = tmp_path / "history.jsonl"
     path.write_text(content, errors="surrogateescape") if "\x00" not in content else path.write_bytes(b"\x00\xff")
-    settings = SuffixConfig(persist_path=str(path))
+    settings = loose(persist_path=str(path))
     with caplog.at_level(logging.WARNING):
         history = SuffixHistory(settings, HistoryFile(path, "m", VOCAB))
     assert history.stored_tokens == 0 and history.load_problem is not None
@@ -246,7 +251,7 @@ def make(target, drafter, k, policy=None):
 def test_greedy_ssp_with_suffix_equals_plain_on_tiny_llamas(k, seed):
     """Two requests through one drafter: the second drafts from the first's history too."""
     target = tiny_llama(seed)
-    drafter = SuffixDrafter(target.config.vocab_size, SuffixConfig(max_depth=8, max_spec_factor=4.0))
+    drafter = SuffixDrafter(target.config.vocab_size, loose(max_depth=8, max_spec_factor=4.0))
     generator = make(backend(target), drafter, k)
     prompts = [torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7]), torch.tensor([2, 5, 7, 9, 5, 7])]
     for prompt in prompts + prompts:
@@ -283,7 +288,7 @@ def test_history_updates_never_race_a_draft():
     """A server finishes requests on one thread while another drafts: every draft sees a whole tree."""
     import threading
 
-    history = SuffixHistory(SuffixConfig(max_depth=6, cache_tokens=400, max_spec_factor=4.0))
+    history = SuffixHistory(loose(max_depth=6, cache_tokens=400, max_spec_factor=4.0))
     rng = random.Random(1)
     requests = [[rng.randrange(5) for _ in range(rng.randrange(5, 40))] for _ in range(150)]
     errors: list[BaseException] = []
@@ -308,7 +313,7 @@ def test_history_updates_never_race_a_draft():
 
 
 def test_min_match_keeps_short_contexts_from_drafting():
-    history = SuffixHistory(SuffixConfig(max_depth=8, max_spec_factor=4.0, min_match=2))
+    history = SuffixHistory(loose(max_depth=8, max_spec_factor=4.0, min_match=2))
     history.add([5, 1, 2, 3])
     assert history.speculate([9, 1], 3).tokens == []  # one matching token is not enough
     assert history.speculate([5, 1], 3).tokens == [2, 3]
