@@ -49,11 +49,22 @@ class ModelConfig(_Strict):
     architecture: str | None = None
 
 
+class SuffixConfig(_Strict):
+    """Suffix drafter (SuffixDecoding): a suffix tree over this request and the previous ones."""
+
+    max_depth: int = Field(24, ge=1, le=256)  # longest context (tokens) it matches
+    cache_tokens: int = Field(1_000_000, ge=0)  # global history bound; the oldest request goes first
+    min_token_prob: float = Field(0.5, ge=0.0, le=1.0)  # stop once the continuation is less likely
+    max_spec_factor: float = Field(4.0, gt=0.0, le=64.0)  # draft length <= factor x match length
+    min_match: int = Field(2, ge=1, le=256)  # draft only after a context of at least this many tokens matched
+    persist_path: str | None = None  # JSONL file that keeps the history across restarts
+
+
 class SpeculationConfig(_Strict):
     """k is the window: k-1 drafted tokens, k positions scored by the target per call."""
 
     k: int = Field(4, ge=2, le=64)
-    drafter: Literal["ngram", "model"] = "ngram"
+    drafter: Literal["ngram", "model", "suffix"] = "ngram"
     acceptor: str = "probabilistic"  # a built-in name or `module:Class`
     policy: Literal["fixed", "adaptive", "draft-confidence", "target-confidence"] = "fixed"
     k_min: int = Field(2, ge=2)  # adaptive: smallest window
@@ -63,6 +74,7 @@ class SpeculationConfig(_Strict):
     ngram_min: int = Field(1, ge=1, le=16)
     # library: transformers-neuronx's SpeculativeGenerator loop; fused: its FusedSpeculativeDecoder (on device)
     engine: Literal["native", "library", "fused"] = "native"
+    suffix: SuffixConfig = Field(default_factory=SuffixConfig)
 
     @field_validator("acceptor")
     @classmethod
@@ -227,7 +239,7 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "": Config, "platform": PlatformConfig, "target": ModelConfig, "draft": ModelConfig,
     "speculation": SpeculationConfig, "sampling": SamplingConfig, "generation": GenerationConfig,
-    "neuron": NeuronSettings, "serve": ServeConfig,
+    "neuron": NeuronSettings, "serve": ServeConfig, "suffix": SuffixConfig,
 }
 
 
@@ -238,7 +250,7 @@ def _problem_from_pydantic(err: dict[str, Any], data: dict[str, Any]) -> Problem
     kind = err["type"]
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
-        section = loc[0] if len(loc) > 1 else ""
+        section = loc[-2] if len(loc) > 1 else ""
         valid = list(_SECTION_MODELS.get(section, Config).model_fields)
         return Problem(field, value, f"unknown key '{loc[-1]}'",
                        f"{did_you_mean(loc[-1], valid)}valid keys here: {', '.join(valid)}")

@@ -169,6 +169,7 @@ class SpeculativeGenerator:
             if self.policy.uses_target_confidence:
                 confidence = _confidence(target_logits[accepted], tokens[-1])
 
+        self.drafter.finish(seq.committed())
         stats.wall_s = time.perf_counter() - start
         stats.new_tokens = seq.length - seq.prompt_len
         return GenerationResult(seq.generated(), stats)

@@ -18,7 +18,8 @@ from transformers.utils import logging as transformers_logging
 from neuron_ssp.acceptors import TokenAcceptor, build_acceptor
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig, SamplingConfig
-from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter
+from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter, SuffixDrafter, SuffixHistory
+from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.embedded import check_embedded_answer, resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.generator import (
@@ -185,6 +186,10 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
     spec = config.speculation
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)
+    if spec.drafter == "suffix":
+        persist = spec.suffix.persist_path
+        store = HistoryFile(persist, config.target.path, target.vocab_size) if persist else None
+        return SuffixDrafter(target.vocab_size, spec.suffix, SuffixHistory(spec.suffix, store))
     assert draft is not None  # Config guarantees a draft section for drafter 'model'
     if draft.vocab_size != target.vocab_size:
         raise UsageError(Problem("draft.path", config.draft.path if config.draft else None,

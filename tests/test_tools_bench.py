@@ -80,3 +80,42 @@ def test_repeat_measures_each_prompt_again_and_rotates_the_order(monkeypatch):
     assert len(category.measures) == 2 and category.summary()["prompts"] == 1
     # warm-up and turn 0 start with our plain run; turn 1 starts with SSp (not recorded here), then HF plain
     assert calls[:3] == ["plain", "hf_plain", "hf_lookup"] and calls[6:9] == ["hf_plain", "hf_lookup", "plain"]
+
+
+def test_drafters_compared_in_one_run_each_equal_plain():
+    pipeline = tiny_pipeline()
+    prompts = {"copy": [BenchPrompt("copy", PROMPT_ROWS[0][1])], "open": [BenchPrompt("open", PROMPT_ROWS[2][1])]}
+    result = run_bench(pipeline, prompts, 10, hf_lookup_tokens=None, drafters=["ngram", "suffix"])
+    assert result.drafters == ["ngram", "suffix"]
+    for category in [*result.categories, result.overall]:
+        for name in result.drafters:
+            assert category.drafter_equal(name) == len(category.measures)
+            assert category.drafter_fit(name).speedup_measured > 0
+    measure = result.overall.measures[0]
+    assert measure.ssp is measure.drafters["ngram"].stats  # the first drafter is the headline SSp column
+
+
+def test_repeated_workload_warms_the_history_then_clears_it(monkeypatch):
+    pipeline = tiny_pipeline()
+    prompts = {"copy": [BenchPrompt("copy", PROMPT_ROWS[0][1])], "open": [BenchPrompt("open", PROMPT_ROWS[2][1])]}
+    sizes: list[int] = []
+    real = bench.forget_history
+
+    def forget(generator):
+        real(generator)
+        sizes.append(generator.drafter.history.stored_tokens)
+
+    monkeypatch.setattr(bench, "forget_history", forget)
+    passes = bench.run_repeated(pipeline, prompts, 10, drafters=["suffix"])
+    assert list(passes) == ["first", "warm", "cold"] and sizes == [0, 0]  # after the warm-up, before cold
+    generator = bench.drafter_generators(pipeline, ["suffix"])  # a new one: fresh history
+    assert generator["suffix"].drafter.history.stored_tokens == 0
+    for result in passes.values():
+        assert result.overall.drafter_equal("suffix") == 2
+    warm, first = passes["warm"].overall.drafter_fit("suffix"), passes["first"].overall.drafter_fit("suffix")
+    assert warm.mean_accepted_length > first.mean_accepted_length  # the second pass drafts from the first's outputs
+
+
+def test_unknown_drafter_name_is_a_config_error():
+    with pytest.raises(UsageError, match="speculation.drafter"):
+        bench.drafter_generators(tiny_pipeline(), ["ngram", "suffx"])

@@ -157,3 +157,21 @@ def test_tune_k_on_neuron_without_the_library_says_what_to_install(tiny_model_di
     result = run("tune-k", "--config", str(config), "--k", "2,3", "--nb-prompts", "1")
     assert result.exit_code == 1
     assert "pip.repos.neuron.amazonaws.com" in " ".join(result.output.split())
+
+
+def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prompts):
+    result = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
+                 "--drafter", "ngram,suffix", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data["drafters"]) == {"ngram", "suffix"}
+    assert all(row["outputs_equal"] for d in data["drafters"].values() for row in d["categories"].values())
+    table = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
+                "--drafter", "ngram", "--drafter", "suffix")
+    assert table.exit_code == 0 and "geomean" in table.output, table.output
+    repeated = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6",
+                   "--drafter", "suffix", "--repeated-workload", "--json")
+    assert repeated.exit_code == 0, repeated.output
+    assert list(json.loads(repeated.output)["repeated"]) == ["first", "warm", "cold"]
+    bad = run("bench", "--prompts", prompts, "--drafter", "ngram,sufix")
+    assert bad.exit_code == 2 and "speculation.drafter" in bad.output

@@ -36,7 +36,8 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--k", type=int, help="Window: the draft proposes k-1 tokens, the target scores k "
                      "positions per call (gamma = k-1). Must be >= 2."),
         click.option("--acceptor", help="probabilistic (lossless), greedy, typical (lossy) or module:Class."),
-        click.option("--drafter", help="ngram (prompt lookup, model-free) or model (needs a draft: section)."),
+        click.option("--drafter", help="ngram (prompt lookup), suffix (learns across requests; both model-free) "
+                     "or model (needs a draft: section)."),
         click.option("--policy", help="fixed, adaptive, draft-confidence or target-confidence."),
         click.option("--temperature", type=float, help="0 = greedy."),
         click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),

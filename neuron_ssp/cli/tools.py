@@ -24,11 +24,16 @@ from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.cli.tools_report import (
     bench_json,
     bench_table,
+    drafter_json,
+    drafter_table,
     lossless_json,
     lossless_lines,
     math_json,
     math_table,
     math_verdict,
+    per_prompt_json,
+    repeated_json,
+    repeated_table,
     tune_k_json,
     tune_k_table,
 )
@@ -45,6 +50,12 @@ PROMPTS_HELP = "JSONL with a 'prompt' (and 'category') field per line (default: 
 def _without_k_flag(func: Callable[..., Any]) -> Callable[..., Any]:
     """tune-k takes a range for --k, so the single-value --k of the shared options is dropped."""
     func.__click_params__ = [p for p in func.__click_params__ if p.name != "k"]  # type: ignore[attr-defined]
+    return func
+
+
+def _without_drafter_flag(func: Callable[..., Any]) -> Callable[..., Any]:
+    """bench takes several drafters to compare, so the single-value --drafter of the shared options is dropped."""
+    func.__click_params__ = [p for p in func.__click_params__ if p.name != "drafter"]  # type: ignore[attr-defined]
     return func
 
 
@@ -85,6 +96,12 @@ def _device(config: Config) -> str:
         return "neuron"
     return "cuda" if config.platform.device == "cuda" or (
         config.platform.device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def _with_drafter(config: Config, name: str) -> Config:
+    data = config.model_dump()
+    data["speculation"]["drafter"] = name
+    return config_from_dict(data)
 
 
 # ---------------------------------------------------------------- tune-k
@@ -238,18 +255,31 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face generate() runs.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Measure the whole prompt set this many times (a noisy machine needs more).")
+@click.option("--drafter", "drafters", multiple=True,
+              help="Drafters to compare in one run, interleaved per prompt (repeat or comma-separate: "
+              "--drafter ngram,suffix). Default: the config's drafter.")
+@click.option("--repeated-workload", is_flag=True,
+              help="Run the prompt set three times through one pipeline: first (history fills as it goes), "
+              "warm (drafting from the first pass's history), cold (history cleared). No Hugging Face runs.")
 @_threads_option
+@_without_drafter_flag
 @with_config
 def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_prompts: int | None,
-          plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int, threads: int | None,
-          as_json: bool) -> None:
+          plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int, drafters: tuple[str, ...],
+          repeated_workload: bool, threads: int | None, as_json: bool) -> None:
     """Spec-Bench method: greedy, batch 1, per category: our plain and SSp tokens/s next to HF generate().
 
-    Per prompt: our plain decoding, our SSp, HF plain, HF prompt lookup (and HF assisted generation
-    with a draft model), back to back. Greedy SSp output must equal plain output token for token.
+    Per prompt: our plain decoding, our SSp (once per compared drafter), HF plain, HF prompt lookup
+    (and HF assisted generation with a draft model), back to back. Greedy SSp output must equal plain
+    output token for token.
     """
-    from neuron_ssp.tools.bench import run_bench
+    from neuron_ssp.tools.bench import run_bench, run_repeated
 
+    names = [d.strip() for group in drafters for d in group.split(",") if d.strip()]
+    if names:  # the first one is the pipeline's own drafter; every name is checked as a config value
+        config = _with_drafter(config, names[0])
+        for name in names[1:]:
+            _with_drafter(config, name)
     wanted = [c.strip() for group in categories for c in group.split(",") if c.strip()]
     prompts = by_category(load_prompts(prompts_file), wanted, nb_prompts)
     _check_output(plot_path, "--plot", ".png")
@@ -258,12 +288,36 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
         config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.0})})
     _set_threads(threads)
     pipeline = load_with_status(config)
-    hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
-    with _progress("bench", repeat * sum(len(group) for group in prompts.values())) as step:
-        result = run_bench(pipeline, prompts, config.generation.max_new_tokens, hf_tokens, step, repeat)
+    count = sum(len(group) for group in prompts.values())
     machine = machine_info(_device(config))
+    if repeated_workload:
+        with _progress("bench", 3 * count) as step:
+            passes = run_repeated(pipeline, prompts, config.generation.max_new_tokens, step, names)
+        if as_json:
+            echo_json({"machine": machine, "repeated": repeated_json(passes),
+                       "per_prompt": {name: per_prompt_json(result) for name, result in passes.items()}})
+            return
+        console.print(repeated_table(passes, f"bench --repeated-workload: greedy, "
+                                             f"{config.generation.max_new_tokens} new tokens | {describe(config)}\n"
+                                             f"{describe_machine(machine)}"))
+        console.print("speedup = SSp tok/s ÷ plain tok/s of the same pass; first: history empty at the start, "
+                      "warm: the same prompts again with the first pass's history, cold: history cleared.")
+        return
+    hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
+    with _progress("bench", repeat * count) as step:
+        result = run_bench(pipeline, prompts, config.generation.max_new_tokens, hf_tokens, step, repeat, names)
     title = (f"bench: greedy, {result.max_new_tokens} new tokens, {repeat} pass(es) | {describe(config)}\n"
              f"{describe_machine(machine)}")
+    if len(result.drafters) > 1:
+        if as_json:
+            echo_json({**bench_json(result, machine), "drafters": drafter_json(result),
+                       "per_prompt": per_prompt_json(result)})
+            return
+        console.print(drafter_table(result, title))
+        console.print("each drafter's speedup = its SSp tok/s ÷ plain tok/s (same run, interleaved per prompt); "
+                      f"HF lookup = HF prompt lookup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
+                      "geomean over the categories.")
+        return
     if plot_path is not None:
         from neuron_ssp.tools.plots import plot_bench
 

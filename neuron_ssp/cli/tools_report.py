@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Group
@@ -162,3 +163,98 @@ def _cost_cells(c: CategoryResult, assisted: bool) -> list[str]:
     return [c.category, f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}", _x(call_cost),
             "-" if hf_plain is None else f"{hf_plain:.1f}", _x(c.plain_vs_hf_plain),
             *([_x(c.hf_speedup("hf_assisted"))] if assisted else []), f"{equal}/{len(c.measures)}"]
+
+
+# ---------------------------------------------------------------- bench: drafters side by side
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values and min(values) > 0 else 0.0
+
+
+def drafter_table(result: BenchResult, title: str) -> Table:
+    """Per category: plain tok/s, each drafter's speedup / α / accepted length, HF prompt lookup."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("category", justify="right")
+    table.add_column("plain tok/s", justify="right")
+    for name in result.drafters:
+        for column in (name, f"{name} α", f"{name} acc len"):
+            table.add_column(column, justify="right")
+    table.add_column("HF lookup", justify="right")
+    table.add_column("= plain", justify="right")
+    for c in [*result.categories, result.overall]:
+        cells = [c.category, f"{c.plain_tok_s:.1f}"]
+        for name in result.drafters:
+            fit = c.drafter_fit(name)
+            cells += [_x(fit.speedup_measured), f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}"]
+        cells += [_x(c.hf_speedup("hf_lookup")),
+                  " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters)]
+        table.add_row(*cells, style="bold" if c is result.overall else None)
+    cells = ["geomean", ""]
+    for name in result.drafters:
+        cells += [_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])), "", ""]
+    lookups = [c.hf_speedup("hf_lookup") for c in result.categories]
+    cells += [_x(geomean([v for v in lookups if v is not None])) if None not in lookups else "-", ""]
+    table.add_row(*cells, style="bold")
+    return table
+
+
+def _run_json(stats: Any) -> dict[str, Any]:
+    return {"new_tokens": stats.new_tokens, "wall_s": stats.wall_s, "target_calls": stats.target_calls,
+            "loop_tokens": stats.loop_tokens, "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens}
+
+
+def per_prompt_json(result: BenchResult) -> list[dict[str, Any]]:
+    """Raw counts per prompt run, so a subset (e.g. the half not used to choose a config) can be re-aggregated."""
+    rows = []
+    for c in result.categories:
+        seen: dict[str, int] = {}
+        for m in c.measures:
+            position = seen.setdefault(m.prompt.text, len(seen))
+            rows.append({"category": c.category, "position": position, "plain": _run_json(m.plain),
+                         "drafters": {name: {**_run_json(run.stats), "outputs_equal": run.outputs_equal}
+                                      for name, run in m.drafters.items()}})
+    return rows
+
+
+def drafter_json(result: BenchResult) -> dict[str, Any]:
+    return {name: {
+        "geomean_speedup": geomean([c.drafter_fit(name).speedup_measured for c in result.categories]),
+        "categories": {c.category: {"speedup": c.drafter_fit(name).speedup_measured,
+                                    "acceptance_rate": c.drafter_fit(name).alpha,
+                                    "mean_accepted_length": c.drafter_fit(name).mean_accepted_length,
+                                    "outputs_equal": c.drafter_equal(name) == len(c.measures)}
+                       for c in result.categories}} for name in result.drafters}
+
+
+def repeated_table(passes: dict[str, BenchResult], title: str) -> Table:
+    """The repeated workload: each drafter's speedup per pass (first, warm, cold), per category."""
+    table = Table(title=title, title_justify="left")
+    first = next(iter(passes.values()))
+    table.add_column("category", justify="right")
+    for name in first.drafters:
+        for pass_name in passes:
+            table.add_column(f"{name} {pass_name}", justify="right")
+    table.add_column("= plain", justify="right")
+    rows = [*[c.category for c in first.categories], first.overall.category]
+    for i, category in enumerate(rows):
+        cells = [category]
+        for name in first.drafters:
+            for result in passes.values():
+                group = [*result.categories, result.overall][i]
+                cells.append(_x(group.drafter_fit(name).speedup_measured))
+        equal = sum([*r.categories, r.overall][i].drafter_equal(n) for r in passes.values() for n in first.drafters)
+        total = sum(len([*r.categories, r.overall][i].measures) for r in passes.values()) * len(first.drafters)
+        cells.append(f"{equal}/{total}")
+        table.add_row(*cells, style="bold" if i == len(rows) - 1 else None)
+    cells = ["geomean"]
+    for name in first.drafters:
+        for result in passes.values():
+            cells.append(_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])))
+    table.add_row(*cells, "", style="bold")
+    return table
+
+
+def repeated_json(passes: dict[str, BenchResult]) -> dict[str, Any]:
+    return {pass_name: drafter_json(result) for pass_name, result in passes.items()}

@@ -3,5 +3,6 @@
 from neuron_ssp.drafters.base import Draft, Drafter
 from neuron_ssp.drafters.model import ModelDrafter
 from neuron_ssp.drafters.ngram import NgramDrafter
+from neuron_ssp.drafters.suffix import SuffixDrafter, SuffixHistory
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter"]
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter", "SuffixDrafter", "SuffixHistory"]

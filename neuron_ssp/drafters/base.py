@@ -40,6 +40,10 @@ class Drafter(Protocol):
         """Up to `max_tokens` tokens that may follow `sequence` (all committed tokens, 1-D)."""
         ...
 
+    def finish(self, sequence: torch.Tensor) -> None:
+        """The request ended with these committed tokens (prompt + output); a learning drafter keeps them."""
+        ...
+
 
 def point_masses(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits whose softmax is a one-hot on each token: how a model-free drafter states certainty."""

@@ -57,6 +57,9 @@ class ModelDrafter:
             return Draft.empty(self.vocab_size)
         return Draft(torch.tensor(tokens), torch.stack(rows).float())
 
+    def finish(self, sequence: torch.Tensor) -> None:
+        """A draft model learns nothing across requests."""
+
     def _valid_prefix(self, committed: list[int]) -> int:
         """Slots whose cached token still equals the committed one; only the tail can differ."""
         valid = min(len(self._cached), len(committed) - 1)  # always re-feed at least the last token

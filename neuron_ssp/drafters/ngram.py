@@ -20,13 +20,22 @@ class NgramDrafter:
     def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         """Nothing to encode: the lookup reads the sequence passed to `propose`."""
 
+    def finish(self, sequence: torch.Tensor) -> None:
+        """Prompt lookup learns nothing across requests."""
+
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         tokens = lookup(sequence, max_tokens, self.ngram_max, self.ngram_min)
         return Draft(tokens, point_masses(tokens, self.vocab_size))
 
 
 def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> torch.Tensor:
-    """Longest n first; among matches of that n, the latest one that has a continuation."""
+    """Longest n first; among matches of that n, the latest one that has a continuation.
+
+    The continuation is an overlapping copy (as in LZ77): where it runs into the end of the sequence
+    it goes on copying what it has just proposed, i.e. it repeats the last `length - start` tokens.
+    So a run `1 1 1 ...`, whose latest match is one token back, drafts the whole window of 1s
+    instead of a single token.
+    """
     length = sequence.shape[0]
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
         pattern = sequence[length - n:]
@@ -34,5 +43,7 @@ def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: i
         hits = (windows == pattern).all(dim=1).nonzero()
         if hits.numel():
             start = int(hits[-1]) + n
-            return sequence[start: start + max_tokens].clone()
+            period = sequence[start:]
+            repeats = -(-max_tokens // period.shape[0])
+            return period.repeat(repeats)[:max_tokens].clone()
     return sequence.new_empty(0)

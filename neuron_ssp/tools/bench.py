@@ -6,16 +6,27 @@ one prompt to the next, so no method always runs first after a prompt switch, an
 round-robin across categories, so a burst of load on a shared machine hits every method and category
 alike. `repeat` measures the whole set several times over. Greedy SSp must reproduce plain decoding
 token for token; `outputs_equal` checks it on every prompt.
+
+`drafters` compares several drafters in the same run: each gets its own SSp run per prompt, in the
+rotation with the others. A drafter that learns across requests (suffix) sees the earlier prompts of
+the same pass, never the prompt it is measured on: its history is cleared after the warm-up and at
+the start of every pass. `run_repeated` is the repeated workload: the prompt set twice through one
+pipeline (the second pass drafts from the first pass's history), then once more after clearing it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from neuron_ssp.generator import plain_generate
-from neuron_ssp.loader import Pipeline
+import torch
+
+from neuron_ssp.acceptors import build_acceptor
+from neuron_ssp.config import config_from_dict
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.generator import plain_generate, sampling_params
+from neuron_ssp.loader import Generator, Pipeline, build_generator
 from neuron_ssp.stats import GenerationStats
 from neuron_ssp.tools.aggregate import merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
@@ -25,18 +36,26 @@ from neuron_ssp.tools.tune_k import KRow, k_row
 
 WARMUP_TOKENS = 16
 ALL = "all"
+PASSES = ("first", "warm", "cold")  # run_repeated: empty history, the first pass's history, cleared again
+
+
+@dataclass
+class DrafterRun:
+    stats: GenerationStats
+    outputs_equal: bool  # this drafter's SSp tokens == our plain tokens
 
 
 @dataclass
 class PromptMeasure:
     prompt: BenchPrompt
     plain: GenerationStats
-    ssp: GenerationStats
+    ssp: GenerationStats  # the first (or only) drafter's run
     outputs_equal: bool  # SSp tokens == our plain tokens
     hf_plain: HfRun | None = None
     hf_lookup: HfRun | None = None
     hf_assisted: HfRun | None = None
     hf_equal: bool | None = None  # HF greedy tokens == our plain tokens (same model, same decoding)
+    drafters: dict[str, DrafterRun] = field(default_factory=dict)  # every compared drafter, the first included
 
 
 @dataclass
@@ -82,6 +101,15 @@ class CategoryResult:
             "outputs_equal": self.outputs_equal,
         }
 
+    def drafter_fit(self, name: str) -> KRow:
+        """α, accepted length and speedup of one compared drafter over the same plain runs."""
+        return k_row(self.fit.k, [m.plain for m in self.measures], [m.drafters[name].stats for m in self.measures],
+                     KSetup())
+
+    def drafter_equal(self, name: str) -> int:
+        """Prompts on which this drafter's greedy output equalled plain decoding."""
+        return sum(m.drafters[name].outputs_equal for m in self.measures)
+
     @property
     def plain_vs_hf_plain(self) -> float | None:
         """Our plain tokens/s over HF generate()'s: what our decoding loop costs or saves."""
@@ -94,32 +122,95 @@ class BenchResult:
     categories: list[CategoryResult]
     overall: CategoryResult
     max_new_tokens: int
+    drafters: list[str] = field(default_factory=list)  # compared drafters, in column order
 
 
 def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
               hf_lookup_tokens: int | None, on_step: Callable[[str], None] | None = None,
-              repeat: int = 1) -> BenchResult:
+              repeat: int = 1, drafters: Sequence[str] = ()) -> BenchResult:
     """Measure every prompt four ways, `repeat` times; `hf_lookup_tokens` None skips the Hugging Face runs."""
-    order = _round_robin(prompts) * repeat
-    runner = _Runner(pipeline, hf_lookup_tokens)
+    runner = _Runner(pipeline, hf_lookup_tokens, drafters)
+    order = _round_robin(prompts)
     runner.measure(order[0], WARMUP_TOKENS, 0)  # one-off costs (allocator, kernel choice) stay out of the numbers
     measured: dict[str, list[PromptMeasure]] = {category: [] for category in prompts}
-    for turn, prompt in enumerate(order):
+    for turn, prompt in enumerate(order * repeat):
+        if turn % len(order) == 0:
+            runner.forget()  # a pass never drafts from its own prompts' earlier outputs
         measured[prompt.category].append(runner.measure(prompt, max_new_tokens, turn))
         if on_step:
             on_step(prompt.category)
-    k = pipeline.generator.k
+    return _result(measured, pipeline.generator.k, max_new_tokens, list(runner.generators))
+
+
+def run_repeated(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
+                 on_step: Callable[[str], None] | None = None,
+                 drafters: Sequence[str] = ()) -> dict[str, BenchResult]:
+    """The repeated workload: PASSES over the prompt set through one pipeline, plain and SSp per prompt.
+
+    first: history starts empty (it fills with this pass's earlier prompts); warm: the same prompts
+    again, drafting from everything the first pass left; cold: history cleared, the same once more.
+    """
+    runner = _Runner(pipeline, None, drafters)
+    order = _round_robin(prompts)
+    runner.measure(order[0], WARMUP_TOKENS, 0)
+    runner.forget()
+    results: dict[str, BenchResult] = {}
+    for name in PASSES:
+        if name == "cold":
+            runner.forget()
+        measured: dict[str, list[PromptMeasure]] = {category: [] for category in prompts}
+        for turn, prompt in enumerate(order):
+            measured[prompt.category].append(runner.measure(prompt, max_new_tokens, turn))
+            if on_step:
+                on_step(f"{name} {prompt.category}")
+        results[name] = _result(measured, pipeline.generator.k, max_new_tokens, list(runner.generators))
+    return results
+
+
+def _result(measured: dict[str, list[PromptMeasure]], k: int, max_new_tokens: int, drafters: list[str]) -> BenchResult:
     categories = [_category(name, runs, k) for name, runs in measured.items()]
     overall = _category(ALL, [m for runs in measured.values() for m in runs], k)
-    return BenchResult(categories, overall, max_new_tokens)
+    return BenchResult(categories, overall, max_new_tokens, drafters)
+
+
+def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, Generator]:
+    """One generator per drafter name around the pipeline's target; the pipeline's own for its drafter."""
+    config = pipeline.config
+    generators: dict[str, Generator] = {}
+    for name in dict.fromkeys(names or [config.speculation.drafter]):
+        if name == config.speculation.drafter:
+            generators[name] = pipeline.generator
+            continue
+        if name == "model" and pipeline.draft is None:
+            raise UsageError(Problem("--drafter", name, "the loaded config has no draft model",
+                                     "add a `draft:` section to the config, or compare ngram and suffix"))
+        data = config.model_dump()
+        data["speculation"]["drafter"] = name
+        other = config_from_dict(data)
+        rng = torch.Generator()
+        acceptor = build_acceptor(other.speculation.acceptor, sampling_params(other.sampling), rng)
+        generators[name] = build_generator(other, pipeline.target, pipeline.draft, acceptor, rng)
+    return generators
+
+
+def forget_history(generator: Generator) -> None:
+    """Clear what a learning drafter remembers of earlier requests (nothing to do for the others)."""
+    history = getattr(getattr(generator, "drafter", None), "history", None)
+    if history is not None:
+        history.clear()
 
 
 class _Runner:
-    def __init__(self, pipeline: Pipeline, hf_lookup_tokens: int | None):
+    def __init__(self, pipeline: Pipeline, hf_lookup_tokens: int | None, drafters: Sequence[str] = ()):
         self.pipeline = pipeline
+        self.generators = drafter_generators(pipeline, drafters)
         self.hf = hf_model(pipeline.target) if hf_lookup_tokens else None
         self.assistant = hf_model(pipeline.draft) if pipeline.draft is not None else None
         self.hf_lookup_tokens = hf_lookup_tokens
+
+    def forget(self) -> None:
+        for generator in self.generators.values():
+            forget_history(generator)
 
     def measure(self, prompt: BenchPrompt, max_new_tokens: int, turn: int) -> PromptMeasure:
         """Each method once on `prompt`, starting with method number `turn` (modulo their count)."""
@@ -127,9 +218,9 @@ class _Runner:
         ids = p.encode(prompt.text)
         eos = p.eos_token_ids
         methods: dict[str, Callable[[], Any]] = {
-            "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos),
-            "ssp": lambda: p.generator.generate(ids, max_new_tokens, eos),
-        }
+            "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos)}
+        for name, generator in self.generators.items():
+            methods[f"ssp:{name}"] = lambda g=generator: g.generate(ids, max_new_tokens, eos)
         if self.hf is not None:
             hf = self.hf
             methods["hf_plain"] = lambda: hf_generate(hf, ids, max_new_tokens, eos)
@@ -140,10 +231,15 @@ class _Runner:
         names = list(methods)
         start = turn % len(names)
         runs = {name: methods[name]() for name in names[start:] + names[:start]}
-        plain, ssp = runs.pop("plain"), runs.pop("ssp")
+        plain = runs.pop("plain")
+        drafted = {}
+        for name in self.generators:
+            run = runs.pop(f"ssp:{name}")
+            drafted[name] = DrafterRun(run.stats, run.tokens == plain.tokens)
         hf_plain = runs.get("hf_plain")
-        return PromptMeasure(prompt, plain.stats, ssp.stats, ssp.tokens == plain.tokens, **runs,
-                             hf_equal=None if hf_plain is None else hf_plain.tokens == plain.tokens)
+        first = next(iter(drafted))
+        return PromptMeasure(prompt, plain.stats, drafted[first].stats, drafted[first].outputs_equal, **runs,
+                             hf_equal=None if hf_plain is None else hf_plain.tokens == plain.tokens, drafters=drafted)
 
 
 def _category(name: str, measures: list[PromptMeasure], k: int) -> CategoryResult:

@@ -66,6 +66,9 @@ class _DraftLog:
             self.first_draft = len(draft)
         return draft
 
+    def finish(self, sequence: torch.Tensor) -> None:
+        self.inner.finish(sequence)
+
 
 def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: float, seed: int = 0,
                    on_step: Callable[[], None] | None = None) -> LosslessReport:
