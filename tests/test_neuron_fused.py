@@ -97,7 +97,7 @@ def test_the_older_library_is_refused_cleanly(neuronx_any: ModuleType, tiny_mode
         ({"speculation": {"acceptor": "typical"}}, "speculation.acceptor"),
         ({"speculation": {"acceptor": "my_module:MyAcceptor"}}, "speculation.acceptor"),
         ({"speculation": {"k": 10}}, "speculation.k"),
-        ({"sampling": {"temperature": 0.8}}, "sampling.temperature"),
+        ({"sampling": {"temperature": 0.8}}, "speculation.acceptor"),  # greedy would ignore it
         ({"draft": {"tp_degree": 8}}, "draft.tp_degree"),
         ({"generation": {"max_new_tokens": 110, "max_prompt_tokens": 24}}, "target.n_positions"),
         ({"platform": {"backend": "torch"}}, "speculation.engine"),

@@ -70,7 +70,8 @@ def test_every_eos_of_the_model_stops_the_library_loop(neuronx: ModuleType, tiny
 def test_the_older_library_warns_that_it_finishes_greedily(
     neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
+                           speculation={"engine": "library", "acceptor": "probabilistic"},
                            sampling={"temperature": 0.9})
     target, draft = load_neuron_backends(config, plan_deployment(config))
     rng = torch.Generator()

@@ -108,13 +108,18 @@ def test_a_config_lmi_cannot_express_is_refused_with_every_reason(tmp_path: Path
     assert render(str(path), "--engine", "neuron-ssp")[0] == 0
 
 
-def test_greedy_acceptor_at_any_temperature_and_probabilistic_at_zero_are_accepted(tmp_path: Path) -> None:
+def test_greedy_acceptor_renders_at_temperature_zero_and_is_refused_with_a_temperature(tmp_path: Path) -> None:
+    """LMI accepts greedily; a temperature the greedy acceptor would ignore is refused for every engine."""
     data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
     data["speculation"]["acceptor"] = "greedy"
-    data["sampling"] = {"temperature": 0.9}
+    data["sampling"] = {"temperature": 0.0}
     path = tmp_path / "greedy.yaml"
     path.write_text(yaml.safe_dump(data))
     assert render(str(path), "--engine", "lmi")[0] == 0
+    data["sampling"] = {"temperature": 0.9}
+    path.write_text(yaml.safe_dump(data))
+    code, out = render(str(path), "--engine", "lmi")
+    assert code == 2 and "speculation.acceptor" in out and "temperature" in out
 
 
 def test_draft_dtype_other_than_the_targets_is_refused(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from neuron_ssp.drafters.suffix_tree import SuffixTree
 from neuron_ssp.errors import UsageError
 from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.policies import FixedPolicy, TargetConfidencePolicy
-from neuron_ssp.sampling import SamplingParams
 
 GREEDY = SamplingConfig(temperature=0.0)
 VOCAB = 64
@@ -132,26 +131,26 @@ def test_local_and_global_sources_are_scored_together():
     settings = loose(max_depth=8, max_spec_factor=4.0, min_token_prob=0.1)
     drafter = SuffixDrafter(VOCAB, settings)
     drafter.history.add([1, 2, 3, 4, 5, 6, 7, 8])
-    propose = lambda seq: drafter.propose(torch.tensor(seq), 4, FixedPolicy(5), SamplingParams(), None)  # noqa: E731
-    drafter.begin(torch.tensor([9, 30, 31]))  # nothing in the request itself matches
+    propose = lambda seq: drafter.propose(torch.tensor(seq), 4)  # noqa: E731
+    drafter.begin(torch.tensor([9, 30, 31]), 16)  # nothing in the request itself matches
     assert propose([9, 30, 31, 1, 2]).tokens.tolist() == [3, 4, 5, 6]
-    drafter.begin(torch.tensor([1, 2, 50, 1, 2, 51, 9]))  # the request saw '1 2' go two ways: p = 1/2 each
+    drafter.begin(torch.tensor([1, 2, 50, 1, 2, 51, 9]), 16)  # the request saw '1 2' go two ways: p = 1/2 each
     assert propose([1, 2, 50, 1, 2, 51, 9, 1, 2]).tokens.tolist() == [3, 4, 5, 6]  # global is certain
     drafter.history.clear()
     drafter.history.add([1, 2, 3, 0])
     drafter.history.add([1, 2, 4, 0])
     drafter.history.add([1, 2, 5, 0])  # global: '1 2' goes three ways, p = 1/3
-    drafter.begin(torch.tensor([8, 1, 2, 60, 61, 62, 8]))
+    drafter.begin(torch.tensor([8, 1, 2, 60, 61, 62, 8]), 16)
     assert propose([8, 1, 2, 60, 61, 62, 8, 1, 2]).tokens.tolist() == [60, 61, 62, 8]  # the request's own text
 
 
 def test_finish_adds_the_request_to_the_history():
     drafter = SuffixDrafter(VOCAB, loose(max_depth=8, max_spec_factor=4.0))
-    drafter.begin(torch.tensor([1, 2, 3]))
+    drafter.begin(torch.tensor([1, 2, 3]), 16)
     drafter.finish(torch.tensor([1, 2, 3, 20, 21, 22, 23]))
     assert drafter.history.stored_tokens == 7
-    drafter.begin(torch.tensor([5, 3]))
-    out = drafter.propose(torch.tensor([5, 3]), 3, FixedPolicy(4), SamplingParams(), None)
+    drafter.begin(torch.tensor([5, 3]), 16)
+    out = drafter.propose(torch.tensor([5, 3]), 3)
     assert out.tokens.tolist() == [20, 21, 22]
 
 
@@ -222,10 +221,10 @@ def test_a_corrupt_file_gives_a_clear_error_and_an_empty_start(tmp_path, caplog,
 def test_long_single_token_run_drafts_the_full_window():
     run = torch.tensor([3] + [1] * 40)
     assert lookup(run, 7, ngram_max=3, ngram_min=2).tolist() == [1] * 7
-    assert NgramDrafter(VOCAB).propose(run, 7, FixedPolicy(8), SamplingParams(), None).tokens.tolist() == [1] * 7
+    assert NgramDrafter(VOCAB).propose(run, 7).tokens.tolist() == [1] * 7
     drafter = SuffixDrafter(VOCAB, SuffixConfig())
-    drafter.begin(run[:5])
-    assert drafter.propose(run, 7, FixedPolicy(8), SamplingParams(), None).tokens.tolist() == [1] * 7
+    drafter.begin(run[:5], 16)
+    assert drafter.propose(run, 7).tokens.tolist() == [1] * 7
     periodic = torch.tensor([9, 4, 5, 6, 4, 5, 6, 4, 5])  # a short period repeats too
     assert lookup(periodic, 5, 3, 2).tolist() == [6, 4, 5, 6, 4]
 

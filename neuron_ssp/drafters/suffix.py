@@ -29,8 +29,6 @@ from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.drafters.suffix_store import HistoryFile, HistoryFileError
 from neuron_ssp.drafters.suffix_tree import DraftPath, SuffixTree
 from neuron_ssp.errors import Problem
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -121,15 +119,14 @@ class SuffixDrafter:
         self._sid = self._local.open()
         self._seen = 0  # committed tokens already in the local tree
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        """A fresh tree for this request, holding its prompt."""
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """A fresh tree for this request, holding its prompt (a model-free drafter needs no cache room)."""
         self._local = SuffixTree(self.settings.max_depth)
         self._sid = self._local.open()
         self._local.extend(self._sid, prompt_ids.tolist())
         self._seen = prompt_ids.shape[0]
 
-    def propose(self, sequence: torch.Tensor, max_tokens: int, policy: FixedPolicy,
-                sampling: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         length = sequence.shape[0]
         if length > self._seen:
             self._local.extend(self._sid, sequence[self._seen:].tolist())

@@ -39,7 +39,7 @@ def check_engine(config: Config, models: dict[str, ModelConfig], architectures: 
 
 def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
     """Everything the fused decoder cannot do with this config, each with field, rule and fix."""
-    spec, sampling, problems = config.speculation, config.sampling, []
+    spec, problems = config.speculation, []
     native = "or use speculation.engine: native"
     if config.platform.backend != "neuron":
         problems.append(Problem("speculation.engine", "fused", "the fused decoder runs on Neuron only",
@@ -57,10 +57,7 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
         problems.append(Problem("speculation.acceptor", spec.acceptor,
                                 f"engine fused accepts tokens on device; {kind} cannot run there",
                                 f"use acceptor: greedy or probabilistic, {native}"))
-    if spec.acceptor == "greedy" and sampling.temperature > 0:
-        problems.append(Problem("sampling.temperature", sampling.temperature,
-                                "engine fused with acceptor greedy decodes greedily on device (do_sample=False)",
-                                "set temperature: 0, or acceptor: probabilistic to sample on device"))
+    # greedy with a temperature is refused for every engine (generic_rules.check_acceptor)
     if spec.k > FUSED_MAX_WINDOW:
         problems.append(Problem("speculation.k", spec.k,
                                 f"engine fused commits at most {FUSED_MAX_WINDOW} tokens per iteration "
