@@ -220,6 +220,9 @@ class TimedDrafter:
         self.seconds += time.perf_counter() - start
         return draft
 
+    def finish(self, sequence):
+        self.inner.finish(sequence)
+
 
 @pytest.mark.parametrize("slow_loop", [False, True])
 def test_time_split_matches_model_time_measured_outside_the_stats(slow_loop):
@@ -265,6 +268,9 @@ class FixedDraft:
         tokens = self.tokens[:max_tokens]
         return Draft(tokens, point_masses(tokens, 16))
 
+    def finish(self, sequence):
+        pass
+
 
 def test_draft_tokens_accepted_after_eos_do_not_count():
     """The target agrees with the whole draft [a, EOS, c]; the sequence ends at EOS, so c is neither
@@ -299,6 +305,9 @@ class NarrowDrafter:
             return Draft.empty(16)
         guess = sequence[-max_tokens:]
         return Draft(guess, point_masses(guess, 16))
+
+    def finish(self, sequence):
+        self.finished = sequence.tolist()
 
 
 def test_a_drafter_needs_only_the_sequence_and_a_count():
