@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from neuron_ssp.cli.aws_options import consoles, region_option
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
@@ -34,18 +35,6 @@ from neuron_ssp.deploy.waiting import Pacing
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 PACING = Pacing()  # tests replace this with a no-sleep pacing
-
-region_option = click.option(
-    "--region",
-    envvar=["AWS_REGION", "AWS_DEFAULT_REGION"],
-    show_envvar=True,
-    help="AWS region, e.g. us-east-1.",
-)
-
-
-def _consoles() -> tuple[Console, Console]:
-    return Console(), Console(stderr=True)
-
 
 @click.group("deploy")
 def deploy() -> None:
@@ -133,7 +122,7 @@ def launch(
     keep_on_failure: bool,
 ) -> None:
     """Validate CONFIG, then launch one instance for it and wait until its bootstrap is ready."""
-    out, err = _consoles()
+    out, err = consoles()
     config = load_config(config_path)
     clients = AwsClients.for_region(region)
     options = LaunchOptions(
@@ -304,7 +293,7 @@ def run(name: str, argv: tuple[str, ...], region: str | None, output_s3_uri: str
 
     Put the command after `--`, e.g.  deploy run NAME -- neuron-ssp bench --config /opt/neuron-ssp/config.yaml
     """
-    _, err = _consoles()
+    _, err = consoles()
     clients = AwsClients.for_region(region)
     deployment = find_deployment(clients.ec2, clients.region, name)
     uri = output_s3_uri or deployment.output_s3_uri
@@ -363,7 +352,7 @@ def run(name: str, argv: tuple[str, ...], region: str | None, output_s3_uri: str
 @click.option("--json", "as_json", is_flag=True)
 def status(name: str, region: str | None, as_json: bool) -> None:
     """State, uptime, cost so far, SSM reachability and bootstrap progress of NAME."""
-    out, err = _consoles()
+    out, err = consoles()
     clients = AwsClients.for_region(region)
     deployment = find_deployment(clients.ec2, clients.region, name)
     info = deployment.to_dict(_now())
@@ -399,7 +388,7 @@ def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) 
 )
 def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
     """The bootstrap log of NAME (via SSM), or the EC2 console output."""
-    _, err = _consoles()
+    _, err = consoles()
     clients = AwsClients.for_region(region)
     deployment = find_deployment(clients.ec2, clients.region, name)
     if from_console:
@@ -426,7 +415,7 @@ def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def list_(region: str | None, as_json: bool) -> None:
     """Everything this tool launched in the region (by tag), with uptime and cost so far."""
-    out, _ = _consoles()
+    out, _ = consoles()
     clients = AwsClients.for_region(region)
     now = _now()
     deployments = list_deployments(clients.ec2, clients.region)
@@ -465,7 +454,7 @@ def list_(region: str | None, as_json: bool) -> None:
 @click.option("--no-wait", is_flag=True, help="Return once termination has been requested.")
 def teardown(name: str | None, region: str | None, all_: bool, yes: bool, no_wait: bool) -> None:
     """Terminate deployment NAME, or --all of them."""
-    out, err = _consoles()
+    out, err = consoles()
     if bool(name) == all_:
         raise UsageError(
             Problem(

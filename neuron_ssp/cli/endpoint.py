@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from neuron_ssp.cli.aws_options import consoles, region_option
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
@@ -38,15 +39,6 @@ from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageErro
 
 PACING = Pacing(interval_s=30)  # tests replace this with a no-sleep pacing
 DRY_RUN_IDENTITY = Identity("123456789012", "arn:aws:iam::123456789012:user/dry-run")
-
-region_option = click.option(
-    "--region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], show_envvar=True, help="AWS region, e.g. us-east-1."
-)
-
-
-def _consoles() -> tuple[Console, Console]:
-    return Console(), Console(stderr=True)
-
 
 @click.group("endpoint")
 def endpoint() -> None:
@@ -104,7 +96,7 @@ def create(
     keep_on_failure: bool,
 ) -> None:
     """Validate CONFIG, then create model, endpoint config and endpoint, wait for InService, autoscale."""
-    out, err = _consoles()
+    out, err = consoles()
     config = load_config(config_path)
     options = EndpointOptions(
         name=name,
@@ -230,7 +222,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def status(name: str, region: str | None, as_json: bool) -> None:
     """Status, instances (current/desired, autoscaling range), age and $/h of endpoint NAME."""
-    out, _ = _consoles()
+    out, _ = consoles()
     clients = SageMakerClients.for_region(region)
     info = endpoint_info(clients, name).to_dict(now_utc())
     if as_json:
@@ -260,7 +252,7 @@ def invoke(
     as_json: bool,
 ) -> None:
     """Send a prompt to NAME; print the text and, for the neuron-ssp engine, the speculative stats."""
-    out, err = _consoles()
+    out, err = consoles()
     payload = request_body(prompt, body, max_new_tokens, stream)
     clients = SageMakerClients.for_region(region)
     show = (lambda piece: None) if as_json else (lambda piece: click.echo(piece, nl=False))
@@ -285,7 +277,7 @@ def invoke(
 @click.option("--lines", type=click.IntRange(1, 10000), default=100, show_default=True)
 def logs(name: str, region: str | None, lines: int) -> None:
     """The last lines of NAME's container log (CloudWatch /aws/sagemaker/Endpoints/NAME)."""
-    _, err = _consoles()
+    _, err = consoles()
     clients = SageMakerClients.for_region(region)
     found = cloudwatch.tail(clients.logs, name, lines, region=clients.region)
     if not found:
@@ -304,7 +296,7 @@ def scale(
     name: str, region: str | None, min_instances: int | None, max_instances: int | None, instances: int | None
 ) -> None:
     """Change NAME's autoscaling range (--min/--max) or its instance count (--instances)."""
-    out, _ = _consoles()
+    out, _ = consoles()
     if min_instances is None and max_instances is None and instances is None:
         raise UsageError(
             Problem("--min/--max/--instances", None, "nothing to change", "pass --min and --max, or --instances")
@@ -322,7 +314,7 @@ def scale(
 @click.option("--json", "as_json", is_flag=True)
 def list_(region: str | None, as_json: bool) -> None:
     """neuron-ssp endpoints in the region (by tag), with age, instances and $/h."""
-    out, _ = _consoles()
+    out, _ = consoles()
     clients = SageMakerClients.for_region(region)
     now = now_utc()
     found = list_endpoints(clients)
@@ -357,7 +349,7 @@ def list_(region: str | None, as_json: bool) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def delete(name: str, region: str | None, yes: bool) -> None:
     """Delete NAME's scaling policy, scalable target, endpoint, endpoint config and model (idempotent)."""
-    out, err = _consoles()
+    out, err = consoles()
     clients = SageMakerClients.for_region(region)
     if not yes and not click.confirm(
         f"Delete endpoint {name} and its model/config in {clients.region}?", default=False, err=True

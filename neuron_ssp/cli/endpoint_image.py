@@ -6,20 +6,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import click
-from rich.console import Console
 
+from neuron_ssp.cli.aws_options import consoles, region_option
 from neuron_ssp.deploy.sagemaker import image
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.plan import IMAGE_REPOSITORY
 from neuron_ssp.errors import Problem, UsageError
-
-region_option = click.option(
-    "--region", envvar=["AWS_REGION", "AWS_DEFAULT_REGION"], show_envvar=True, help="AWS region, e.g. us-east-1."
-)
-
-
-def _consoles() -> tuple[Console, Console]:
-    return Console(), Console(stderr=True)
 
 
 @click.group("image")
@@ -39,7 +31,7 @@ def _version_tag() -> str:
 @click.option("--base-image", help="Override the pinned Neuron DLC (BASE_IMAGE build argument).")
 def image_build(tag: str | None, base_image: str | None) -> None:
     """docker build from the repository root; without docker, print the command."""
-    _, err = _consoles()
+    _, err = consoles()
     if not Path(image.DOCKERFILE).is_file():
         raise UsageError(
             Problem(
@@ -65,7 +57,7 @@ def image_build(tag: str | None, base_image: str | None) -> None:
 @click.option("--tag", default=None, help="Image tag (default: this package's version).")
 def image_push(region: str | None, repository: str, tag: str | None) -> None:
     """Create the ECR repository if missing, log docker in, tag and push; print the image URI."""
-    out, err = _consoles()
+    out, err = consoles()
     tag = tag or _version_tag()
     clients = SageMakerClients.for_region(region)
     uri = image.ensure_repository(clients.ecr, repository, clients.region)
