@@ -100,22 +100,41 @@ def test_flow_style_is_rewritten_and_a_missing_file_created(tmp_path):
     assert load_config(new).speculation.k == 3
 
 
+def _stats(tokens: int, calls: int, wall_ms: float, target_ms: float) -> GenerationStats:
+    stats = GenerationStats(k=3, new_tokens=tokens, target_calls=calls)
+    stats.wall_s, stats.time_target_s = wall_ms / 1000.0, target_ms / 1000.0
+    return stats
+
+
 def test_width_model_prices_each_call_by_the_width_it_scored():
     from neuron_ssp.tools.width_cost import WidthCost, predicted_speedup_for_widths
 
-    cost = WidthCost({1: 10.0, 2: 12.0, 3: 15.0})
-    # half the calls drafted 2 (width 3), half drafted 0 (width 1); τ = 2; c = 0
-    torch_like = predicted_speedup_for_widths(2.0, 0.0, {2: 5, 0: 5}, cost, padded_width=None)
-    assert torch_like == pytest.approx(2.0 * 10.0 / ((15.0 + 10.0) / 2))
-    neuron_like = predicted_speedup_for_widths(2.0, 0.0, {2: 5, 0: 5}, cost, padded_width=3)  # always k wide
-    assert neuron_like == pytest.approx(2.0 * 10.0 / 15.0)
-    with_draft = predicted_speedup_for_widths(2.0, 0.1, {2: 10}, cost, padded_width=None)
-    assert with_draft == pytest.approx(2.0 * 10.0 / (15.0 + 0.1 * 2 * 10.0))
+    cost = WidthCost({1: 10.0, 2: 12.0, 3: 15.0})  # no prefill timed, no host time: calls only
+    plain = _stats(21, 20, 200.0, 200.0)
+    ssp = _stats(21, 10, 999.0, 999.0)  # the runs' own times are never read, only the host time outside
+    # half the calls drafted 2 (width 3), half drafted 0 (width 1): τ = 2
+    torch_like = predicted_speedup_for_widths(plain, ssp, 1, {2: 5, 0: 5}, cost, padded_width=None)
+    assert torch_like == pytest.approx(20 * 10.0 / (10 * (15.0 + 10.0) / 2))
+    neuron_like = predicted_speedup_for_widths(plain, ssp, 1, {2: 5, 0: 5}, cost, padded_width=3)  # k wide
+    assert neuron_like == pytest.approx(20 * 10.0 / (10 * 15.0))
+
+
+def test_width_model_counts_prefill_and_host_time_which_dilute_the_speedup():
+    from neuron_ssp.tools.width_cost import WidthCost, predicted_speedup_for_widths
+
+    cost = WidthCost({1: 10.0, 3: 15.0}, prefill_ms=[40.0, 60.0])  # mean prefill 50 ms per run
+    plain = _stats(42, 40, 2 * 50.0 + 40 * 10.0 + 40 * 1.0, 2 * 50.0 + 40 * 10.0)  # host 1 ms per call
+    ssp = _stats(42, 20, 2 * 50.0 + 20 * 15.0 + 20 * 3.0, 2 * 50.0 + 20 * 15.0)  # host 3 ms per call
+    predicted = predicted_speedup_for_widths(plain, ssp, 2, {2: 20}, cost, padded_width=None)
+    assert predicted == pytest.approx((100.0 + 40 * 11.0) / (100.0 + 20 * 18.0))
+    bare = predicted_speedup_for_widths(plain, ssp, 2, {2: 20}, WidthCost({1: 10.0, 3: 15.0}), None)
+    assert predicted < bare  # shared prefill and loop time shrink what the wider calls buy
 
 
 def test_tune_k_measures_the_call_cost_per_width_once():
     result = tune_k(shared_target_groups(tiny_pipeline(), [2, 4]), PROMPTS[:1], 8)
     assert result.width_cost is not None and sorted(result.width_cost.ms) == [1, 2, 4]
+    assert len(result.width_cost.prefill_ms) == 1  # one prefill timed per prompt
     assert all(row.speedup_width_model > 0 for row in result.rows)
 
 

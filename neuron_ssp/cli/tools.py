@@ -163,7 +163,9 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     console.print(f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
                   "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed "
                   "per width after each prompt's runs); "
-                  "width model = τ·t(1) / (E\\[t(width)] + c·E\\[drafted]·t(1)); gap = measured/width model - 1. "
+                  "width model = both loops priced with those call times: (P + L₁·(t(1) + h₁)) ÷ (P + L_k·"
+                  "(E\\[t(width)] + h_k)) per token, P = prefill, L = target calls (from τ), h = host time per call; "
+                  "gap = measured/width model - 1. "
                   "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call).")
     if neuron:
         for row in result.rows:

@@ -54,7 +54,7 @@ class KRow:
     speedup_measured: float
     speedup_predicted: float  # Leviathan model over the measured draft lengths (what we compare)
     speedup_leviathan: float  # the paper's formula, as if every call drafted k-1 tokens
-    speedup_width_model: float = 0.0  # τ, c and the measured call cost per width (width_cost.py)
+    speedup_width_model: float = 0.0  # τ, host time per call, prefill and call cost per width (width_cost.py)
     setup: KSetup = field(default_factory=KSetup)
 
     @property
@@ -143,7 +143,7 @@ def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationSt
         speedup_measured=throughput_ratio(ssp, plain),
         speedup_predicted=predicted_speedup_for_drafts(alpha, c, lengths),
         speedup_leviathan=predicted_speedup(alpha, k, c), setup=setup,
-        speedup_width_model=(predicted_speedup_for_widths(ssp.mean_accepted_length, c, lengths, cost,
+        speedup_width_model=(predicted_speedup_for_widths(plain, ssp, len(ssp_runs), lengths, cost,
                                                           k if padded else None) if cost else 0.0),
     )
 

@@ -3,14 +3,18 @@
 The Leviathan model prices a k-wide target call like a one-token call (c only counts the draft). That
 holds on an accelerator idle at width 1; on a CPU a 10-wide call costs several one-token calls, and
 the model with c ≈ 0 then predicts speedups the loop never reaches. So tune-k times the target once
-per width (interleaved rounds, median) and predicts
+per width (interleaved rounds, median) and prices both loops with that one curve:
 
-    speedup(k) = τ(k) · t(1) / (E[t(w)] + c · E[m] · t(1))
+    plain time = P + L₁ · (t(1) + h₁)        speculative time = P + L_k · (E[t(w)] + h_k)
+    speedup(k) = (N_k / speculative time) ÷ (N₁ / plain time)
 
-with τ(k) the tokens committed per target call (measured acceptance, bonus token included), m the
-drafted tokens per call and w the width each call scored: m + 1 where the backend scores any width
-(torch), the compiled k where it pads to it (Neuron). On Neuron this also spares timing every k end
-to end: one curve plus the acceptance of one run per k.
+with P the prompts' prefill (timed with the curve), L the decode-loop target calls (for speculative
+sampling L_k = committed tokens ÷ τ(k), τ from the measured acceptance), w the width each call scored
+(drafted tokens + 1 where the backend scores any width, the compiled k where it pads to it: Neuron),
+and h the host time per call the runs measured outside the target (drafting, acceptance, sampling,
+bookkeeping: wall - target time). Leaving P and h out over-predicts by the share of time they take
+(8-11 % on the embedded default). The runs' own target time is never used: on Neuron one curve plus
+the acceptance of each k predicts every k.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.stats import GenerationStats
 
 ROUNDS = 7
 
@@ -30,12 +35,17 @@ ROUNDS = 7
 @dataclass(frozen=True)
 class WidthCost:
     ms: dict[int, float]  # window width -> median milliseconds of one target call
+    prefill_ms: list[float] = field(default_factory=list)  # one prompt prefill per timed round
 
     def at(self, width: int) -> float:
         if width in self.ms:
             return self.ms[width]
         wider = [w for w in self.ms if w >= width]
         return self.ms[min(wider)] if wider else self.ms[max(self.ms)]
+
+    @property
+    def mean_prefill_ms(self) -> float:
+        return statistics.fmean(self.prefill_ms) if self.prefill_ms else 0.0
 
 
 def _scorer(target: ModelBackend, width: int) -> ModelBackend:
@@ -53,14 +63,18 @@ class WidthTimer:
         self.scorers = {w: _scorer(target, w) for w in self.widths}
         self.target = target
         self.samples: dict[int, list[float]] = {w: [] for w in self.widths}
+        self.prefill_ms: list[float] = []
         self.rounds = 0
 
     @torch.inference_mode()
     def round(self, prompt_ids: torch.Tensor, repeats: int = 1) -> None:
-        """Each width once per repeat, at the slot after the prompt, in an order that rotates per round."""
+        """The prompt's prefill, then each width once per repeat at the slot after the prompt, in an order
+        that rotates per round."""
         start = prompt_ids.shape[0]
         tokens = prompt_ids[-1:].repeat(max(self.widths))
+        begin = time.perf_counter()
         self.target.prefill(prompt_ids)
+        self.prefill_ms.append(1000.0 * (time.perf_counter() - begin))
         for _ in range(repeats):
             shift = self.rounds % len(self.widths)
             for w in self.widths[shift:] + self.widths[:shift]:
@@ -70,7 +84,7 @@ class WidthTimer:
             self.rounds += 1
 
     def cost(self) -> WidthCost:
-        return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s})
+        return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s}, list(self.prefill_ms))
 
 
 def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: list[int],
@@ -82,12 +96,23 @@ def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: l
     return timer.cost()
 
 
-def predicted_speedup_for_widths(tokens_per_call: float, c: float, draft_lengths: Mapping[int, int],
-                                 cost: WidthCost, padded_width: int | None) -> float:
-    """τ · t(1) / (E[t(w)] + c · E[m] · t(1)); `padded_width` = k where every call scores k (Neuron)."""
+def host_ms_per_call(stats: GenerationStats) -> float:
+    """Time outside the target per decode-loop call: drafting, acceptance, sampling, bookkeeping."""
+    return 1000.0 * max(stats.wall_s - stats.time_target_s, 0.0) / stats.target_calls if stats.target_calls else 0.0
+
+
+def predicted_speedup_for_widths(plain: GenerationStats, ssp: GenerationStats, runs: int,
+                                 draft_lengths: Mapping[int, int], cost: WidthCost,
+                                 padded_width: int | None) -> float:
+    """Speculative over plain tokens/s, both loops priced with the width curve (module docstring).
+
+    `plain`/`ssp` are the summed stats of `runs` generations each; `draft_lengths` = {m: calls that
+    drafted m tokens}; `padded_width` = k where every call scores k (Neuron)."""
     calls = sum(draft_lengths.values())
-    if calls == 0 or cost.at(1) <= 0:
+    if calls == 0 or cost.at(1) <= 0 or plain.new_tokens == 0 or ssp.new_tokens == 0:
         return 1.0
     call_ms = sum(n * cost.at(padded_width or m + 1) for m, n in draft_lengths.items()) / calls
-    mean_drafted = sum(n * m for m, n in draft_lengths.items()) / calls
-    return tokens_per_call * cost.at(1) / (call_ms + c * mean_drafted * cost.at(1))
+    prefill_ms = runs * cost.mean_prefill_ms
+    plain_ms = prefill_ms + plain.target_calls * (cost.at(1) + host_ms_per_call(plain))
+    ssp_ms = prefill_ms + ssp.target_calls * (call_ms + host_ms_per_call(ssp))
+    return (ssp.new_tokens / ssp_ms) / (plain.new_tokens / plain_ms)
