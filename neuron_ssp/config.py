@@ -54,9 +54,12 @@ class SuffixConfig(_Strict):
 
     max_depth: int = Field(24, ge=1, le=256)  # longest context (tokens) it matches
     cache_tokens: int = Field(1_000_000, ge=0)  # global history bound; the oldest request goes first
-    min_token_prob: float = Field(0.5, ge=0.0, le=1.0)  # stop once the continuation is less likely
+    min_token_prob: float = Field(0.1, ge=0.0, le=1.0)  # stop once the continuation is less likely
     max_spec_factor: float = Field(4.0, gt=0.0, le=64.0)  # draft length <= factor x match length
     min_match: int = Field(2, ge=1, le=256)  # draft only after a context of at least this many tokens matched
+    # earlier requests draft only after a longer match: one occurrence of a short context in another
+    # request's text predicts little, and a rejected draft still pays for a wide target call
+    min_history_match: int = Field(5, ge=1, le=256)
     persist_path: str | None = None  # JSONL file that keeps the history across restarts
 
 

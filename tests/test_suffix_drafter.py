@@ -26,8 +26,8 @@ VOCAB = 64
 
 
 def loose(**settings) -> SuffixConfig:
-    """Settings that draft on any match (the defaults want 2 tokens of context and p >= 0.5)."""
-    return SuffixConfig(**{"min_match": 1, "min_token_prob": 0.1, **settings})
+    """Settings that draft on any match (the defaults want 2 tokens of context, 5 from the history)."""
+    return SuffixConfig(**{"min_match": 1, "min_history_match": 1, "min_token_prob": 0.1, **settings})
 
 
 def brute_counts(sequences: list[list[int]], context: list[int], depth: int) -> Counter:
@@ -316,3 +316,44 @@ def test_min_match_keeps_short_contexts_from_drafting():
     history.add([5, 1, 2, 3])
     assert history.speculate([9, 1], 3).tokens == []  # one matching token is not enough
     assert history.speculate([5, 1], 3).tokens == [2, 3]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_prefer_recent_tree_drafts_what_followed_the_latest_occurrence(seed):
+    """The request's own tree: prompt lookup's rule, checked against a brute-force scan for the latest match."""
+    rng = random.Random(seed)
+    tree = SuffixTree(max_depth=4, prefer_recent=True)
+    sid = tree.open()
+    seq: list[int] = []
+    for _ in range(60):
+        step = [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
+        tree.extend(sid, step)
+        seq += step
+        for n in range(1, 4):
+            context = seq[-n:]
+            starts = [i for i in range(len(seq) - n) if seq[i: i + n] == context]
+            path = tree.speculate(context, 1, max_spec_factor=4.0, min_token_prob=0.0)
+            if starts and path.match_len == n:
+                assert path.tokens == [seq[starts[-1] + n]], (seq, context)
+
+
+def test_the_request_drafts_its_latest_continuation_and_the_history_its_most_frequent():
+    a, b, c, x = 10, 11, 12, 14
+    text = [a, b, c, 1, a, b, c, 2, a, b, x, 3]  # 'a b' went to c twice, then to x
+    history = SuffixHistory(loose(max_depth=8))
+    history.add(text)
+    assert history.speculate([9, a, b], 1).tokens == [c]  # most frequent across requests
+    drafter = SuffixDrafter(VOCAB, loose(max_depth=8), SuffixHistory(loose(max_depth=8)))
+    drafter.begin(torch.tensor(text), 8)
+    assert drafter.propose(torch.tensor([*text, 9, a, b]), 1).tokens.tolist() == [x]  # latest in the request
+
+
+def test_the_history_drafts_only_after_min_history_match_tokens():
+    drafter = SuffixDrafter(VOCAB, SuffixConfig(min_match=2, min_history_match=4, min_token_prob=0.1))
+    drafter.history.add([1, 2, 3, 4, 5, 6, 7, 8])
+    drafter.begin(torch.tensor([40, 41]), 8)
+    assert len(drafter.propose(torch.tensor([40, 41, 3, 4]), 4)) == 0  # 2 tokens match: too short for history
+    drafter.begin(torch.tensor([40, 41]), 8)
+    assert drafter.propose(torch.tensor([40, 41, 1, 2, 3, 4]), 4).tokens.tolist() == [5, 6, 7, 8]
+    drafter.begin(torch.tensor([3, 4, 30, 31, 32]), 8)  # the request's own text needs only min_match = 2
+    assert drafter.propose(torch.tensor([3, 4, 30, 31, 32, 3, 4]), 3).tokens.tolist() == [30, 31, 32]

@@ -8,8 +8,16 @@ from suffix trees. Two sources are scored together, as ArcticInference does:
   added when a request finishes, bounded by `cache_tokens` (oldest request evicted first) and
   optionally persisted to a file.
 
-Each source proposes its most frequent continuation after the longest matching context; the one
-with the higher score (expected accepted tokens: the sum of cumulative probabilities) wins.
+Each source proposes a continuation of its longest matching context, and the one with the higher
+score (expected accepted tokens: the sum of cumulative probabilities) wins, as in ArcticInference.
+Two choices differ from it, both measured on half of the dev prompts (docs/benchmarks.md):
+
+- the request's own tree drafts the continuation seen last, like prompt lookup, and the history the
+  most frequent one: within one text the latest occurrence predicts best (rag, summaries), across
+  requests agreement does;
+- the history drafts only after `min_history_match` tokens matched: a short context that occurred
+  once in an unrelated request mostly drafts tokens the target rejects, and on a CPU each rejected
+  draft still costs a wide target call.
 
 Threads: the global history is guarded by one lock, so a request finishing never changes it under
 a draft running on another thread. The per-request tree is this drafter's own state, like a draft
@@ -60,8 +68,9 @@ class SuffixHistory:
 
     def speculate(self, context: list[int], max_tokens: int) -> DraftPath:
         s = self.settings
+        min_match = max(s.min_match, s.min_history_match)
         with self.lock:
-            return self.tree.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob, s.min_match)
+            return self.tree.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob, min_match)
 
     def clear(self) -> None:
         with self.lock:
@@ -115,13 +124,13 @@ class SuffixDrafter:
         self.vocab_size = vocab_size
         self.settings = settings
         self.history = history if history is not None else SuffixHistory(settings)
-        self._local = SuffixTree(settings.max_depth)
+        self._local = self._request_tree()
         self._sid = self._local.open()
         self._seen = 0  # committed tokens already in the local tree
 
     def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         """A fresh tree for this request, holding its prompt (a model-free drafter needs no cache room)."""
-        self._local = SuffixTree(self.settings.max_depth)
+        self._local = self._request_tree()
         self._sid = self._local.open()
         self._local.extend(self._sid, prompt_ids.tolist())
         self._seen = prompt_ids.shape[0]
@@ -146,6 +155,9 @@ class SuffixDrafter:
     def finish(self, sequence: torch.Tensor) -> None:
         """The request is done: its prompt and output join the global history."""
         self.history.add(sequence.tolist())
-        self._local = SuffixTree(self.settings.max_depth)
+        self._local = self._request_tree()
         self._sid = self._local.open()
         self._seen = 0
+
+    def _request_tree(self) -> SuffixTree:
+        return SuffixTree(self.settings.max_depth, prefer_recent=True)

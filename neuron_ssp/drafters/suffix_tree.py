@@ -55,6 +55,7 @@ class DraftPath:
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
+    support: list[int] = field(default_factory=list)  # occurrences behind each token (1 below a leaf)
     match_len: int = 0
 
     @property
@@ -73,10 +74,13 @@ class _Cursor:
 
 
 class SuffixTree:
-    def __init__(self, max_depth: int):
+    def __init__(self, max_depth: int, prefer_recent: bool = False):
+        """`prefer_recent`: draft the continuation seen last instead of the most frequent one (prompt
+        lookup's rule, which copies the latest occurrence; within one request it drafts better)."""
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         self.max_depth = max_depth
+        self.prefer_recent = prefer_recent
         self._depth = max_depth + 1  # one level below the longest match, so a match has children
         self.root = Node()
         self._seqs: dict[int, array] = {}
@@ -161,10 +165,9 @@ class SuffixTree:
             self._pending[leaf.seq].append((leaf.start, node, depth))
         return node
 
-    @staticmethod
-    def _promote(node: Node, token: int, count: int) -> None:
+    def _promote(self, node: Node, token: int, count: int) -> None:
         best = node.children.get(node.best)
-        if best is None or count >= child_count(best):
+        if self.prefer_recent or best is None or count >= child_count(best):
             node.best = token
 
     # ------------------------------------------------------------ eviction
@@ -208,7 +211,8 @@ class SuffixTree:
 
     @staticmethod
     def _rechoose(node: Node, token: int) -> None:
-        """After a child lost count: if it was the best, find the new best (O(children), eviction only)."""
+        """After a child lost count: if it was the best, find the new best (O(children), eviction only;
+        a `prefer_recent` tree is a request's own and never evicts)."""
         if node.best != token:
             return
         node.best = -1
@@ -278,6 +282,7 @@ class SuffixTree:
                 token = self._leaf_token(cursor.leaf, cursor.leaf.start + cursor.depth, path.tokens)
                 if token is None:
                     break
+                count = 1
             else:
                 node = cursor.node
                 assert node is not None
@@ -291,13 +296,15 @@ class SuffixTree:
                     break
                 token = node.best
                 child = node.children[token]
-                prob *= child_count(child) / node.total
+                count = child_count(child)
+                prob *= count / node.total
                 if prob < min_token_prob:
                     break
                 depth = cursor.depth
                 cursor = _Cursor(child, None, depth) if type(child) is Node else _Cursor(None, child, depth)
             path.tokens.append(token)
             path.probs.append(prob)
+            path.support.append(count)
             context.append(token)
             cursor.depth += 1
         return path
