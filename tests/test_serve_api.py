@@ -14,6 +14,8 @@ import httpx
 import pytest
 from serve_support import FakePipeline, running_server
 
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]}
 
 
@@ -293,3 +295,28 @@ def test_one_request_id_header_per_response():
                   httpx.get(f"{url}/health", headers={"X-Request-Id": "mine-1"})):
             assert len(r.headers.get_list("x-request-id")) == 1
     assert r.headers["x-request-id"] == "mine-1"
+
+
+class FailingPipeline(FakePipeline):
+    """generate_ids raises what the real loop raises: a usage error (the request) or a run-time problem."""
+
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+
+    def generate_ids(self, *args, **kwargs):
+        raise self.error
+
+
+@pytest.mark.parametrize("error, status", [
+    (UsageError(Problem("speculation.acceptor", "greedy", "greedy needs temperature 0", "send temperature 0")), 400),
+    (RuntimeProblem(Problem("target logits", "nan", "the target produced non-finite logits", "check the model")),
+     500),
+])
+def test_a_failed_generation_is_the_clients_fault_only_when_it_is_a_usage_error(error, status):
+    with running_server(FailingPipeline(error)) as url:
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        follow_up = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+    assert reply.status_code == status
+    assert error.problems[0].field in reply.json()["error"]["message"]
+    assert follow_up.status_code == status  # the worker survived the failure and answers the next request

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from neuron_ssp.config import SamplingConfig
-from neuron_ssp.errors import NeuronSSPError, Problem
+from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.loader import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
@@ -164,8 +164,12 @@ class GenerationWorker:
         try:
             result = self.pipeline.generate_ids(job.prompt_ids, job.max_tokens, job.sampling, on_commit,
                                                 should_stop=lambda: text.stopped or job.abandoned())
-        except NeuronSSPError as exc:
+        except UsageError as exc:  # the request asked for something this pipeline cannot do
             job.emit(Failed(ApiError(400, exc.problems)))
+            return
+        except NeuronSSPError as exc:  # the request was fine; the server failed at run time (non-finite logits...)
+            log.error("request %s failed: %s", job.request_id, exc)
+            job.emit(Failed(ApiError(500, exc.problems)))
             return
         except Exception:
             log.exception("request %s failed", job.request_id)
