@@ -51,7 +51,9 @@ def test_tune_k_json_plot_and_write(tiny_model, prompts, tmp_path):
                  "--json", "--plot", str(plot), "--write", str(config))
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert set(data) == {"recommended_k", "rows", "call_ms_by_width"} and data["recommended_k"] in (2, 3)
+    assert set(data) == {"recommended_k", "rows", "call_ms_by_width", "prefill_ms_mean"}
+    assert data["recommended_k"] in (2, 3)
+    assert data["prefill_ms_mean"] > 0
     assert set(data["call_ms_by_width"]) == {"1", "2", "3"}
     assert [row["k"] for row in data["rows"]] == [2, 3] and all(set(row) == ROW_KEYS for row in data["rows"])
     assert plot.read_bytes().startswith(b"\x89PNG")
@@ -159,7 +161,8 @@ def test_tune_k_on_neuron_without_the_library_says_what_to_install(tiny_model_di
     assert "pip.repos.neuron.amazonaws.com" in " ".join(result.output.split())
 
 
-def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prompts):
+def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prompts, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
     result = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
                  "--drafter", "ngram,suffix", "--json")
     assert result.exit_code == 0, result.output
@@ -169,6 +172,7 @@ def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prom
     table = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
                 "--drafter", "ngram", "--drafter", "suffix")
     assert table.exit_code == 0 and "geomean" in table.output, table.output
+    assert "…" not in table.output and "suffix acc len" in table.output  # nothing cut at the runner's width
     repeated = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6",
                    "--drafter", "suffix", "--repeated-workload", "--json")
     assert repeated.exit_code == 0, repeated.output

@@ -35,6 +35,7 @@ def tune_k_json(result: TuneKResult) -> dict[str, Any]:
                   "speedup_width_model": r.speedup_width_model, "speedup_leviathan": r.speedup_leviathan}
                  for r in result.rows],
         "call_ms_by_width": result.width_cost.ms if result.width_cost else None,
+        "prefill_ms_mean": result.width_cost.mean_prefill_ms if result.width_cost else None,
     }
 
 
@@ -172,31 +173,34 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values and min(values) > 0 else 0.0
 
 
-def drafter_table(result: BenchResult, title: str) -> Table:
-    """Per category: plain tok/s, each drafter's speedup / α / accepted length, HF prompt lookup."""
-    table = Table(title=title, title_justify="left")
-    table.add_column("category", justify="right")
-    table.add_column("plain tok/s", justify="right")
+def drafter_table(result: BenchResult, title: str) -> Group:
+    """Per category, in two tables that each read at 80 characters: speed (plain tok/s, each drafter's
+    speedup, HF prompt lookup's) and acceptance (each drafter's α and accepted length)."""
+    rows = [*result.categories, result.overall]
+    speed = Table(title=title, title_justify="left")
+    acceptance = Table()
+    for name in ("category", "plain tok/s", *result.drafters, "HF lookup", "= plain"):
+        speed.add_column(name, justify="right")
+    acceptance.add_column("category", justify="right")
     for name in result.drafters:
-        for column in (name, f"{name} α", f"{name} acc len"):
-            table.add_column(column, justify="right")
-    table.add_column("HF lookup", justify="right")
-    table.add_column("= plain", justify="right")
-    for c in [*result.categories, result.overall]:
-        cells = [c.category, f"{c.plain_tok_s:.1f}"]
-        for name in result.drafters:
-            fit = c.drafter_fit(name)
-            cells += [_x(fit.speedup_measured), f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}"]
-        cells += [_x(c.hf_speedup("hf_lookup")),
-                  " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters)]
-        table.add_row(*cells, style="bold" if c is result.overall else None)
-    cells = ["geomean", ""]
-    for name in result.drafters:
-        cells += [_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])), "", ""]
+        acceptance.add_column(f"{name} α", justify="right")
+        acceptance.add_column(f"{name} acc len", justify="right")
+    for c in rows:
+        style = "bold" if c is result.overall else None
+        fits = [c.drafter_fit(name) for name in result.drafters]
+        speed.add_row(c.category, f"{c.plain_tok_s:.1f}", *[_x(fit.speedup_measured) for fit in fits],
+                      _x(c.hf_speedup("hf_lookup")),
+                      " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters), style=style)
+        acceptance.add_row(c.category, *[cell for fit in fits
+                                          for cell in (f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}")],
+                           style=style)
     lookups = [c.hf_speedup("hf_lookup") for c in result.categories]
-    cells += [_x(geomean([v for v in lookups if v is not None])) if None not in lookups else "-", ""]
-    table.add_row(*cells, style="bold")
-    return table
+    speed.add_row("geomean", "",
+                  *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
+                    for name in result.drafters],
+                  _x(geomean([v for v in lookups if v is not None])) if None not in lookups else "-", "",
+                  style="bold")
+    return Group(speed, acceptance)
 
 
 def _run_json(stats: Any) -> dict[str, Any]:
