@@ -116,6 +116,21 @@ def test_create_status_scale_invoke_logs_list_delete(
     assert code == 0, out
     (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
     assert (target["MinCapacity"], target["MaxCapacity"]) == (2, 4)
+    assert "tracking concurrency 1" in out  # a range change keeps the metric and its target
+    code, out = cli("endpoint", "scale", "it-inf2", "--region", REGION, "--scaling-metric", "invocations")
+    assert code == 2 and "--target-value" in out and "Traceback" not in out
+    code, out = cli(
+        "endpoint", "scale", "it-inf2", "--region", REGION, "--scaling-metric", "invocations", "--target-value", "30"
+    )
+    assert code == 0, out
+    (policy,) = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]  # updated in place
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["PredefinedMetricSpecification"]["PredefinedMetricType"] == "SageMakerVariantInvocationsPerInstance"
+    assert tracking["TargetValue"] == 30.0
+    (target,) = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["MinCapacity"], target["MaxCapacity"]) == (2, 4)  # the range is kept
+    code, out = cli("endpoint", "scale", "it-inf2", "--region", REGION, "--target-value", "20")
+    assert code == 0 and "tracking invocations 20" in out, out
     code, out = cli("endpoint", "scale", "it-inf2", "--region", REGION, "--instances", "2")
     assert code == 0, out
     assert sm.describe_endpoint(EndpointName="it-inf2")["ProductionVariants"][0]["CurrentInstanceCount"] == 2
@@ -161,6 +176,9 @@ def test_create_status_scale_invoke_logs_list_delete(
     code, out = cli("endpoint", "list", "--region", REGION, "--json")
     listed = json.loads(out)
     assert [e["name"] for e in listed] == ["it-inf2"] and listed[0]["usd_per_hour"] == 2 * 15.58
+    assert (listed[0]["min_instances"], listed[0]["max_instances"], listed[0]["scaling"]) == (2, 4, "invocations 20")
+    code, out = cli("endpoint", "list", "--region", REGION)
+    assert code == 0 and "2-4 invocations 20" in out, out
 
     code, out = cli("endpoint", "delete", "it-inf2", "--region", REGION, "--yes")
     assert code == 0, out

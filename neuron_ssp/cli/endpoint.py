@@ -15,6 +15,7 @@ from neuron_ssp.cli.aws_options import consoles, region_option
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
+from neuron_ssp.deploy.sagemaker.autoscaling import ScalingMetric
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.container import container_config
 from neuron_ssp.deploy.sagemaker.create import check_name_free, create_endpoint
@@ -292,20 +293,47 @@ def logs(name: str, region: str | None, lines: int) -> None:
 @click.option("--min", "min_instances", type=int, help="New autoscaling minimum.")
 @click.option("--max", "max_instances", type=int, help="New autoscaling maximum.")
 @click.option("--instances", type=int, help="Set the instance count now.")
+@click.option(
+    "--scaling-metric",
+    type=click.Choice(["concurrency", "invocations"]),
+    help="Track another metric (the range is kept; invocations needs --target-value).",
+)
+@click.option("--target-value", type=float, help="New target of the tracked metric.")
 def scale(
-    name: str, region: str | None, min_instances: int | None, max_instances: int | None, instances: int | None
+    name: str,
+    region: str | None,
+    min_instances: int | None,
+    max_instances: int | None,
+    instances: int | None,
+    scaling_metric: ScalingMetric | None,
+    target_value: float | None,
 ) -> None:
-    """Change NAME's autoscaling range (--min/--max) or its instance count (--instances)."""
+    """Change NAME's autoscaling range (--min/--max), what it tracks (--scaling-metric, --target-value) or its
+    instance count (--instances)."""
     out, _ = consoles()
-    if min_instances is None and max_instances is None and instances is None:
+    if all(v is None for v in (min_instances, max_instances, instances, scaling_metric, target_value)):
         raise UsageError(
-            Problem("--min/--max/--instances", None, "nothing to change", "pass --min and --max, or --instances")
+            Problem(
+                "--min/--max/--instances/--scaling-metric/--target-value",
+                None,
+                "nothing to change",
+                "pass --min and --max, --scaling-metric and/or --target-value, or --instances",
+            )
         )
     clients = SageMakerClients.for_region(region)
-    info = scale_endpoint(clients, name, min_instances=min_instances, max_instances=max_instances, instances=instances)
+    info = scale_endpoint(
+        clients,
+        name,
+        min_instances=min_instances,
+        max_instances=max_instances,
+        instances=instances,
+        metric=scaling_metric,
+        target_value=target_value,
+    )
+    tracking = f", tracking {info.scaling}" if info.scaling else ""
     out.print(
         f"{name}: {info.status}, {info.current_instances} instance(s) now, desired {info.desired_instances}, "
-        f"autoscaling {info.min_instances}-{info.max_instances}"
+        f"autoscaling {info.min_instances}-{info.max_instances}{tracking}"
     )
 
 
@@ -325,7 +353,7 @@ def list_(region: str | None, as_json: bool) -> None:
         out.print(f"no neuron-ssp endpoints in {clients.region}")
         return
     table = Table(title=f"neuron-ssp endpoints in {clients.region}")
-    for column in ("name", "status", "engine", "type", "instances", "age", "$/h"):
+    for column in ("name", "status", "engine", "type", "instances", "autoscaling", "age", "$/h"):
         table.add_column(column, no_wrap=True)
     for e in found:
         price = e.usd_per_hour
@@ -335,6 +363,7 @@ def list_(region: str | None, as_json: bool) -> None:
             e.engine,
             e.instance_type,
             str(e.current_instances),
+            "off" if e.min_instances is None else f"{e.min_instances}-{e.max_instances} {e.scaling or ''}".strip(),
             f"{e.age_hours(now):.1f} h",
             "?" if price is None else f"${price:,.2f}",
         )

@@ -116,3 +116,38 @@ def describe_policies(autoscaling: Any, endpoint: str) -> list[dict[str, Any]]:
     return autoscaling.describe_scaling_policies(
         ServiceNamespace=NAMESPACE, ResourceId=resource_id(endpoint), ScalableDimension=DIMENSION
     )["ScalingPolicies"]
+
+
+def all_targets(autoscaling: Any) -> dict[str, dict[str, Any]]:
+    """Every endpoint variant's scalable target in the region, by ResourceId (one paginated call for `list`)."""
+    pages = autoscaling.get_paginator("describe_scalable_targets").paginate(
+        ServiceNamespace=NAMESPACE, ScalableDimension=DIMENSION
+    )
+    return {t["ResourceId"]: t for page in pages for t in page["ScalableTargets"]}
+
+
+def all_policies(autoscaling: Any) -> dict[str, list[dict[str, Any]]]:
+    """Every endpoint variant's scaling policies in the region, by ResourceId."""
+    pages = autoscaling.get_paginator("describe_scaling_policies").paginate(ServiceNamespace=NAMESPACE)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for page in pages:
+        for policy in page["ScalingPolicies"]:
+            found.setdefault(policy["ResourceId"], []).append(policy)
+    return found
+
+
+def describe_tracking(policies: list[dict[str, Any]]) -> str | None:
+    """'concurrency 1' / 'invocations 30': what the instance count follows, for status and list."""
+    tracked = tracked_metric(policies)
+    return None if tracked is None else f"{tracked[0]} {tracked[1]:g}"
+
+
+def tracked_metric(policies: list[dict[str, Any]]) -> tuple[ScalingMetric, float] | None:
+    """(metric, target) of this tool's target-tracking policy, if the endpoint has one we know."""
+    names = {metric_type: name for name, metric_type in METRICS.items()}
+    for policy in policies:
+        tracking = policy.get("TargetTrackingScalingPolicyConfiguration") or {}
+        metric_type = (tracking.get("PredefinedMetricSpecification") or {}).get("PredefinedMetricType")
+        if metric_type in names:
+            return names[metric_type], float(tracking["TargetValue"])
+    return None

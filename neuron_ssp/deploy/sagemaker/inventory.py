@@ -27,6 +27,7 @@ class EndpointInfo:
     max_instances: int | None
     engine: str
     failure_reason: str | None
+    scaling: str | None = None  # what autoscaling tracks, e.g. "concurrency 1"
 
     def age_hours(self, now: datetime) -> float:
         return max(0.0, (now - self.created).total_seconds() / 3600)
@@ -46,6 +47,7 @@ class EndpointInfo:
             "desired_instances": self.desired_instances,
             "min_instances": self.min_instances,
             "max_instances": self.max_instances,
+            "scaling": self.scaling,
             "engine": self.engine,
             "usd_per_hour": self.usd_per_hour,
             "price_source": hosting_price(self.instance_type).source,
@@ -68,10 +70,16 @@ def endpoint_info(clients: SageMakerClients, name: str) -> EndpointInfo:
         found = {t["Key"]: t["Value"] for t in clients.sagemaker.list_tags(ResourceArn=endpoint["EndpointArn"])["Tags"]}
     with sagemaker_errors("application-autoscaling", region=clients.region):
         target = autoscaling.describe_target(clients.autoscaling, name)
-    return _info(endpoint, found, target)
+        policies = autoscaling.describe_policies(clients.autoscaling, name) if target else []
+    return _info(endpoint, found, target, policies)
 
 
-def _info(endpoint: dict[str, Any], found_tags: dict[str, str], target: dict[str, Any] | None) -> EndpointInfo:
+def _info(
+    endpoint: dict[str, Any],
+    found_tags: dict[str, str],
+    target: dict[str, Any] | None,
+    policies: list[dict[str, Any]],
+) -> EndpointInfo:
     variants = endpoint.get("ProductionVariants") or [{}]
     return EndpointInfo(
         name=endpoint["EndpointName"],
@@ -84,12 +92,13 @@ def _info(endpoint: dict[str, Any], found_tags: dict[str, str], target: dict[str
         max_instances=target["MaxCapacity"] if target else None,
         engine=found_tags.get(ENGINE_KEY, "?"),
         failure_reason=endpoint.get("FailureReason"),
+        scaling=autoscaling.describe_tracking(policies),
     )
 
 
 def list_endpoints(clients: SageMakerClients) -> list[EndpointInfo]:
-    """Endpoints tagged Project=neuron-ssp in the region."""
-    out = []
+    """Endpoints tagged Project=neuron-ssp in the region, with their autoscaling ranges."""
+    tagged: list[tuple[dict[str, Any], dict[str, str]]] = []
     with sagemaker_errors("sagemaker", region=clients.region):
         pages = clients.sagemaker.get_paginator("list_endpoints").paginate()
         summaries = [s for page in pages for s in page["Endpoints"]]
@@ -100,8 +109,17 @@ def list_endpoints(clients: SageMakerClients) -> list[EndpointInfo]:
             if found.get(tags.PROJECT_KEY) != tags.PROJECT:
                 continue
             endpoint = clients.sagemaker.describe_endpoint(EndpointName=summary["EndpointName"])
-            out.append(_info(endpoint, found, None))
-    return out
+            tagged.append((endpoint, found))
+    if not tagged:
+        return []
+    with sagemaker_errors("application-autoscaling", region=clients.region):
+        targets = autoscaling.all_targets(clients.autoscaling)
+        policies = autoscaling.all_policies(clients.autoscaling)
+    infos = []
+    for endpoint, found in tagged:
+        resource = autoscaling.resource_id(endpoint["EndpointName"])
+        infos.append(_info(endpoint, found, targets.get(resource), policies.get(resource, [])))
+    return infos
 
 
 def now_utc() -> datetime:
