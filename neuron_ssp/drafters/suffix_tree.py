@@ -11,9 +11,10 @@ A second occurrence arriving through a leaf splits it one level at a time.
 
 A sequence may grow while it is stored (the request being generated): leaves read the growing
 array, and an occurrence that ran out of tokens on an inner node waits in `_pending` until the
-next tokens arrive. Drafting walks the most frequent child (`Node.best`) from the longest matched
-context, so a step costs O(match + draft), whatever the amount of history. The children with their
-counts are all there, so a token tree could be read from the same structure.
+next tokens arrive. Drafting walks the most frequent child (`Node.best`; the latest one in a
+`prefer_recent` tree) from the longest matched context, so a step costs O(match + draft), whatever
+the amount of history. The children with their counts are all there, so a token tree could be read
+from the same structure.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Node:
     def __init__(self, count: int = 0):
         self.count = count  # occurrences passing through or ending here
         self.total = 0  # sum of the children's counts: occurrences that continue past here
-        self.best = -1  # token of the child with the highest count (the latest one on a tie)
+        self.best = -1  # token of the child with the highest count (the latest on a tie, or always: prefer_recent)
         self.children: dict[int, Node | Leaf] = {}
 
 
@@ -55,7 +56,6 @@ class DraftPath:
 
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
-    support: list[int] = field(default_factory=list)  # occurrences behind each token (1 below a leaf)
     match_len: int = 0
 
     @property
@@ -282,7 +282,6 @@ class SuffixTree:
                 token = self._leaf_token(cursor.leaf, cursor.leaf.start + cursor.depth, path.tokens)
                 if token is None:
                     break
-                count = 1
             else:
                 node = cursor.node
                 assert node is not None
@@ -296,15 +295,13 @@ class SuffixTree:
                     break
                 token = node.best
                 child = node.children[token]
-                count = child_count(child)
-                prob *= count / node.total
+                prob *= child_count(child) / node.total
                 if prob < min_token_prob:
                     break
                 depth = cursor.depth
                 cursor = _Cursor(child, None, depth) if type(child) is Node else _Cursor(None, child, depth)
             path.tokens.append(token)
             path.probs.append(prob)
-            path.support.append(count)
             context.append(token)
             cursor.depth += 1
         return path
