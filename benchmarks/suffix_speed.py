@@ -27,8 +27,6 @@ import torch
 
 from neuron_ssp.config import SuffixConfig
 from neuron_ssp.drafters import SuffixDrafter, SuffixHistory
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams
 
 VOCAB = 49152
 DRAFT = 7
@@ -100,13 +98,13 @@ def measure(size: int, settings: SuffixConfig, arctic_dir: str | None) -> None:
     drafted = 0
     for request in held_out:
         prompt, output = request[:300], request[300:]
-        drafter.begin(torch.tensor(prompt))
+        drafter.begin(torch.tensor(prompt), len(output))
         committed = list(prompt)
         i = 0
         while i < len(output):
             seq = torch.tensor(committed)
             t0, c0 = time.perf_counter(), time.thread_time()
-            draft = drafter.propose(seq, DRAFT, FixedPolicy(DRAFT + 1), SamplingParams(), None)
+            draft = drafter.propose(seq, DRAFT)
             steps.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             t1 = time.thread_time()
@@ -118,7 +116,7 @@ def measure(size: int, settings: SuffixConfig, arctic_dir: str | None) -> None:
                 good += 1
             committed += output[i: i + good + 1]
             i += good + 1
-        drafter.begin(torch.tensor(prompt))  # leave the history as it was: measure drafting only
+        drafter.begin(torch.tensor(prompt), len(output))  # leave the history as it was: measure drafting only
     print(f"  drafting step (propose: fold new tokens in, search both trees, build the Draft), over {len(steps)} "
           f"steps, {drafted / len(steps):.2f} tokens drafted per step:")
     for label, values in (("wall", steps), ("cpu", cpu), ("cpu, tree search only", trees)):
