@@ -177,5 +177,8 @@ def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prom
                    "--drafter", "suffix", "--repeated-workload", "--json")
     assert repeated.exit_code == 0, repeated.output
     assert list(json.loads(repeated.output)["repeated"]) == ["first", "warm", "cold"]
+    both = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6",
+               "--drafter", "ngram,suffix", "--repeated-workload")
+    assert both.exit_code == 0 and "drafter suffix" in both.output and "…" not in both.output, both.output
     bad = run("bench", "--prompts", prompts, "--drafter", "ngram,sufix")
     assert bad.exit_code == 2 and "speculation.drafter" in bad.output

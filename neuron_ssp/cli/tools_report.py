@@ -232,32 +232,28 @@ def drafter_json(result: BenchResult) -> dict[str, Any]:
                        for c in result.categories}} for name in result.drafters}
 
 
-def repeated_table(passes: dict[str, BenchResult], title: str) -> Table:
-    """The repeated workload: each drafter's speedup per pass (first, warm, cold), per category."""
-    table = Table(title=title, title_justify="left")
+def repeated_table(passes: dict[str, BenchResult], title: str) -> Group:
+    """The repeated workload: one table per drafter (so each reads at 80 characters), its speedup per pass
+    (first, warm, cold) per category, and what the warm pass accepted."""
     first = next(iter(passes.values()))
-    table.add_column("category", justify="right")
-    for name in first.drafters:
-        for pass_name in passes:
-            table.add_column(f"{name} {pass_name}", justify="right")
-    table.add_column("= plain", justify="right")
-    rows = [*[c.category for c in first.categories], first.overall.category]
-    for i, category in enumerate(rows):
-        cells = [category]
-        for name in first.drafters:
-            for result in passes.values():
-                group = [*result.categories, result.overall][i]
-                cells.append(_x(group.drafter_fit(name).speedup_measured))
-        equal = sum([*r.categories, r.overall][i].drafter_equal(n) for r in passes.values() for n in first.drafters)
-        total = sum(len([*r.categories, r.overall][i].measures) for r in passes.values()) * len(first.drafters)
-        cells.append(f"{equal}/{total}")
-        table.add_row(*cells, style="bold" if i == len(rows) - 1 else None)
-    cells = ["geomean"]
-    for name in first.drafters:
-        for result in passes.values():
-            cells.append(_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])))
-    table.add_row(*cells, "", style="bold")
-    return table
+    last = list(passes)[-1]
+    tables = []
+    for n, name in enumerate(first.drafters):
+        table = Table(title=f"{title}\ndrafter {name}" if n == 0 else f"drafter {name}", title_justify="left")
+        for column in ("category", *passes, "warm α", "warm acc len", "= plain"):
+            table.add_column(column, justify="right")
+        groups = {pass_name: [*result.categories, result.overall] for pass_name, result in passes.items()}
+        for i, category in enumerate(c.category for c in groups[last]):
+            warm = groups.get("warm", groups[last])[i].drafter_fit(name)
+            equal = sum(groups[p][i].drafter_equal(name) for p in passes)
+            total = sum(len(groups[p][i].measures) for p in passes)
+            table.add_row(category, *[_x(groups[p][i].drafter_fit(name).speedup_measured) for p in passes],
+                          f"{warm.alpha:.3f}", f"{warm.mean_accepted_length:.2f}", f"{equal}/{total}",
+                          style="bold" if i == len(groups[last]) - 1 else None)
+        table.add_row("geomean", *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
+                                   for result in passes.values()], "", "", "", style="bold")
+        tables.append(table)
+    return Group(*tables)
 
 
 def repeated_json(passes: dict[str, BenchResult]) -> dict[str, Any]:
