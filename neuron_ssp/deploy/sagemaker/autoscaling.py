@@ -10,6 +10,7 @@ wait (L = 3: 75 % busy, three generations of waiting); a lower one buys latency 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -136,13 +137,7 @@ def all_policies(autoscaling: Any) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def describe_tracking(policies: list[dict[str, Any]]) -> str | None:
-    """'concurrency 1' / 'invocations 30': what the instance count follows, for status and list."""
-    tracked = tracked_metric(policies)
-    return None if tracked is None else f"{tracked[0]} {tracked[1]:g}"
-
-
-def tracked_metric(policies: list[dict[str, Any]]) -> tuple[ScalingMetric, float] | None:
+def tracked_metric(policies: Sequence[dict[str, Any]]) -> tuple[ScalingMetric, float] | None:
     """(metric, target) of this tool's target-tracking policy, if the endpoint has one we know."""
     names = {metric_type: name for name, metric_type in METRICS.items()}
     for policy in policies:

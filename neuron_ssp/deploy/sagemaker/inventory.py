@@ -27,7 +27,17 @@ class EndpointInfo:
     max_instances: int | None
     engine: str
     failure_reason: str | None
-    scaling: str | None = None  # what autoscaling tracks, e.g. "concurrency 1"
+    policies: tuple[dict[str, Any], ...] = ()  # the variant's scaling policies, as AWS describes them
+
+    @property
+    def tracked(self) -> tuple[autoscaling.ScalingMetric, float] | None:
+        """(metric, target) of this tool's target-tracking policy, if it has one."""
+        return autoscaling.tracked_metric(self.policies)
+
+    @property
+    def scaling(self) -> str | None:
+        """What autoscaling tracks, e.g. "concurrency 1"."""
+        return None if self.tracked is None else f"{self.tracked[0]} {self.tracked[1]:g}"
 
     def age_hours(self, now: datetime) -> float:
         return max(0.0, (now - self.created).total_seconds() / 3600)
@@ -92,7 +102,7 @@ def _info(
         max_instances=target["MaxCapacity"] if target else None,
         engine=found_tags.get(ENGINE_KEY, "?"),
         failure_reason=endpoint.get("FailureReason"),
-        scaling=autoscaling.describe_tracking(policies),
+        policies=tuple(policies),
     )
 
 

@@ -48,11 +48,7 @@ def scale(
         )
     if target_value is not None and target_value <= 0:
         problems.append(Problem("--target-value", target_value, "must be > 0", "pass a positive target"))
-    policies = []
-    if new_range or new_policy:
-        with sagemaker_errors("application-autoscaling", region=clients.region):
-            policies = autoscaling.describe_policies(clients.autoscaling, name)
-    current = autoscaling.tracked_metric(policies)
+    current = info.tracked
     chosen = metric or (current[0] if current else "concurrency")
     if chosen == "invocations" and target_value is None and (current is None or current[0] != "invocations"):
         problems.append(
@@ -72,7 +68,7 @@ def scale(
         plan = autoscaling.ScalingPlan(name, low, high, chosen, *autoscaling.target_for(chosen, target_value, None))
         with sagemaker_errors("application-autoscaling", region=clients.region, instances=high):
             clients.autoscaling.register_scalable_target(**plan.register_request())
-            if new_policy or not policies:
+            if new_policy or not info.policies:
                 clients.autoscaling.put_scaling_policy(**plan.policy_request())
     if instances is not None:
         with sagemaker_errors(
