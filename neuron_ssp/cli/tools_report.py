@@ -235,21 +235,20 @@ def drafter_json(result: BenchResult) -> dict[str, Any]:
 def repeated_table(passes: dict[str, BenchResult], title: str) -> Group:
     """The repeated workload: one table per drafter (so each reads at 80 characters), its speedup per pass
     (first, warm, cold) per category, and what the warm pass accepted."""
-    first = next(iter(passes.values()))
-    last = list(passes)[-1]
+    groups = {pass_name: [*result.categories, result.overall] for pass_name, result in passes.items()}
+    categories = [c.category for c in groups["warm"]]  # the same rows, in the same order, in every pass
     tables = []
-    for n, name in enumerate(first.drafters):
+    for n, name in enumerate(passes["warm"].drafters):
         table = Table(title=f"{title}\ndrafter {name}" if n == 0 else f"drafter {name}", title_justify="left")
         for column in ("category", *passes, "warm α", "warm acc len", "= plain"):
             table.add_column(column, justify="right")
-        groups = {pass_name: [*result.categories, result.overall] for pass_name, result in passes.items()}
-        for i, category in enumerate(c.category for c in groups[last]):
-            warm = groups.get("warm", groups[last])[i].drafter_fit(name)
+        for i, category in enumerate(categories):
+            warm = groups["warm"][i].drafter_fit(name)
             equal = sum(groups[p][i].drafter_equal(name) for p in passes)
             total = sum(len(groups[p][i].measures) for p in passes)
             table.add_row(category, *[_x(groups[p][i].drafter_fit(name).speedup_measured) for p in passes],
                           f"{warm.alpha:.3f}", f"{warm.mean_accepted_length:.2f}", f"{equal}/{total}",
-                          style="bold" if i == len(groups[last]) - 1 else None)
+                          style="bold" if i == len(categories) - 1 else None)
         table.add_row("geomean", *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
                                    for result in passes.values()], "", "", "", style="bold")
         tables.append(table)
