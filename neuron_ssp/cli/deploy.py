@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, region_option
+from neuron_ssp.cli.aws_options import consoles, print_record, region_option
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
@@ -360,13 +360,7 @@ def status(name: str, region: str | None, as_json: bool) -> None:
         ssm_ping_status(clients.ssm, deployment.instance_id, clients.region) if deployment.state == "running" else "-"
     )
     info["bootstrap"] = _bootstrap_state(clients, deployment, err) if info["ssm"] == "Online" else "unknown"
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    table = Table(title=f"deployment {name}", show_header=False)
-    for key, value in info.items():
-        table.add_row(key, "-" if value is None else str(value))
-    out.print(table)
+    print_record(out, f"deployment {name}", info, as_json)
 
 
 def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) -> str:

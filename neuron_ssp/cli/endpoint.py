@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, region_option
+from neuron_ssp.cli.aws_options import consoles, print_record, region_option
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
@@ -225,14 +225,7 @@ def status(name: str, region: str | None, as_json: bool) -> None:
     """Status, instances (current/desired, autoscaling range), age and $/h of endpoint NAME."""
     out, _ = consoles()
     clients = SageMakerClients.for_region(region)
-    info = endpoint_info(clients, name).to_dict(now_utc())
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    table = Table(title=f"endpoint {name}", show_header=False)
-    for key, value in info.items():
-        table.add_row(key, "-" if value is None else str(value))
-    out.print(table)
+    print_record(out, f"endpoint {name}", endpoint_info(clients, name).to_dict(now_utc()), as_json)
 
 
 @endpoint.command("invoke")
