@@ -51,24 +51,25 @@ def draft_steps(engine: str, k: int) -> int:
     return k if engine == "fused" else k - 1
 
 
+def _latency(arch: str, instance: str, given_ms: float | None, flag: str, published_label: str
+             ) -> tuple[float | None, str]:
+    """ms/token and where it comes from: given with `flag`, else published, else None (pass `flag`)."""
+    if given_ms is not None:
+        return given_ms, f"given ({flag})"
+    published = published_latency(arch, instance)
+    if published is not None:
+        return published.ms_per_token, f"{published_label}: {published.source}"
+    return None, f"no published latency of {arch} on {instance}: pass {flag}"
+
+
 def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, draft_arch: str | None,
             target_ms: float | None = None, draft_ms: float | None = None) -> Projection:
     """Every figure with the assumption it rests on; None where a latency is neither published nor given."""
-    target_latency = published_latency(target_arch, instance)
-    if target_ms is None and target_latency is not None:
-        target_ms, target_note = target_latency.ms_per_token, f"published plain decoding: {target_latency.source}"
-    else:
-        target_note = "given (--ms-per-token)" if target_ms is not None else (
-            f"no published latency of {target_arch} on {instance}: pass --ms-per-token")
+    target_ms, target_note = _latency(target_arch, instance, target_ms, "--ms-per-token", "published plain decoding")
     if draft_arch is None:
         draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
     else:
-        draft_latency = published_latency(draft_arch, instance)
-        if draft_ms is None and draft_latency is not None:
-            draft_ms, draft_note = draft_latency.ms_per_token, f"published: {draft_latency.source}"
-        else:
-            draft_note = "given (--draft-ms-per-token)" if draft_ms is not None else (
-                f"no published latency of {draft_arch} on {instance}: pass --draft-ms-per-token")
+        draft_ms, draft_note = _latency(draft_arch, instance, draft_ms, "--draft-ms-per-token", "published")
     tau = tokens_per_call(alpha, k)
     steps = draft_steps(engine, k)
     iteration = None if target_ms is None or draft_ms is None else target_ms + steps * draft_ms
