@@ -13,11 +13,9 @@ from click.testing import CliRunner
 from deploy_fixtures import REGION
 from sagemaker_fixtures import (
     ACCOUNT,
-    INF2_CONFIG,
-    MODEL_S3,
-    ROLE_ARN,
     StubbedSageMaker,
     client_error,
+    create_args,
     described,
     instant_pacing,
 )
@@ -72,25 +70,7 @@ def queue_name_free(stubs: StubbedSageMaker, exists: str | None = None) -> None:
 
 
 def create(*extra: str) -> tuple[int, str]:
-    result = CliRunner().invoke(
-        main,
-        [
-            "deploy",
-            "endpoint",
-            "create",
-            str(INF2_CONFIG),
-            "--region",
-            REGION,
-            "--name",
-            NAME,
-            "--model-s3",
-            MODEL_S3,
-            "--role-arn",
-            ROLE_ARN,
-            "--yes",
-            *extra,
-        ],
-    )
+    result = CliRunner().invoke(main, create_args("--name", NAME, "--yes", *extra))
     return result.exit_code, result.output
 
 

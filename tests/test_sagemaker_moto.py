@@ -16,7 +16,7 @@ import pytest
 import sagemaker_fixtures
 from click.testing import CliRunner
 from deploy_fixtures import REGION, FakeSsmAgent, moto_client
-from sagemaker_fixtures import INF2_CONFIG, MODEL_S3, ROLE_ARN, SAGEMAKER_POLICY, granted_actions, instant_pacing
+from sagemaker_fixtures import MODEL_S3, SAGEMAKER_POLICY, create_args, granted_actions, instant_pacing
 
 from neuron_ssp.cli import endpoint as endpoint_cli
 from neuron_ssp.cli import main
@@ -49,26 +49,9 @@ def as_tags(aws_tags: list[dict[str, str]]) -> dict[str, str]:
 def test_create_status_scale_invoke_logs_list_delete(
     moto: FakeSsmAgent, moto_endpoint: str, moto_hosts_neuron_types: None
 ) -> None:
-    code, out = cli(
-        "endpoint",
-        "create",
-        str(INF2_CONFIG),
-        "--region",
-        REGION,
-        "--name",
-        "it-inf2",
-        "--model-s3",
-        MODEL_S3,
-        "--role-arn",
-        ROLE_ARN,
-        "--instances",
-        "1",
-        "--min",
-        "1",
-        "--max",
-        "3",
-        "--yes",
-    )
+    args = create_args("--name", "it-inf2", "--instances", "1", "--min", "1", "--max", "3", "--yes")
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    code, out = result.exit_code, result.output
     assert code == 0, out
     assert "InService" in out and "$46.74/h" in out  # 3 × ml.inf2.48xlarge at $15.58
     assert "bills every instance until it is deleted" in out and "list price as of 2026-09-27" in out

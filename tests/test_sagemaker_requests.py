@@ -9,7 +9,6 @@ import deploy_fixtures
 import pytest
 import sagemaker_fixtures
 from click.testing import CliRunner
-from deploy_fixtures import REGION
 from sagemaker_fixtures import (
     INF2_CONFIG,
     MODEL_S3,
@@ -17,6 +16,7 @@ from sagemaker_fixtures import (
     TRN1_CONFIG,
     StubbedSageMaker,
     assert_valid_request,
+    create_args,
     described,
     endpoint_plan,
     instant_pacing,
@@ -136,13 +136,18 @@ def test_no_network_isolation_flag_and_invocations_metric(stubbed_sagemaker: Stu
     assert "10.0 s per request" in plan.scaling.explanation
 
 
-def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sagemaker: StubbedSageMaker) -> None:
-    stubs, name = stubbed_sagemaker, "gone"
-    rid = {
+def variant_ids(name: str) -> dict[str, str]:
+    """How Application Auto Scaling names an endpoint's variant in every request (literals, as AWS spells them)."""
+    return {
         "ServiceNamespace": "sagemaker",
         "ResourceId": f"endpoint/{name}/variant/AllTraffic",
         "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
     }
+
+
+def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sagemaker: StubbedSageMaker) -> None:
+    stubs, name = stubbed_sagemaker, "gone"
+    rid = variant_ids(name)
     stubs.autoscaling.add_response(
         "describe_scaling_policies",
         {
@@ -211,11 +216,7 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
 def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -> None:
     """Second run: every piece is missing, so no delete is sent (the policy would refuse it)."""
     stubs, name = stubbed_sagemaker, "gone"
-    rid = {
-        "ServiceNamespace": "sagemaker",
-        "ResourceId": f"endpoint/{name}/variant/AllTraffic",
-        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
-    }
+    rid = variant_ids(name)
     stubs.autoscaling.add_response("describe_scaling_policies", {"ScalingPolicies": []}, rid)
     stubs.autoscaling.add_response(
         "describe_scalable_targets",
@@ -246,24 +247,7 @@ def test_dry_run_prints_the_requests_and_calls_no_aws(monkeypatch: pytest.Monkey
         raise AssertionError("a dry run must not build AWS clients")
 
     monkeypatch.setattr(SageMakerClients, "for_region", no_clients)
-    result = CliRunner().invoke(
-        main,
-        [
-            "deploy",
-            "endpoint",
-            "create",
-            str(INF2_CONFIG),
-            "--region",
-            REGION,
-            "--model-s3",
-            MODEL_S3,
-            "--role-arn",
-            ROLE_ARN,
-            "--max",
-            "2",
-            "--dry-run",
-        ],
-    )
+    result = CliRunner().invoke(main, create_args("--max", "2", "--dry-run"))
     assert result.exit_code == 0, result.output
     requests = json.loads(result.output[result.output.index('{\n  "create_model"') : result.output.rindex("}") + 1])
     assert set(requests) == {
