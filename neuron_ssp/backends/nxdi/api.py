@@ -28,7 +28,8 @@ from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
 
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
-SUPPORTED = "neuronx-distributed-inference 0.9.x (code read at 4bcdc54b)"
+SUPPORTED = ("neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
+             "cd3abf3, the SDK 2.28 release)")
 INSTALL = (
     "on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_*_nxd_inference/bin/activate (the newest SDK's "
     f"NxD Inference venv); elsewhere: pip install neuronx-distributed-inference --extra-index-url={NEURON_INDEX}. "
@@ -105,7 +106,7 @@ def check_applied(built: Any, kwargs: dict[str, Any], version: str) -> None:
         raise RuntimeProblem(Problem(
             "neuronx-distributed-inference", version,
             f"NeuronConfig did not take {', '.join(wrong)}; supported: {SUPPORTED}",
-            f"install a supported version: pip install 'neuronx-distributed-inference<0.10' "
+            f"install a supported version: pip install 'neuronx-distributed-inference<0.11' "
             f"--extra-index-url={NEURON_INDEX}"))
 
 
@@ -131,7 +132,8 @@ def load_nxdi() -> NxdiApi:
     if missing:
         raise RuntimeProblem(Problem("neuronx-distributed-inference", version,
                                      f"this version lacks {', '.join(missing)}; supported: {SUPPORTED}",
-                                     f"pip install 'neuronx-distributed-inference<0.10' --extra-index-url={NEURON_INDEX}"))
+                                     "pip install 'neuronx-distributed-inference<0.11' "
+                                     f"--extra-index-url={NEURON_INDEX}"))
     return NxdiApi(version, config, llama, hf_adapter)
 
 
