@@ -44,7 +44,7 @@ def nxdi(nxdi_stubs: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     dev = tmp_path / "dev"
     dev.mkdir()
     (dev / "neuron0").touch()
-    monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(dev / "neuron*"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.DEV_GLOB", str(dev / "neuron*"))
     monkeypatch.setattr("neuron_ssp.backends.neuron.artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")
     monkeypatch.setattr("neuron_ssp.backends.nxdi.load.LOCAL_CACHE", tmp_path / "artifact-cache")
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_COMPILE_CACHE_URL"):

@@ -15,11 +15,11 @@ from neuron_support import VOCAB, prompt
 from nxdi_support.configs import nxdi_config
 from transformers import LlamaForCausalLM
 
-from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import build_policy
+from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
+from neuron_ssp.speculation.policies import build_policy
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures", "nxdi_fixtures"]  # tiny_model_dirs; nxdi

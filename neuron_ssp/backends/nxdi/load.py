@@ -19,7 +19,7 @@ from neuron_ssp.backends.neuron.load import prepare_device
 from neuron_ssp.backends.nxdi.api import LNC, NxdiApi, load_nxdi, model_config
 from neuron_ssp.backends.nxdi.scoring import NxdiBackend
 from neuron_ssp.config import Config
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.topology import DeploymentPlan, validate_config
 
 
