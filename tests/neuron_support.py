@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from neuron_ssp.config import Config, config_from_dict
 
@@ -64,3 +66,15 @@ def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
 
     standin.reset()
     return standin
+
+
+def with_tokenizer(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary."""
+    target = tmp_path / model_dir.name
+    shutil.copytree(model_dir, target)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(target)
+    return target

@@ -15,6 +15,9 @@ What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b,
    points that name at the speculation model, whose eager model is the same shared one. For fused speculation
    the copy reads `fused_spec_model.draft_model`, an attribute ModelWrapper does not have: the test replaces
    the fused branch with the same copy done through the wrapped eager model (the non-fused branch is NxDI's).
+5. A fused load sets `NeuronLlamaForCausalLM._FUSED_PREFIX = "target_model"` on the class and never resets it
+   (`checkpoint_loader_fn`, application_base.py:668-672), so every later model of the process would look for
+   prefixed checkpoint keys. Each test ends with the class attribute restored (one model per process in use).
 4. On CPU NxDI's ModelBuilder (which builds the draft's process group through `init_custom_process_group_fn`,
    application_base.py:61) never runs; the test calls the same function right after `to_cpu()` initialises
    model parallelism.
@@ -61,11 +64,14 @@ def cpu_device() -> Iterator[None]:
     _require(NeuronBaseForCausalLM._copy_past_key_values, "self.token_generation_model.model.kv_mgr",
              "the KV copy-back through token_generation_model")
     _require(NeuronBaseForCausalLM._copy_past_key_values, FUSED_COPY_BUG, "the fused KV copy-back")
+    _require(NeuronApplicationBase.checkpoint_loader_fn, 'self.__class__._FUSED_PREFIX = "target_model"',
+             "the class-wide fused checkpoint prefix")
     _require(model_base.NeuronBaseModel.__init__, "self.speculation_length = config.neuron_config.speculation_length",
              "the eager model's copy of speculation_length")
 
     saved = (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
              application_base.initialize_model_parallel)
+    prefixes = {cls: cls.__dict__["_FUSED_PREFIX"] for cls in _subclasses(app_cls) if "_FUSED_PREFIX" in cls.__dict__}
     app_cls.compile = _compile
     app_cls.load = _load
     NeuronBaseForCausalLM._copy_past_key_values = _copy_back(saved[2])
@@ -74,6 +80,15 @@ def cpu_device() -> Iterator[None]:
     finally:
         (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
          application_base.initialize_model_parallel) = saved
+        for cls in _subclasses(app_cls):  # patch 5
+            if cls in prefixes:
+                cls._FUSED_PREFIX = prefixes[cls]
+            elif "_FUSED_PREFIX" in cls.__dict__:
+                del cls._FUSED_PREFIX
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
 
 
 def _compile(self: Any, compiled_model_path: str, *args: Any, **kwargs: Any) -> None:

@@ -99,5 +99,31 @@ def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBacken
     return backends["target"], backends.get("draft")
 
 
+def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
+    """engine fused: ONE application holding draft and target (`enable_fused_speculation` with a
+    `FusedSpecNeuronConfig`, feature guide "Fused Speculation"); it returns token ids, not logits, so the
+    backend refuses to score (plain decoding needs engine native). Greedy on device: NeuronFusedSpecModel
+    asserts an on-device sampling config (model_base.py:1763) and forces the draft greedy (model_base.py:1633)."""
+    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
+
+    api = prepare_nxdi(config, plan)
+    models = NxdiModels(config, plan, api)
+    greedy = {"do_sample": False, "top_k": 1}
+    k = config.speculation.k
+    draft_kwargs = api.neuron_config_kwargs(config, "draft", 0, lnc=models.lnc)
+    draft_dir = resolve_model_path(model_config(config, "draft").path, "draft.path")
+    draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
+    target_kwargs = api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc)
+    target_dir = resolve_model_path(config.target.path, "target.path")
+    neuron_config = api.neuron_config(target_kwargs, greedy)
+    inference_config = api.inference_config(target_dir, neuron_config)
+    inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)
+    app = api.application(target_dir, inference_config)
+    identity = {**target_kwargs, "draft": draft_kwargs, "draft_config_sha256": api.config_sha256(draft_config)}
+    directory, _ = models.compiled(app, models.spec("target", target_dir, identity, neuron_config, k))
+    models.load("target", app, directory)
+    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions), None
+
+
 def vocab_size(app: Any) -> int:
     return int(app.config.vocab_size)

@@ -40,6 +40,7 @@ class NxdiBackend:
         self.speculation_length = speculation_length
         self.compiled_windows = [speculation_length] if speculation_length else []
         self.max_score_width: int | None = speculation_length or 1
+        self.padding_slots = speculation_length - 1 if speculation_length else 0  # see engines.native.check_room
 
     def with_window(self, k: int) -> NxdiBackend:
         """NxDI compiles one speculation model of one width per target (speculation_length is one int)."""
