@@ -36,7 +36,7 @@ def test_doctor_says_no_neuron_device_and_what_still_works(no_neuron_here: None)
     assert "No Neuron device on this machine" in text
     assert "Still works here:" in text and "torch reference backend" in text
     assert all(name in text for name in ("generate", "validate", "plan"))
-    assert "Needs an inf2/trn1 instance: compile, and any config with platform.backend: neuron" in text
+    assert "Needs an inf2/trn1/trn2 instance: compile, and any config with platform.backend: neuron" in text
     assert "transformers-neuronx does not import" in text and "pip.repos.neuron.amazonaws.com" in text
 
 

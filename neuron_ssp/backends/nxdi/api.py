@@ -31,8 +31,9 @@ NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 SUPPORTED = ("neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
              "cd3abf3, the SDK 2.28 release)")
 INSTALL = (
-    "on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_*_nxd_inference/bin/activate (the newest SDK's "
-    f"NxD Inference venv); elsewhere: pip install neuronx-distributed-inference --extra-index-url={NEURON_INDEX}. "
+    "on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_*_nxd_inference/bin/activate (on trn1/inf2 the "
+    "SDK 2.28 DLAMI's, on trn2 the newest); elsewhere: pip install neuronx-distributed-inference "
+    f"--extra-index-url={NEURON_INDEX}. "
     "Without Neuron hardware use platform.backend: torch"
 )
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

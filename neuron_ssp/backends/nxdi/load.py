@@ -92,9 +92,9 @@ def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBacken
         models.load(role, app, directory)
         backends[role] = NxdiBackend(app, role, vocab_size(app), model_config(config, role).n_positions, k or None)
     if config.neuron.self_test:
-        from neuron_ssp.backends.neuron.selftest import check_self_test, run_self_test
+        from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, run_self_test
 
-        result = run_self_test(backends["target"], f"neuronx-distributed-inference {api.version}")
+        result = run_self_test(backends["target"], f"{NXDI} {api.version}")
         check_self_test(result, config.neuron.self_test_min_agreement)
     return backends["target"], backends.get("draft")
 
@@ -102,13 +102,20 @@ def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBacken
 def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
     """engine fused: ONE application holding draft and target (`enable_fused_speculation` with a
     `FusedSpecNeuronConfig`, feature guide "Fused Speculation"); it returns token ids, not logits, so the
-    backend refuses to score (plain decoding needs engine native). Greedy on device: NeuronFusedSpecModel
-    asserts an on-device sampling config (model_base.py:1763) and forces the draft greedy (model_base.py:1633)."""
+    backend refuses to score (plain decoding needs engine native)."""
     from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
 
-    api = prepare_nxdi(config, plan)
-    models = NxdiModels(config, plan, api)
-    greedy = {"do_sample": False, "top_k": 1}
+    models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+    app, spec = fused_application(models)
+    directory, _ = models.compiled(app, spec)
+    models.load("target", app, directory)
+    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions), None
+
+
+def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
+    """The fused NxDI application and its artifact spec. Greedy on device: NeuronFusedSpecModel asserts an
+    on-device sampling config (model_base.py:1763) and forces the draft greedy (model_base.py:1633)."""
+    api, config, greedy = models.api, models.config, {"do_sample": False, "top_k": 1}
     k = config.speculation.k
     draft_kwargs = api.neuron_config_kwargs(config, "draft", 0, lnc=models.lnc)
     draft_dir = resolve_model_path(model_config(config, "draft").path, "draft.path")
@@ -120,9 +127,7 @@ def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
     inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)
     app = api.application(target_dir, inference_config)
     identity = {**target_kwargs, "draft": draft_kwargs, "draft_config_sha256": api.config_sha256(draft_config)}
-    directory, _ = models.compiled(app, models.spec("target", target_dir, identity, neuron_config, k))
-    models.load("target", app, directory)
-    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions), None
+    return app, models.spec("target", target_dir, identity, neuron_config, k)
 
 
 def vocab_size(app: Any) -> int:
