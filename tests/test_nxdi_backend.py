@@ -11,15 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-from neuron_support import VOCAB, prompt
+from neuron_support import VOCAB, check_self_draft_accepts_everything, prompt, speculative
 from nxdi_support.configs import nxdi_config
 from transformers import LlamaForCausalLM
 
-from neuron_ssp.drafters import ModelDrafter, NgramDrafter
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.native import plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
-from neuron_ssp.speculation.policies import build_policy
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures", "nxdi_fixtures"]  # tiny_model_dirs; nxdi
@@ -49,14 +47,6 @@ def reference_logits(model_dir: Path, tokens: list[int]) -> torch.Tensor:
     model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.inference_mode():
         return model(input_ids=torch.tensor([tokens])).logits[0]
-
-
-def speculative(config: Any, target: Any, draft: Any, acceptor: Any) -> SpeculativeGenerator:
-    rng = torch.Generator()
-    drafter = (ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None
-               else NgramDrafter(target.vocab_size))
-    return SpeculativeGenerator(target, drafter, acceptor, build_policy(config.speculation), config.sampling,
-                                config.speculation.k, rng)
 
 
 def test_inputs_follow_nxdi_rules_and_logits_match_hugging_face(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
@@ -123,10 +113,7 @@ def test_greedy_speculative_output_equals_plain_greedy(
 def test_draft_equal_to_target_accepts_every_draft(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
     config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["target"], neuron={"self_test": False})
     target, draft = load(config)
-    ids = prompt(7)
-    ssp = speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24)
-    assert ssp.tokens == plain_generate(target, ids, 24, config.sampling).tokens
-    assert ssp.stats.acceptance_rate == 1.0
+    check_self_draft_accepts_everything(config, target, draft)
 
 
 def test_ngram_drafter_on_an_nxdi_target(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:

@@ -2,12 +2,12 @@
 
 What we call, at NxDI 0.9.0 (aws-neuron/neuronx-distributed-inference 4bcdc54b):
 - `models.config.NeuronConfig(**kwargs)` (config.py:92): unknown keyword arguments are only logged
-  (config.py:771), so a misspelt or renamed option would compile the wrong model without a word. We pass an
+  (config.py:640), so a misspelt or renamed option would compile the wrong model without a word. We pass an
   allow-list and read every value back from the built object (`check_applied`).
 - `models.llama.modeling_llama.LlamaInferenceConfig(neuron_config, load_config=load_pretrained_config(dir))`
   and `NeuronLlamaForCausalLM(model_dir, config)` (modeling_llama.py:261, 1192; utils/hf_adapter.py:36).
 - `NeuronConfig(speculation_length=k)` gives the target a speculation model and no token-generation model
-  (model_base.py:3061-3067): every decoding call of the target is k wide. The draft has speculation_length 0.
+  (model_base.py:3058-3066): every decoding call of the target is k wide. The draft has speculation_length 0.
 - `enable_fused_speculation=True` with `FusedSpecNeuronConfig(worker_cls, draft_config, draft_model_path)`
   (config.py:1045) puts draft and target in one graph (`engine: fused`, engines/nxdi_fused.py).
 - `logical_nc_config` (config.py:570): 2 on trn2 (two physical cores per logical core), 1 on trn1/inf2.
@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from neuron_ssp.backends.imports import import_library
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
 
@@ -113,13 +114,10 @@ def check_applied(built: Any, kwargs: dict[str, Any], version: str) -> None:
 
 def load_nxdi() -> NxdiApi:
     """The installed NxDI, or a RuntimeProblem that says what is missing and how to install it."""
-    try:
-        config = importlib.import_module("neuronx_distributed_inference.models.config")
-        llama = importlib.import_module("neuronx_distributed_inference.models.llama.modeling_llama")
-        hf_adapter = importlib.import_module("neuronx_distributed_inference.utils.hf_adapter")
-    except ImportError as exc:
-        raise RuntimeProblem(Problem("neuron.library", "nxdi",
-                                     f"neuronx-distributed-inference does not import ({exc})", INSTALL)) from None
+    config, llama, hf_adapter = import_library(
+        tuple(f"neuronx_distributed_inference.{name}" for name in ("models.config", "models.llama.modeling_llama",
+                                                                    "utils.hf_adapter")),
+        "neuron.library", "nxdi", "neuronx-distributed-inference", INSTALL)
     missing = [f"models.config.{name}" for name in ("NeuronConfig", "OnDeviceSamplingConfig", "FusedSpecNeuronConfig",
                                                       "to_dict") if not hasattr(config, name)]
     missing += [f"modeling_llama.{name}" for name in ("NeuronLlamaForCausalLM", "LlamaInferenceConfig")

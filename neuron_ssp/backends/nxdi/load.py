@@ -114,7 +114,7 @@ def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
 
 def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
     """The fused NxDI application and its artifact spec. Greedy on device: NeuronFusedSpecModel asserts an
-    on-device sampling config (model_base.py:1763) and forces the draft greedy (model_base.py:1633)."""
+    on-device sampling config (model_base.py:1765) and forces the draft greedy (model_base.py:1635)."""
     api, config, greedy = models.api, models.config, {"do_sample": False, "top_k": 1}
     k = config.speculation.k
     draft_kwargs = api.neuron_config_kwargs(config, "draft", 0, lnc=models.lnc)

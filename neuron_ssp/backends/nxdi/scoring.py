@@ -7,12 +7,12 @@ token-generation model, which a target compiled with speculation_length = k does
 - prefill: the prompt at positions 0..P-1, attention_mask ones(P): context encoding (`fill_prefix` writes
   slots 0..P-1, kvcache/kv_cache_manager.py:509), logits of the last position;
 - target window at slot `start`: always k tokens (a shorter window is padded by repeating its last token, as
-  NxDI's own assisted decoding pads, hf_adapter.py:732), position_ids start..start+k-1, attention_mask
+  NxDI's own assisted decoding pads, hf_adapter.py:734), position_ids start..start+k-1, attention_mask
   ones(start): the cache slots already committed (`compute_for_token_gen` reads the prior cache only where
-  the mask is set, attention/attention_base.py:1394-1402; the k new tokens attend to each other through the
-  causal active mask, model_base.py:876). Logits of all k positions;
+  the mask is set, attention/attention_base.py:1383, 1425; the k new tokens attend to each other through the
+  causal active mask, model_base.py:813). Logits of all k positions;
 - draft (speculation_length 0): one token per call, position_ids [[p]], attention_mask ones(p);
-- seq_ids [0] (the one sequence; `preprocess_inputs` would default to arange(batch), model_base.py:3282).
+- seq_ids [0] (the one sequence; `preprocess_inputs` would default to arange(batch), model_base.py:3284).
 Rollback: new keys/values are scattered at position_ids (`update_kv_by_layer_id`, kv_cache_manager.py:577-585)
 and nothing at or past `start` is read, so a rejected suffix is stale and the next call overwrites it.
 The bucket rule (`_get_seq_bucket`, model_wrapper.py:903) needs start + k <= n_positions for a window.
