@@ -115,9 +115,6 @@ class GenerationConfig(_Strict):
     chat_template: bool = True  # wrap the prompt as a user turn when the tokenizer has a template
 
 
-NEURON_LIBRARIES = ("transformers-neuronx", "nxdi")
-
-
 class NeuronSettings(_Strict):
     """Neuron only: which AWS library runs the models, where compiled models are kept (`neuron-ssp compile`)
     and the compiler's cache."""

@@ -165,6 +165,23 @@ def test_a_window_past_the_compiled_positions_is_refused(nxdi: Any, tiny_model_d
         target.score(torch.tensor([5]), 125)  # a k = 4 window needs slots 125..128 of 0..127
 
 
+def test_a_generation_without_room_for_the_last_k_wide_window_is_refused_up_front(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """Our loop's last window starts at slot P+N-2; on NxDI it is k wide, so P+N-2+k slots, k-1 more than on
+    a backend that scores narrower windows: refused before the first call, not half-way."""
+    from neuron_ssp.engines.native import plain_generate
+
+    target, _ = load(nxdi_config(tiny_model_dirs["target"], neuron={"self_test": False}))
+    ids = prompt(8)
+    config = nxdi_config(tiny_model_dirs["target"], neuron={"self_test": False})
+    for generate in (lambda n: plain_generate(target, ids, n, config.sampling),
+                     lambda n: speculative(config, target, None, GreedyAcceptor()).generate(ids, n)):
+        with pytest.raises(UsageError, match="at least 131"):
+            generate(121)  # 8 + 121 - 2 + 4 = 131 slots > 128
+        assert len(generate(118).tokens) <= 118  # 8 + 118 - 2 + 4 = 128: fits
+
+
 def test_only_the_expected_stubs_ran(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
     """The CPU path executes nothing closed-source beyond what the stubs give real values for."""
     from nxdi_support import stubs
