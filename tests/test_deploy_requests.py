@@ -34,13 +34,13 @@ from deploy_fixtures import (
     queue_run_instances,
     queue_running,
 )
-from rich.console import Console
 
 from neuron_ssp.config import config_from_dict, load_config
 from neuron_ssp.deploy import ami
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation
 from neuron_ssp.deploy.inventory import Deployment
 from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
+from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.ssm_run import S3Location, bash_commands, run_remote
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
 from neuron_ssp.errors import RuntimeProblem, UsageError
@@ -48,7 +48,7 @@ from neuron_ssp.errors import RuntimeProblem, UsageError
 NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
 TOKEN = "neuron-ssp-0123456789abcdef"
 BLOCK = "cr-0123456789abcdef0"
-QUIET = Console(quiet=True)
+QUIET = Silent()
 
 # fixtures of this module (assigned, not imported, so test parameters may share their names)
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -98,7 +98,7 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
     queue_bootstrap(stubbed, "weights", "ready")  # launch returns only once the bootstrap says ready
 
     plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
-    deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+    deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
 
     assert deployment.instance_id == INSTANCE_ID and deployment.hourly_usd == 21.50
     assert plan.in_capacity_block and plan.max_cost_usd is None  # prepaid: no on-demand worst case
@@ -399,7 +399,7 @@ def test_cancelling_is_waited_through_until_the_command_is_cancelled(stubbed: St
         stubbed.ssm.add_response("get_command_invocation", {"Status": status, "ResponseCode": -1},
                                  {"CommandId": command_id, "InstanceId": INSTANCE_ID})
     result = run_remote(stubbed.clients.ssm, stubbed.clients.s3, deployment, bash_commands(["true"]), output=None,
-                        timeout_s=60, pacing=instant_pacing(), console=QUIET, what="run")
+                        timeout_s=60, pacing=instant_pacing(), progress=QUIET, what="run")
     assert result.status == "Cancelled"
     stubbed.assert_done()
 
@@ -445,4 +445,16 @@ def test_the_cli_imports_without_boto3() -> None:
     """boto3 is an optional extra: only running a deploy command may need it."""
     modules = "neuron_ssp.cli.deploy, neuron_ssp.deploy.launch, neuron_ssp.deploy.ssm_run, neuron_ssp.deploy.teardown"
     code = f"import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import {modules}"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_deploy_library_imports_without_rich() -> None:
+    """Printing is the CLI's job: every module of neuron_ssp.deploy reports progress through a callback."""
+    import pkgutil
+
+    import neuron_ssp.deploy
+
+    names = [m.name for m in pkgutil.walk_packages(neuron_ssp.deploy.__path__, "neuron_ssp.deploy.")]
+    assert "neuron_ssp.deploy.launch" in names and "neuron_ssp.deploy.sagemaker.create" in names
+    code = f"import sys; sys.modules['rich'] = None; import {', '.join(names)}"
     subprocess.run([sys.executable, "-c", code], check=True)

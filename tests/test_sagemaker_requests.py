@@ -22,8 +22,8 @@ from sagemaker_fixtures import (
     instant_pacing,
 )
 
-from neuron_ssp.cli import endpoint as endpoint_cli
 from neuron_ssp.cli import main
+from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.sagemaker import create, teardown
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 
@@ -93,7 +93,7 @@ def test_model_has_network_isolation_and_s3_prefix_and_the_variant_long_timeouts
     stubs.sagemaker.add_response("describe_endpoint", described("shape-trn1"), {"EndpointName": "shape-trn1"})
     clock = sagemaker_fixtures.FakeClock()
     result = create.create_endpoint(
-        plan, stubs.clients, pacing=instant_pacing(clock), console=endpoint_cli.Console(stderr=True)
+        plan, stubs.clients, pacing=instant_pacing(clock), progress=Silent()
     )
     assert result["EndpointStatus"] == "InService" and clock.sleeps == [30]
     stubs.assert_done()

@@ -9,18 +9,16 @@ import json
 from datetime import datetime, timezone
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, print_record, region_option
+from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
 from neuron_ssp.deploy.capacity import CapacityTarget
 from neuron_ssp.deploy.errors import OPERATOR_POLICY, aws_errors
-from neuron_ssp.deploy.inventory import Deployment, find_deployment, list_deployments
+from neuron_ssp.deploy.inventory import Deployment, find_deployment, format_usd, list_deployments
 from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
-from neuron_ssp.deploy.pricing import format_usd
 from neuron_ssp.deploy.ssm_run import (
     NOT_READY_EXIT,
     S3Location,
@@ -166,7 +164,7 @@ def launch(
     if not yes and not click.confirm(confirm_question(plan), default=False, err=True):
         err.print("cancelled; nothing was created")
         return
-    deployment = execute_launch(plan, clients, pacing=PACING, console=err)
+    deployment = execute_launch(plan, clients, pacing=PACING, progress=ConsoleProgress(err))
     out.print(
         f"[green]running:[/green] {deployment.name} = {deployment.instance_id} ({deployment.instance_type}, "
         f"{deployment.availability_zone}, {format_usd(deployment.hourly_usd)}/h, "
@@ -316,7 +314,7 @@ def run(name: str, argv: tuple[str, ...], region: str | None, output_s3_uri: str
             output=S3Location.parse(uri),
             timeout_s=timeout_minutes * 60,
             pacing=PACING,
-            console=err,
+            progress=ConsoleProgress(err),
             what="run",
         )
     except KeyboardInterrupt:
@@ -359,13 +357,15 @@ def status(name: str, region: str | None, as_json: bool) -> None:
     info["ssm"] = (
         ssm_ping_status(clients.ssm, deployment.instance_id, clients.region) if deployment.state == "running" else "-"
     )
-    info["bootstrap"] = _bootstrap_state(clients, deployment, err) if info["ssm"] == "Online" else "unknown"
+    online = info["ssm"] == "Online"
+    info["bootstrap"] = _bootstrap_state(clients, deployment, ConsoleProgress(err)) if online else "unknown"
     print_record(out, f"deployment {name}", info, as_json)
 
 
-def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) -> str:
+def _bootstrap_state(clients: AwsClients, deployment: Deployment, progress: ConsoleProgress) -> str:
     result = run_snippet(
-        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, console=err, what="status"
+        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, progress=progress,
+        what="status",
     )
     return result.stdout.strip() or result.status
 
@@ -392,8 +392,9 @@ def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
         return
     output = S3Location.parse(deployment.output_s3_uri) if deployment.output_s3_uri else None
     snippet = f"tail -n {int(lines)} {LOG_FILE}"
+    progress = ConsoleProgress(err)
     result = run_snippet(
-        clients.ssm, clients.s3, deployment, snippet, output=output, pacing=PACING, console=err, what="logs"
+        clients.ssm, clients.s3, deployment, snippet, output=output, pacing=PACING, progress=progress, what="logs"
     )
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
@@ -474,7 +475,7 @@ def teardown(name: str | None, region: str | None, all_: bool, yes: bool, no_wai
     if not yes and not click.confirm(f"Terminate {len(targets)} instance(s)?", default=False, err=True):
         err.print("cancelled; nothing was terminated")
         return
-    terminate(clients.ec2, clients.region, targets, wait=not no_wait, pacing=PACING, console=err)
+    terminate(clients.ec2, clients.region, targets, wait=not no_wait, pacing=PACING, progress=ConsoleProgress(err))
     out.print(f"[green]terminated[/green] {', '.join(d.instance_id for d in targets)}")
 
 

@@ -11,20 +11,19 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, print_record, region_option
+from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
 from neuron_ssp.deploy.sagemaker.autoscaling import ScalingMetric
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
-from neuron_ssp.deploy.sagemaker.container import container_config
+from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, container_config
 from neuron_ssp.deploy.sagemaker.create import check_name_free, create_endpoint
 from neuron_ssp.deploy.sagemaker.errors import sagemaker_errors
 from neuron_ssp.deploy.sagemaker.inventory import endpoint_info, list_endpoints, now_utc
 from neuron_ssp.deploy.sagemaker.invoke import invoke as invoke_endpoint
 from neuron_ssp.deploy.sagemaker.invoke import request_body
 from neuron_ssp.deploy.sagemaker.lmi import LMI_LIMITS, lmi_options
-from neuron_ssp.deploy.sagemaker.mount import MODEL_MOUNT
 from neuron_ssp.deploy.sagemaker.plan import (
     EndpointOptions,
     EndpointPlan,
@@ -159,7 +158,7 @@ def create(
     if not yes and not click.confirm(question, default=False, err=True):
         err.print("cancelled; nothing was created")
         return
-    described = create_endpoint(plan, clients, pacing=PACING, console=err)
+    described = create_endpoint(plan, clients, pacing=PACING, progress=ConsoleProgress(err))
     out.print(f"[green]InService:[/green] {plan.name} ({described['EndpointArn']})")
     out.print(
         f"next:  neuron-ssp deploy endpoint invoke {plan.name} --region {region} --prompt 'Hello'\n"

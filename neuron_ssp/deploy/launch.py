@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
 from neuron_ssp.config import EMBEDDED_PREFIX, Config
 from neuron_ssp.deploy import tags
@@ -32,12 +31,13 @@ from neuron_ssp.deploy.capacity import (
     run_instances_fields,
 )
 from neuron_ssp.deploy.errors import AwsUnreachable, aws_errors, error_code, translatable, translate
-from neuron_ssp.deploy.inventory import Deployment, describe, list_deployments
-from neuron_ssp.deploy.pricing import format_usd, hourly_usd
+from neuron_ssp.deploy.inventory import Deployment, describe, format_usd, list_deployments
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.ssm_run import ssm_ping_status
 from neuron_ssp.deploy.userdata import FAILURE_SHUTDOWN_MINUTES, BootstrapSpec, HfTokenSource, render
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
+from neuron_ssp.topology import hourly_price_usd
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def plan_launch(
         instance_type,
         region,
         ami,
-        hourly_usd(instance_type),
+        hourly_price_usd(instance_type),
         options.ttl_hours,
         expires_at,
         params,
@@ -359,7 +359,7 @@ def check_permissions(plan: LaunchPlan, clients: AwsClients) -> PermissionCheck:
 # ---------------------------------------------------------------- execute
 
 
-def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, console: Console) -> Deployment:
+def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, progress: Progress) -> Deployment:
     """Create the instance, wait until it runs, SSM sees it and its bootstrap is ready; clean up on any failure."""
     try:
         with aws_errors(
@@ -375,12 +375,12 @@ def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, con
         if isinstance(found, Problem):
             raise RuntimeProblem([*_as_problem(exc, plan), found]) from None
         raise _abandon(found, _as_problem(exc, plan), plan, clients) from None
-    console.print(f"launched {instance_id} ({plan.instance_type}, {format_usd(plan.hourly_usd)}/h)")
+    progress.note(f"launched {instance_id} ({plan.instance_type}, {format_usd(plan.hourly_usd)}/h)")
     try:
-        wait_running(clients, instance_id, plan.region, pacing, console)
-        wait_ssm_online(clients, instance_id, plan.region, pacing, console)
+        wait_running(clients, instance_id, plan.region, pacing, progress)
+        wait_ssm_online(clients, instance_id, plan.region, pacing, progress)
         deployment = describe(clients.ec2, plan.region, instance_id)
-        wait_bootstrap(clients.ssm, clients.s3, deployment, pacing, console)
+        wait_bootstrap(clients.ssm, clients.s3, deployment, pacing, progress)
         return deployment
     except (KeyboardInterrupt, NeuronSSPError) as exc:
         raise _abandon(instance_id, _as_problem(exc, plan), plan, clients) from None
@@ -389,7 +389,7 @@ def execute_launch(plan: LaunchPlan, clients: AwsClients, *, pacing: Pacing, con
         raise
 
 
-def wait_running(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, console: Console) -> None:
+def wait_running(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, progress: Progress) -> None:
     def check() -> tuple[bool, str]:
         try:
             instance = clients.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
@@ -415,12 +415,12 @@ def wait_running(clients: AwsClients, instance_id: str, region: str, pacing: Pac
         check,
         timeout_s=pacing.running_timeout_s,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix="look at the instance in the EC2 console; retry in another AZ",
     )
 
 
-def wait_ssm_online(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, console: Console) -> None:
+def wait_ssm_online(clients: AwsClients, instance_id: str, region: str, pacing: Pacing, progress: Progress) -> None:
     def check() -> tuple[bool, str]:
         status = ssm_ping_status(clients.ssm, instance_id, region)
         return status == "Online", status
@@ -430,7 +430,7 @@ def wait_ssm_online(clients: AwsClients, instance_id: str, region: str, pacing: 
         check,
         timeout_s=pacing.ssm_online_timeout_s,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix="the instance role needs AmazonSSMManagedInstanceCore (see deploy/README.md) "
         "and the subnet needs a route to the SSM endpoints (internet/NAT or VPC endpoints)",
     )

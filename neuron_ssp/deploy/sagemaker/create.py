@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.cloudwatch import log_group, tail
 from neuron_ssp.deploy.sagemaker.errors import find_existing, sagemaker_errors
@@ -25,7 +24,7 @@ LOG_LINES_ON_FAILURE = 40
 
 
 def create_endpoint(
-    plan: EndpointPlan, clients: SageMakerClients, *, pacing: Pacing, console: Console
+    plan: EndpointPlan, clients: SageMakerClients, *, pacing: Pacing, progress: Progress
 ) -> dict[str, Any]:
     """Create model, endpoint config, endpoint; wait for InService; attach autoscaling."""
     created = Created()
@@ -39,24 +38,24 @@ def create_endpoint(
         with sagemaker_errors("sagemaker", **context):
             clients.sagemaker.create_model(**plan.model_request)
             created.model = True
-            console.print(f"[green]✓[/green] model {plan.name} ({plan.engine}, {plan.image_uri})")
+            progress.done(f"model {plan.name} ({plan.engine}, {plan.image_uri})")
             clients.sagemaker.create_endpoint_config(**plan.endpoint_config_request)
             created.endpoint_config = True
-            console.print(f"[green]✓[/green] endpoint config {plan.name} ({plan.instances} × {plan.ml_instance_type})")
+            progress.done(f"endpoint config {plan.name} ({plan.instances} × {plan.ml_instance_type})")
             clients.sagemaker.create_endpoint(**plan.endpoint_request)
             created.endpoint = True
-        console.print(
+        progress.note(
             f"endpoint {plan.name} is being created: it bills "
             f"{plan.price.text(plan.instances)} from now until it is deleted"
         )
-        wait_in_service(clients, plan.name, pacing, console)
+        wait_in_service(clients, plan.name, pacing, progress)
         if plan.scaling is not None:
             with sagemaker_errors("application-autoscaling", **context):
                 clients.autoscaling.register_scalable_target(**plan.scaling.register_request())
                 created.scaling = True
                 clients.autoscaling.put_scaling_policy(**plan.scaling.policy_request())
-            console.print(
-                f"[green]✓[/green] autoscaling {plan.scaling.min_instances}-{plan.scaling.max_instances} "
+            progress.done(
+                f"autoscaling {plan.scaling.min_instances}-{plan.scaling.max_instances} "
                 f"instances on {plan.scaling.metric}, target {plan.scaling.target_value:g}"
             )
         with sagemaker_errors("sagemaker", **context):
@@ -88,7 +87,7 @@ def check_name_free(clients: SageMakerClients, name: str) -> None:
         )
 
 
-def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, console: Console) -> None:
+def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, progress: Progress) -> None:
     def check() -> tuple[bool, str]:
         with sagemaker_errors("sagemaker", region=clients.region):
             endpoint = clients.sagemaker.describe_endpoint(EndpointName=name)
@@ -102,7 +101,7 @@ def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, consol
         check,
         timeout_s=ENDPOINT_TIMEOUT_S,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix=f"read the container log: neuron-ssp deploy endpoint logs {name} --region {clients.region}",
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from neuron_ssp.config import Config
-from neuron_ssp.deploy.sagemaker.mount import MODEL_MOUNT, mounted
+from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, mounted
 from neuron_ssp.errors import Problem, UsageError
 
 # The last LMI releases with transformers-neuronx: 0.30.0 (SDK 2.20.1) in LMI's README at that parent
