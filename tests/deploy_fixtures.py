@@ -303,7 +303,7 @@ def dlami_images() -> dict[str, Any]:
 
 
 def queue_plan(stubs: StubbedAws, name: str, *, reservation: dict[str, Any] | None = None) -> None:
-    """The read-only calls of plan_launch, in order: name check, DLAMI, [reservation], caller identity."""
+    """The read-only calls of prepare_launch, in order: name check, DLAMI, [reservation], caller identity."""
     from botocore.stub import ANY
 
     stubs.ec2.add_response("describe_instances", reservations(), {"Filters": ANY})

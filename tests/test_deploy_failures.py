@@ -35,7 +35,8 @@ from neuron_ssp.config import load_config
 from neuron_ssp.deploy import launch
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.errors import translate
-from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
+from neuron_ssp.deploy.launch import check_permissions, execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions, LaunchPlan
 from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.waiting import Pacing
 from neuron_ssp.errors import RuntimeProblem, UsageError
@@ -52,7 +53,7 @@ stubbed = deploy_fixtures.stubbed
 def planned(stubbed: StubbedAws, **options: object) -> LaunchPlan:
     queue_plan(stubbed, "trn1")
     opts = LaunchOptions(region=REGION, name="trn1", instance_profile="neuron-ssp-instance", **options)  # type: ignore[arg-type]
-    return plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, opts, stubbed.clients, now=NOW, client_token="tok-1")
+    return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, opts, stubbed.clients, now=NOW, client_token="tok-1")
 
 
 def interrupting_pacing() -> Pacing:

@@ -1,7 +1,7 @@
 """deploy/iam/operator-policy.json judged by the requests it must allow and the ones it must refuse.
 
 RunInstances is authorized per resource it touches (instance, volume, image, subnet, ...), each with
-its own condition keys. `launch_requests` derives those from the exact request `plan_launch` builds,
+its own condition keys. `launch_requests` derives those from the exact request `prepare_launch` builds,
 using only keys that EC2 evaluates for that resource (SUPPORTED_KEYS, from the AWS Service Authorization
 Reference), so the policy is tested against what AWS will really check, not against action names.
 """
@@ -22,7 +22,8 @@ from deploy_fixtures import REGION, TRN1_CONFIG, StubbedAws, queue_plan
 
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.capacity import CapacityTarget
-from neuron_ssp.deploy.launch import LaunchOptions, plan_launch
+from neuron_ssp.deploy.launch import prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = iam_policy.load(ROOT / "deploy" / "iam" / "operator-policy.json")
@@ -65,7 +66,7 @@ def planned_params(stubbed: StubbedAws) -> dict[str, Any]:
     options = LaunchOptions(region=REGION, name="trn1", instance_profile="neuron-ssp-instance", key_name="me",
                             subnet_id="subnet-0abc", security_group_ids=("sg-01",),
                             capacity=CapacityTarget("cr-0123456789abcdef0", is_block=True))
-    return plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
 
 
 def arn(resource: str, account: str = ACCOUNT) -> str:
@@ -179,8 +180,7 @@ def test_tag_scoped_actions_check_resource_and_conditions(action: str, resource:
 
 _AWS_COMMAND = re.compile(r"\baws (ec2|ssm|sts) ([a-z][a-z0-9-]+)")
 HINT_SOURCES = [ROOT / "deploy" / "README.md", ROOT / "neuron_ssp" / "cli" / "deploy.py",
-                *[ROOT / "neuron_ssp" / "deploy" / f"{name}.py"
-                  for name in ("errors", "capacity", "launch", "ssm_run", "inventory", "bootstrap_wait")]]
+                *sorted((ROOT / "neuron_ssp" / "deploy").glob("*.py"))]
 
 
 def operator_commands() -> set[tuple[str, str]]:

@@ -39,7 +39,8 @@ from neuron_ssp.config import config_from_dict, load_config
 from neuron_ssp.deploy import ami
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation
 from neuron_ssp.deploy.inventory import Deployment
-from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
+from neuron_ssp.deploy.launch import execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions
 from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.ssm_run import S3Location, bash_commands, run_remote
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
@@ -97,7 +98,7 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
     queue_running(stubbed)
     queue_bootstrap(stubbed, "weights", "ready")  # launch returns only once the bootstrap says ready
 
-    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
+    plan = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
     deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
 
     assert deployment.instance_id == INSTANCE_ID and deployment.hourly_usd == 21.50
@@ -110,7 +111,7 @@ def test_on_demand_request_uses_the_given_network_and_no_market_options(stubbed:
                             key_name="me", instance_profile="arn:aws:iam::123456789012:instance-profile/p",
                             volume_gb=300, ttl_hours=2.5)
     queue_plan(stubbed, "llama2-70b-7b-inf2-bf16")
-    plan = plan_launch(load_config(INF2_CONFIG), INF2_CONFIG, options, stubbed.clients, now=NOW)
+    plan = prepare_launch(load_config(INF2_CONFIG), INF2_CONFIG, options, stubbed.clients, now=NOW)
 
     params = plan.params
     assert plan.name == "llama2-70b-7b-inf2-bf16" and params["InstanceType"] == "inf2.48xlarge"
@@ -131,7 +132,7 @@ def test_root_volume_is_encrypted_with_the_given_kms_key_and_fast_enough_for_the
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     queue_plan(stubbed, "x")
     options = LaunchOptions(region=REGION, kms_key=key)
-    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    params = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
     (root,) = params["BlockDeviceMappings"]
     assert root["Ebs"]["Encrypted"] is True and root["Ebs"]["KmsKeyId"] == key
     assert root["Ebs"]["VolumeSize"] >= 512 and root["Ebs"]["Throughput"] == 1000 and root["Ebs"]["Iops"] == 4000
@@ -150,7 +151,7 @@ def test_root_volume_is_encrypted_with_the_given_kms_key_and_fast_enough_for_the
 def test_too_small_trn1_volume_and_bad_kms_key_are_refused(stubbed: StubbedAws, options: dict, field: str,
                                                             rule: str) -> None:
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, LaunchOptions(region=REGION, **options), stubbed.clients)
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, LaunchOptions(region=REGION, **options), stubbed.clients)
     assert [(p.field, rule in p.rule) for p in raised.value.problems] == [(field, True)]
     stubbed.assert_done()  # refused before any AWS call
 
@@ -160,7 +161,7 @@ def test_capacity_reservation_targets_it_without_capacity_block_market(stubbed: 
     options = LaunchOptions(region=REGION, subnet_id="subnet-0abc",
                             capacity=CapacityTarget(BLOCK, is_block=False))
     queue_plan(stubbed, "x", reservation=reservation)
-    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    params = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
     assert params["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": BLOCK}}
     assert "InstanceMarketOptions" not in params and "Placement" not in params
@@ -178,14 +179,14 @@ def test_unusable_reservations_are_refused_before_launch(stubbed: StubbedAws, ov
     stubbed.sts.deactivate()  # planning stops at the reservation
     options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=is_block))
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
     assert any(rule in p.rule for p in raised.value.problems)
 
 
 def test_block_ending_before_the_ttl_is_a_warning(stubbed: StubbedAws) -> None:
     queue_plan(stubbed, "x", reservation=block_reservation(EndDate=NOW + timedelta(hours=1)))
     options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=True))
-    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+    plan = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
     assert any("before the TTL" in w for w in plan.warnings)
 
 
@@ -274,7 +275,7 @@ def test_invalid_configs_are_refused_before_any_aws_call(stubbed: StubbedAws, tm
                                                          sections: dict, field: str) -> None:
     path = write_config(tmp_path, **sections)
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(path), path, LaunchOptions(region=REGION), stubbed.clients)
+        prepare_launch(load_config(path), path, LaunchOptions(region=REGION), stubbed.clients)
     assert any(p.field.startswith(field) for p in raised.value.problems)
     stubbed.assert_done()  # nothing was queued and nothing was called
 
@@ -284,7 +285,7 @@ def test_bad_flags_are_all_reported_at_once(stubbed: StubbedAws, tmp_path: Path)
     options = LaunchOptions(region=REGION, ttl_hours=0, volume_gb=20, weights_s3_uri="bucket/models",
                             output_s3_uri="s3://out-bucket/runs")
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(path), path, options, stubbed.clients)
+        prepare_launch(load_config(path), path, options, stubbed.clients)
     fields = [p.field for p in raised.value.problems]
     assert fields == ["--ttl-hours", "--volume-gb", "--weights-s3-uri", "--output-s3-uri"]
 
@@ -348,7 +349,7 @@ def test_a_real_token_in_the_environment_never_reaches_user_data(stubbed: Stubbe
     options = LaunchOptions(region=REGION, instance_profile="p",
                             hf_token=HfTokenSource("secretsmanager", "neuron-ssp/hf"))
     user_data = decoded_user_data(
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params["UserData"])
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params["UserData"])
     assert "--secret-id neuron-ssp/hf" in user_data  # the token's source went through the render path ...
     assert HF_TOKEN not in user_data and HF_TOKEN[3:] not in user_data  # ... the token itself did not
 
@@ -458,3 +459,16 @@ def test_the_deploy_library_imports_without_rich() -> None:
     assert "neuron_ssp.deploy.launch" in names and "neuron_ssp.deploy.sagemaker.create" in names
     code = f"import sys; sys.modules['rich'] = None; import {', '.join(names)}"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_planning_is_pure_given_the_looked_up_facts() -> None:
+    """The same facts give the same request, with no AWS client in reach."""
+    from neuron_ssp.deploy.ami import Ami
+    from neuron_ssp.deploy.launch_plan import LaunchFacts, plan_launch
+
+    facts = LaunchFacts(REGION, Ami(PINNED_PICK, "DLAMI", "2025-10-20", "/dev/sda1", "pinned"), OWNER_ARN)
+    options = LaunchOptions(region=REGION, name="pure", instance_profile="p")
+    plans = [plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, facts, now=NOW, client_token=TOKEN)
+             for _ in range(2)]
+    assert plans[0] == plans[1] and plans[0].params["ImageId"] == PINNED_PICK
+    assert plans[0].expires_at == NOW + timedelta(hours=4) and plans[0].client_token == TOKEN

@@ -18,7 +18,8 @@ from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
 from neuron_ssp.deploy.capacity import CapacityTarget
 from neuron_ssp.deploy.errors import OPERATOR_POLICY, aws_errors
 from neuron_ssp.deploy.inventory import Deployment, find_deployment, format_usd, list_deployments
-from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
+from neuron_ssp.deploy.launch import check_permissions, execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions, LaunchPlan
 from neuron_ssp.deploy.ssm_run import (
     NOT_READY_EXIT,
     S3Location,
@@ -141,7 +142,7 @@ def launch(
         hf_token=_hf_token(hf_token_secret, hf_token_parameter),
         keep_on_failure=keep_on_failure,
     )
-    plan = plan_launch(config, config_path, options, clients)
+    plan = prepare_launch(config, config_path, options, clients)
     out.print(_plan_table(plan))
     for warning in plan.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}")
