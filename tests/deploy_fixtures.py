@@ -2,7 +2,9 @@
 
 `aws_sandbox` (autouse in every deploy test module that takes it in) sets fake credentials, points
 the AWS config files at nothing and makes any botocore HTTP request to a non-loopback host fail the
-test. Two ways to answer the requests:
+test. It also holds every request any client builds against the service model's enums, patterns and
+maxima (`service_model_check`, what botocore's ParamValidator skips), moto and Stubber alike. Two ways
+to answer the requests:
 
 * `moto`: a ThreadedMotoServer on 127.0.0.1 (random port) for the end-to-end flow. What moto 5 lacks
   is supplied explicitly here: the Neuron DLAMIs are seeded into moto's public-AMI catalog (moto ships
@@ -28,10 +30,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
+import botocore.session
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.httpsession import URLLib3Session
 from botocore.stub import Stubber
+from service_model_check import request_problems
 
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.userdata import STATUS_FILE
@@ -67,6 +71,21 @@ def aws_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         return original_send(self, request)
 
     monkeypatch.setattr(URLLib3Session, "send", loopback_only)
+    original_create_client = botocore.session.Session.create_client
+
+    def checked_client(self: botocore.session.Session, *args: Any, **kwargs: Any) -> Any:
+        client = original_create_client(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params", refuse_what_aws_would_refuse)  # before a Stubber looks
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", checked_client)
+
+
+def refuse_what_aws_would_refuse(params: dict[str, Any], model: Any, **_: Any) -> None:
+    """Fail the test on a request that breaks its operation's enums, patterns or maxima."""
+    problems = request_problems(model, params)
+    if problems:
+        pytest.fail(f"{model.name} request AWS would refuse: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------- moto server

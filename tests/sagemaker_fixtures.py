@@ -18,6 +18,7 @@ import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
 from deploy_fixtures import REGION, FakeClock
+from service_model_check import request_problems
 
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.plan import EndpointOptions, Identity, plan_endpoint
@@ -60,10 +61,12 @@ def endpoint_plan(config_path: Path = INF2_CONFIG, **options: Any):  # type: ign
 
 
 def assert_valid_request(client: Any, operation: str, params: dict[str, Any]) -> None:
-    """botocore's own ParamValidator against the service model (types, required members, ranges)."""
+    """botocore's own ParamValidator (types, required members, minimums), then what it skips: enums,
+    patterns and maxima from the same service model."""
     model = client.meta.service_model.operation_model(operation)
     report = ParamValidator().validate(params, model.input_shape)
     assert not report.has_errors(), report.generate_report()
+    assert request_problems(model, params) == []
 
 
 def granted_actions(policy_path: Path) -> set[str]:

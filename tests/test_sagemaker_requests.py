@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import boto3
 import deploy_fixtures
 import pytest
 import sagemaker_fixtures
@@ -112,6 +113,34 @@ def test_every_request_passes_botocores_param_validator(
     assert_valid_request(clients.autoscaling, "RegisterScalableTarget", plan.scaling.register_request())
     assert_valid_request(clients.autoscaling, "PutScalingPolicy", plan.scaling.policy_request())
     assert all(len(v) <= 1024 for v in plan.model_request["PrimaryContainer"]["Environment"].values())
+
+
+def test_the_checker_refuses_what_param_validator_lets_through(stubbed_sagemaker: StubbedSageMaker) -> None:
+    """A made-up metric or instance type passes botocore's ParamValidator; AWS would refuse both."""
+    from botocore.validate import ParamValidator
+    from service_model_check import request_problems
+
+    clients = stubbed_sagemaker.clients
+    plan = endpoint_plan(INF2_CONFIG, min_instances=1, max_instances=2)
+    policy = plan.scaling.policy_request()
+    policy["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"]["PredefinedMetricType"] = (
+        "SageMakerVariantMadeUpMetric"
+    )
+    config = json.loads(json.dumps(plan.endpoint_config_request))
+    config["ProductionVariants"][0]["InstanceType"] = "ml.bogus.huge"
+    for client, operation, params, words in (
+        (clients.autoscaling, "PutScalingPolicy", policy, "'SageMakerVariantMadeUpMetric' is not one of"),
+        (clients.sagemaker, "CreateEndpointConfig", config, "'ml.bogus.huge' is not one of"),
+        (clients.sagemaker, "CreateEndpoint", {**plan.endpoint_request, "EndpointName": "bad_name"}, "pattern"),
+        (clients.sagemaker, "CreateEndpointConfig", {**plan.endpoint_config_request, "KmsKeyId": "k" * 2049},
+         "at most 2048"),
+    ):
+        model = client.meta.service_model.operation_model(operation)
+        assert not ParamValidator().validate(params, model.input_shape).has_errors()
+        assert any(words in problem for problem in request_problems(model, params)), operation
+    # and every client in these tests runs the check before sending
+    with pytest.raises(pytest.fail.Exception, match="SageMakerVariantMadeUpMetric"):
+        clients.autoscaling.put_scaling_policy(**policy)
 
 
 def test_lmi_model_gets_option_environment_and_the_lmi_image(stubbed_sagemaker: StubbedSageMaker) -> None:
@@ -259,3 +288,7 @@ def test_dry_run_prints_the_requests_and_calls_no_aws(monkeypatch: pytest.Monkey
     }
     assert requests["create_model"]["EnableNetworkIsolation"] is True
     assert "no AWS API was called" in result.output and "$31.16/h" in result.output
+    sm, scaling = (boto3.client(s, region_name="us-east-1") for s in ("sagemaker", "application-autoscaling"))
+    for name, params in requests.items():
+        client = scaling if name in ("register_scalable_target", "put_scaling_policy") else sm
+        assert_valid_request(client, client.meta.method_to_api_mapping[name], params)
