@@ -292,3 +292,39 @@ def test_dry_run_prints_the_requests_and_calls_no_aws(monkeypatch: pytest.Monkey
     for name, params in requests.items():
         client = scaling if name in ("register_scalable_target", "put_scaling_policy") else sm
         assert_valid_request(client, client.meta.method_to_api_mapping[name], params)
+
+
+# inf2 has no local disk: SageMaker's large-model guidance ("SageMaker AI endpoint parameters for large model
+# inference") says a model over 30 GB on such an instance needs VolumeSizeInGB slightly larger than the model.
+@pytest.mark.parametrize("config_path", [c for c in CONFIGS if "inf2" in c.name], ids=lambda p: p.stem)
+def test_inf2_variant_gets_a_volume_sized_from_the_plans_weights(config_path: Any) -> None:
+    from neuron_ssp.config import load_config
+    from neuron_ssp.topology import plan_deployment
+
+    plan = endpoint_plan(config_path)
+    (variant,) = plan.endpoint_config_request["ProductionVariants"]
+    models = plan_deployment(load_config(config_path)).models.values()
+    weights_gib = sum(m.footprint.weight_bytes for m in models) / 2**30
+    assert weights_gib > 100  # a 70B pair: the default volume would not hold it
+    assert weights_gib * 1.1 < variant["VolumeSizeInGB"] <= 512
+    assert "KmsKeyId" not in plan.endpoint_config_request  # SageMaker's own key unless one is given
+
+
+def test_trn1_variant_gets_no_volume_its_models_go_to_local_nvme() -> None:
+    for config_path in (c for c in CONFIGS if "trn1" in c.name):
+        (variant,) = endpoint_plan(config_path).endpoint_config_request["ProductionVariants"]
+        assert "VolumeSizeInGB" not in variant
+
+
+def test_kms_key_encrypts_the_inf2_volume_and_is_refused_on_trn1() -> None:
+    from neuron_ssp.errors import UsageError
+
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    assert endpoint_plan(INF2_CONFIG, kms_key=key).endpoint_config_request["KmsKeyId"] == key
+    with pytest.raises(UsageError) as raised:
+        endpoint_plan(TRN1_CONFIG, kms_key=key)
+    (problem,) = raised.value.problems
+    assert problem.field == "--kms-key" and "NVMe" in problem.rule
+    with pytest.raises(UsageError) as raised:
+        endpoint_plan(INF2_CONFIG, kms_key="my key")
+    assert [p.field for p in raised.value.problems] == ["--kms-key"]

@@ -73,6 +73,11 @@ def endpoint() -> None:
 @click.option("--role-arn", help="SageMaker execution role (deploy/iam/sagemaker-execution-role.json).")
 @click.option("--image-uri", help="ECR image (default: neuron-ssp: the one `deploy image push` made; lmi: LMI 0.30.0).")
 @click.option("--no-network-isolation", is_flag=True, help="Let the container reach the network (off by default).")
+@click.option(
+    "--kms-key",
+    help="KMS key (id, ARN or alias) for the EBS volume that holds the models on ml.inf2 (default: a key SageMaker "
+    "manages). Not on ml.trn1/trn1n: their models sit on local NVMe, encrypted by the instance's hardware.",
+)
 @click.option("--dry-run", is_flag=True, help="Validate and print the exact requests; call no AWS API.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--keep-on-failure", is_flag=True, help="Keep what was created if the endpoint fails (it bills).")
@@ -91,6 +96,7 @@ def create(
     role_arn: str | None,
     image_uri: str | None,
     no_network_isolation: bool,
+    kms_key: str | None,
     dry_run: bool,
     yes: bool,
     keep_on_failure: bool,
@@ -111,6 +117,7 @@ def create(
         network_isolation=not no_network_isolation,
         scaling_metric=scaling_metric,
         target_value=target_value,
+        kms_key=kms_key,
         keep_on_failure=keep_on_failure,
     )  # type: ignore[arg-type]
     checked, _ = check_endpoint(config, config_path, options)  # every problem, before any AWS call
@@ -195,6 +202,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
         ),
         ("models", f"{source} -> {MODEL_MOUNT} (S3Prefix, uncompressed)"),
         ("network isolation", "on" if plan.model_request["EnableNetworkIsolation"] else "off"),
+        ("model storage", _storage_text(plan)),
         (
             "timeouts",
             f"download {variant['ModelDataDownloadTimeoutInSeconds']} s, "
@@ -214,6 +222,14 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
     out.print(table)
     for warning in plan.warnings:
         err.print(f"[yellow]note:[/yellow] {warning}")
+
+
+def _storage_text(plan: EndpointPlan) -> str:
+    volume = plan.endpoint_config_request["ProductionVariants"][0].get("VolumeSizeInGB")
+    if volume is None:
+        return "the instance's local NVMe (encrypted by its hardware)"
+    key = plan.endpoint_config_request.get("KmsKeyId", "a key SageMaker manages")
+    return f"{volume} GB EBS volume per instance (the weights + 20 % + 20 GB), encrypted with {key}"
 
 
 @endpoint.command("status")

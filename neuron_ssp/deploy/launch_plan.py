@@ -19,6 +19,7 @@ import yaml
 from neuron_ssp.config import EMBEDDED_PREFIX, Config
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import Ami
+from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation, run_instances_fields
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
 from neuron_ssp.errors import Problem, UsageError
@@ -193,9 +194,6 @@ def default_package_spec() -> str:
 MIN_ROOT_VOLUME_GB = {"trn1": 512, "trn1n": 512, "trn2": 512}
 ROOT_VOLUME_THROUGHPUT_MIBS = 1000
 ROOT_VOLUME_IOPS = 4000
-_KMS_KEY = re.compile(  # key id, multi-Region key id, alias, or the ARN of a key or an alias
-    r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+|alias/[\w/-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$"
-)
 
 
 def min_root_volume_gb(instance_type: str) -> int:
@@ -239,16 +237,8 @@ def _check_options(options: LaunchOptions, instance_type: str) -> None:
                 f"~150 GB of weights plus compiled artifacts; keep the default {LaunchOptions.volume_gb}",
             )
         )
-    if options.kms_key is not None and not _KMS_KEY.match(options.kms_key):
-        problems.append(
-            Problem(
-                "--kms-key",
-                options.kms_key,
-                "not a KMS key id, key ARN, alias or alias ARN",
-                "pass e.g. alias/my-ebs-key or arn:aws:kms:us-east-1:123456789012:key/<key-id>; "
-                "leave it out to use the account's default EBS key",
-            )
-        )
+    if options.kms_key is not None and (bad_key := kms_key_problem(options.kms_key, "the account's default EBS key")):
+        problems.append(bad_key)
     for flag, uri in (
         ("--weights-s3-uri", options.weights_s3_uri),
         ("--output-s3-uri", options.output_s3_uri),
