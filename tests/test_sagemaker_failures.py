@@ -197,6 +197,7 @@ def test_access_denied_names_the_action_and_the_policy_file(stubs: StubbedSageMa
         f"User: arn:aws:iam::{ACCOUNT}:user/alice is not authorized to perform: sagemaker:CreateModel",
         403,
     )
+    queue_not_found(stubs, "describe_model", "ModelName")  # the request was sent: cleanup looks it up
     code, out = create()
     assert code == 1, out
     assert "sagemaker:CreateModel" in out and "deploy/iam/sagemaker-operator-policy.json" in out
@@ -214,6 +215,7 @@ def test_quota_exceeded_names_the_quota_to_request_and_cleans_up(stubs: StubbedS
         "utilization of 0 Instances and a request delta of 1 Instances. Please use AWS Service Quotas to "
         "request an increase for this quota.",
     )
+    queue_not_found(stubs, "describe_endpoint", "EndpointName")
     queue_cleanup(stubs, endpoint=False)
     code, out = create()
     assert code == 1, out
@@ -276,3 +278,53 @@ def test_a_name_in_use_is_refused_before_anything_is_created(patched: StubbedSag
     assert code == 2, out
     assert "already in use in us-east-1: endpoint (InService)" in out and f"deploy endpoint delete {NAME}" in out
     patched.assert_done()  # no create_* was queued, so none was called
+
+
+def queue_not_found(stubs: StubbedSageMaker, operation: str, key: str) -> None:
+    stubs.sagemaker.add_client_error(
+        operation,
+        service_error_code="ValidationException",
+        service_message=f"Could not find {key} '{NAME}'.",
+        expected_params={key: NAME},
+    )
+
+
+def test_an_endpoint_whose_create_answer_was_lost_is_found_and_deleted(stubs: StubbedSageMaker) -> None:
+    """botocore's retry of a timed-out CreateEndpoint is told "already existing": the first one went through."""
+    queue_created(stubs, upto="config")
+    client_error(
+        stubs.sagemaker,
+        "create_endpoint",
+        "ValidationException",
+        f'Cannot create already existing endpoint "arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{NAME}".',
+    )
+    queue_cleanup(stubs)  # the endpoint is looked up, found and deleted, then config and model
+    code, out = create()
+    assert code == 1, out
+    assert "deleted what was created (endpoint, endpoint config, model); nothing is left billing" in out
+    stubs.assert_done()
+
+
+def test_ctrl_c_during_create_endpoint_still_deletes_the_endpoint(stubs: StubbedSageMaker) -> None:
+    def interrupt(**_: object) -> None:
+        raise KeyboardInterrupt
+
+    queue_created(stubs)
+    stubs.clients.sagemaker.meta.events.register("after-call.sagemaker.CreateEndpoint", interrupt)
+    queue_cleanup(stubs)
+    code, out = create()
+    assert code == 1, out
+    assert "interrupted before the endpoint was InService" in out
+    assert "deleted what was created (endpoint, endpoint config, model)" in out
+    stubs.assert_done()
+
+
+def test_a_refused_create_endpoint_is_looked_up_and_only_what_exists_is_deleted(stubs: StubbedSageMaker) -> None:
+    queue_created(stubs, upto="config")
+    client_error(stubs.sagemaker, "create_endpoint", "AccessDeniedException", "not authorized", 403)
+    queue_not_found(stubs, "describe_endpoint", "EndpointName")
+    queue_cleanup(stubs, endpoint=False)
+    code, out = create()
+    assert code == 1, out
+    assert "deleted what was created (endpoint config, model); nothing is left billing" in out
+    stubs.assert_done()

@@ -238,7 +238,8 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
         {"ModelName": name},
     )
     stubs.sagemaker.add_response("delete_model", {}, {"ModelName": name})
-    assert teardown.delete_endpoint(stubs.clients, name) == []
+    removal = teardown.delete_endpoint(stubs.clients, name)
+    assert removal.left == [] and removal.deleted == ["scaling", "endpoint", "endpoint config", "model"]
     stubs.assert_done()
 
 
@@ -267,7 +268,7 @@ def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -
             service_message=f"Could not find {key} 'arn:...:{name}'.",
             expected_params={key: name},
         )
-    assert teardown.delete_endpoint(stubs.clients, name) == []
+    assert teardown.delete_endpoint(stubs.clients, name) == teardown.Removal([], [])
     stubs.assert_done()
 
 

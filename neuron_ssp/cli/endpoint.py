@@ -393,7 +393,7 @@ def delete(name: str, region: str | None, yes: bool) -> None:
     ):
         err.print("cancelled; nothing was deleted")
         return
-    left = delete_endpoint(clients, name)
+    left = delete_endpoint(clients, name).left
     if left:
         raise RuntimeProblem(
             Problem(
