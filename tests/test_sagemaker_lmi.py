@@ -80,13 +80,29 @@ def test_render_env_form_and_model_root() -> None:
     assert env["OPTION_ENTRYPOINT"] == "djl_python.transformers_neuronx"
 
 
-def test_compile_cache_becomes_lmis_compiled_graph_paths(tmp_path: Path) -> None:
+def test_an_s3_compile_cache_becomes_lmis_compiled_graph_paths(tmp_path: Path) -> None:
     data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
-    data["neuron"]["compile_cache_url"] = "/opt/ml/model/neff-cache"
+    data["neuron"]["compile_cache_url"] = "s3://my-artifacts/neff-cache"
     path = tmp_path / "cache.yaml"
     path.write_text(yaml.safe_dump(data))
     options = lmi_options(load_config(path)).options
-    assert options["compiled_graph_path"] == options["draft_model_compiled_path"] == "/opt/ml/model/neff-cache"
+    assert options["compiled_graph_path"] == options["draft_model_compiled_path"] == "s3://my-artifacts/neff-cache"
+
+
+# djl-serving afece25d, tnx_properties.py compiled_path_validator (lines 227-239): a value that is not
+# s3://bucket/key must be an existing directory (else ValueError), and neuron_utils/model_loader.py
+# maybe_compile_model (lines 392-397) then calls model.load(dir): a transformers-neuronx save() layout,
+# which a NEFF compile cache is not.
+@pytest.mark.parametrize("cache", ["/opt/ml/model/neff-cache", "/var/tmp/neuron-compile-cache", "s3://bucket-only"])
+def test_a_compile_cache_lmi_cannot_read_is_refused(tmp_path: Path, cache: str) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["neuron"]["compile_cache_url"] = cache
+    path = tmp_path / "cache.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = render(str(path), "--engine", "lmi")
+    assert code == 2 and "neuron.compile_cache_url" in out and "model.load" in out, out
+    if not cache.startswith("s3://"):
+        assert render(str(path), "--engine", "neuron-ssp")[0] == 0  # our engine uses it as a local cache
 
 
 def test_a_config_lmi_cannot_express_is_refused_with_every_reason(tmp_path: Path) -> None:

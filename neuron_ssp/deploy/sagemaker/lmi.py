@@ -8,10 +8,16 @@ and the draft proposes `speculative_length - 1` tokens: it is our window k (the 
 of tokens the draft generates" is off by one). LMI accepts with `LMIGreedyTokenAcceptor` (the target's
 argmax), speculates only in its naive rolling-batch scheduler (no continuous batching) at batch 1,
 and reports no acceptance metrics per request.
+
+`compiled_graph_path` / `draft_model_compiled_path` (tnx_properties.py `compiled_path_validator`,
+lines 227-239 at afece25d) take an `s3://bucket/key` NEFF cache (set as NEURON_COMPILE_CACHE_URL) or an
+existing directory, which `neuron_utils/model_loader.py` (lines 392-397) hands to `model.load(dir)`: a
+transformers-neuronx `save()` layout. A compile cache is not that, so only an S3 cache is passed on.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from neuron_ssp.config import Config
@@ -22,6 +28,7 @@ from neuron_ssp.errors import Problem, UsageError
 # commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config. 763104351884 hosts the AWS DLCs.
 LMI_IMAGE_TAG = "djl-inference:0.30.0-neuronx-sdk2.20.1"
 LMI_ENTRYPOINT = "djl_python.transformers_neuronx"
+_LMI_S3_CACHE = re.compile(r"^s3://[^/]+/.+")  # djl-serving's own test for an S3 compiled_graph_path
 LMI_LIMITS = (
     "greedy acceptance only (LMIGreedyTokenAcceptor: the target's argmax; no sampling with speculation)",
     "no continuous batching with speculation (naive rolling batch, batch size 1)",
@@ -94,6 +101,18 @@ def lmi_refusals(config: Config) -> list[Problem]:
                 f"set draft.dtype: {config.target.dtype}, or use --engine neuron-ssp",
             )
         )
+    cache = config.neuron.compile_cache_url
+    if cache and not _LMI_S3_CACHE.match(cache):
+        problems.append(
+            Problem(
+                "neuron.compile_cache_url",
+                cache,
+                "LMI reads compiled_graph_path as an s3://bucket/prefix NEFF cache, or as a directory it passes to "
+                "transformers-neuronx model.load() (a save() layout, which a compile cache is not)",
+                "point it to s3://bucket/prefix (the container then needs --no-network-isolation), or leave it "
+                "out and LMI compiles at startup",
+            )
+        )
     return problems
 
 
@@ -120,7 +139,7 @@ def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
     notes = [f"LMI limits: {limit}" for limit in LMI_LIMITS]
     cache = config.neuron.compile_cache_url
     if cache:
-        # compiled_graph_path / draft_model_compiled_path are NEFF caches: LMI sets NEURON_COMPILE_CACHE_URL.
+        # an S3 NEFF cache (lmi_refusals refused anything else): LMI sets NEURON_COMPILE_CACHE_URL to it.
         options["compiled_graph_path"] = cache
         options["draft_model_compiled_path"] = cache
     if config.neuron.compiled_dir:
