@@ -194,10 +194,17 @@ def iam_action(service: str, command: str) -> str:
     return f"{service}:{by_command[command]}"
 
 
-def test_the_policy_grants_every_call_the_walkthrough_and_hints_suggest() -> None:
+PURCHASE = iam_policy.load(ROOT / "deploy" / "iam" / "capacity-block-purchase-policy.json")
+
+
+def test_the_policy_grants_every_call_the_walkthrough_and_hints_suggest_but_buying() -> None:
     commands = operator_commands()
     # the walkthrough buys a Capacity Block; capacity errors point at other AZs; denials at decoding
     assert {("ec2", "describe-capacity-block-offerings"), ("ec2", "purchase-capacity-block"),
             ("ec2", "describe-instance-type-offerings"), ("sts", "decode-authorization-message")} <= commands
     missing = sorted(a for a in (iam_action(*c) for c in commands) if not iam_policy.grants_action(POLICY, a))
-    assert missing == []
+    # a non-refundable purchase the code never makes: only the separate opt-in policy grants it
+    assert missing == ["ec2:PurchaseCapacityBlock"]
+    block = arn("capacity-reservation/cr-0123456789abcdef0")
+    assert iam_policy.allows(PURCHASE, "ec2:PurchaseCapacityBlock", block, {})
+    assert iam_policy.actions(PURCHASE) == ["ec2:PurchaseCapacityBlock"]

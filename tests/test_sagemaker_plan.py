@@ -11,7 +11,7 @@ import deploy_fixtures
 import pytest
 import yaml
 from click.testing import CliRunner
-from sagemaker_fixtures import EXECUTION_ROLE, INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_plan, granted_actions
+from sagemaker_fixtures import INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_plan
 
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
@@ -133,38 +133,6 @@ def test_invocations_target_needs_a_latency_or_a_value() -> None:
     with pytest.raises(ValueError):
         target_for("invocations", None, None)
     assert target_for("invocations", 12.0, None)[0] == 12.0
-
-
-def test_execution_role_reads_models_pulls_images_writes_logs_and_nothing_else() -> None:
-    granted = granted_actions(EXECUTION_ROLE)
-    assert granted == {
-        "s3:GetObject",
-        "s3:ListBucket",
-        "ecr:GetAuthorizationToken",
-        "ecr:BatchGetImage",
-        "ecr:GetDownloadUrlForLayer",
-        "ecr:BatchCheckLayerAvailability",
-        "logs:CreateLogGroup",
-        "logs:CreateLogStream",
-        "logs:PutLogEvents",
-        "logs:DescribeLogStreams",
-    }
-    trust = json.loads((ROOT / "deploy" / "iam" / "sagemaker-execution-trust.json").read_text())
-    assert trust["Statement"][0]["Principal"] == {"Service": "sagemaker.amazonaws.com"}
-
-
-def test_operator_policy_scopes_creation_by_tag_and_instance_type() -> None:
-    policy = json.loads((ROOT / "deploy" / "iam" / "sagemaker-operator-policy.json").read_text())
-    by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    config = by_sid["CreateOnlyTaggedNeuronEndpointConfigs"]["Condition"]
-    assert config["StringEquals"] == {"aws:RequestTag/Project": "neuron-ssp"}
-    assert config["ForAllValues:StringLike"]["sagemaker:InstanceTypes"] == ["ml.inf2.*", "ml.trn1.*", "ml.trn1n.*"]
-    manage = by_sid["ManageOnlyResourcesOfThisTool"]
-    assert "sagemaker:DeleteEndpoint" in manage["Action"]
-    assert manage["Condition"]["StringEquals"] == {"aws:ResourceTag/Project": "neuron-ssp"}
-    assert by_sid["PassOnlyTheSageMakerExecutionRole"]["Condition"]["StringEquals"] == {
-        "iam:PassedToService": "sagemaker.amazonaws.com"
-    }
 
 
 def test_image_build_prints_the_command_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
