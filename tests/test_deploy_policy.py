@@ -17,6 +17,8 @@ import botocore.session
 import deploy_fixtures
 import iam_policy
 import pytest
+from aws_authorization import ec2_arn as arn
+from aws_authorization import run_instances as launch_requests
 from botocore import xform_name
 from deploy_fixtures import REGION, TRN1_CONFIG, StubbedAws, queue_plan
 
@@ -67,42 +69,6 @@ def planned_params(stubbed: StubbedAws) -> dict[str, Any]:
                             subnet_id="subnet-0abc", security_group_ids=("sg-01",),
                             capacity=CapacityTarget("cr-0123456789abcdef0", is_block=True))
     return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
-
-
-def arn(resource: str, account: str = ACCOUNT) -> str:
-    return f"arn:aws:ec2:{REGION}:{account}:{resource}"
-
-
-def launch_requests(params: dict[str, Any], image_owner: str = "amazon") -> list[tuple[str, str, dict[str, Any]]]:
-    """(action, resource ARN, condition keys) for each authorization RunInstances with `params` needs."""
-    tags = {spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]} for spec in params["TagSpecifications"]}
-
-    def request_tags(kind: str) -> dict[str, str]:
-        return {f"aws:RequestTag/{k}": v for k, v in tags.get(kind, {}).items()}
-
-    ebs = params["BlockDeviceMappings"][0]["Ebs"]
-    market = params.get("InstanceMarketOptions", {}).get("MarketType", "on-demand")
-    requests = [
-        ("ec2:RunInstances", arn("instance/*"), {
-            **request_tags("instance"), "ec2:InstanceType": params["InstanceType"],
-            "ec2:MetadataHttpTokens": params["MetadataOptions"]["HttpTokens"], "ec2:InstanceMarketType": market}),
-        ("ec2:RunInstances", arn("volume/*"), {
-            **request_tags("volume"), "ec2:Encrypted": str(ebs["Encrypted"]).lower(),
-            "ec2:VolumeType": ebs["VolumeType"]}),
-        ("ec2:RunInstances", arn(f"image/{params['ImageId']}", account=""), {"ec2:Owner": image_owner}),
-        ("ec2:RunInstances", arn(f"subnet/{params['SubnetId']}"), {}),
-        ("ec2:RunInstances", arn("network-interface/*"), {}),
-        *[("ec2:RunInstances", arn(f"security-group/{sg}"), {}) for sg in params["SecurityGroupIds"]],
-        ("ec2:RunInstances", arn(f"key-pair/{params['KeyName']}"), {}),
-        ("ec2:RunInstances", arn("capacity-reservation/" + params["CapacityReservationSpecification"]
-                                 ["CapacityReservationTarget"]["CapacityReservationId"]), {}),
-        *[("ec2:CreateTags", arn(f"{kind}/*"), {**request_tags(kind), "ec2:CreateAction": "RunInstances"})
-          for kind in tags],
-    ]
-    if "IamInstanceProfile" in params:
-        requests.append(("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
-                         {"iam:PassedToService": "ec2.amazonaws.com"}))
-    return requests
 
 
 def resource_type(resource_arn: str) -> str:
