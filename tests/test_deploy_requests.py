@@ -330,6 +330,7 @@ def test_user_data_with_ssm_token_and_without_weights() -> None:
 
 
 HF_TOKEN = "hf_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd6Pf1Hs5Jy0Ga4Ue"  # the shape of a real token, valid for nothing
+GITHUB_TOKEN = "ghp_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd6Pf1Hs5Jy0Ga4UeXy"  # likewise: 36 characters after ghp_
 
 
 def decoded_user_data(script: str) -> str:
@@ -358,6 +359,12 @@ def test_a_real_token_in_the_environment_never_reaches_user_data(stubbed: Stubbe
     ({"config_yaml": f"name: team-{HF_TOKEN}\n"}, "config"),
     ({"config_yaml": "neuron:\n  compile_cache_url: https://bob:s3cr3t@cache.example.com/neuron\n"}, "config"),
     ({"package_spec": f"git+https://x-token:{HF_TOKEN}@github.com/me/neuron-ssp"}, "--package-spec"),
+    # a token alone as the URL's user name: no password part, still a credential
+    ({"package_spec": f"git+https://{GITHUB_TOKEN}@github.com/me/neuron-ssp"}, "--package-spec"),
+    ({"package_spec": "git+https://deploy-bot@github.com/me/neuron-ssp"}, "--package-spec"),
+    ({"config_yaml": f"name: t\n# {GITHUB_TOKEN}\n"}, "config"),
+    ({"config_yaml": "name: t\n# github_pat_11ABCDEFG0123456789abcdef_0123456789ABCDEFabcdef\n"}, "config"),
+    ({"weights_s3_uri": "s3://weights/glpat-Zq7Lm2Xv9Rt4Wb8Nc3Kd/"}, "--weights-s3-uri"),
 ])
 def test_a_credential_in_what_goes_into_user_data_is_refused_without_echoing_it(overrides: dict,
                                                                                   field: str) -> None:
@@ -365,6 +372,12 @@ def test_a_credential_in_what_goes_into_user_data_is_refused_without_echoing_it(
         render(spec(**overrides))
     assert field in [p.field for p in raised.value.problems]
     assert HF_TOKEN not in str(raised.value) and "s3cr3t" not in str(raised.value)
+    assert GITHUB_TOKEN not in str(raised.value)
+
+
+def test_plain_urls_and_s3_uris_are_not_taken_for_credentials() -> None:
+    script = render(spec(package_spec="git+https://github.com/me/neuron-ssp@v0.1.0", weights_s3_uri="s3://w/m/"))
+    assert "github.com/me/neuron-ssp@v0.1.0" in script
 
 
 def test_oversized_user_data_is_a_usage_error() -> None:

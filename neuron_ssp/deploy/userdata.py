@@ -3,7 +3,7 @@
 The template (`neuron_ssp/data/deploy-bootstrap.sh`) is plain bash with `{{NAME}}` slots; every value
 is shell-quoted here. No secret is ever written into it (user data is readable by anyone with
 ec2:DescribeInstanceAttribute): the Hugging Face token is fetched at boot by the instance role, and
-`render` refuses values that look like credentials (a pasted token, a key id, a password in a URL).
+`render` refuses values that look like credentials (a pasted token, a key id, user info in a URL).
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ _SLOT = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _CREDENTIALS = {
     "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
     "an AWS access key id": re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
-    "a password in a URL": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@", re.IGNORECASE),
+    # GitHub's token prefixes (classic, OAuth, user-to-server, server-to-server, refresh; fine-grained)
+    "a GitHub token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+    "a GitLab token": re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    # user info in a URL (`https://user:password@host`, `https://<token>@host`): pip and git send it
+    "a user name or password in a URL": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE),
 }
 
 
