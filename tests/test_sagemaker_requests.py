@@ -329,3 +329,25 @@ def test_kms_key_encrypts_the_inf2_volume_and_is_refused_on_trn1() -> None:
     with pytest.raises(UsageError) as raised:
         endpoint_plan(INF2_CONFIG, kms_key="my key")
     assert [p.field for p in raised.value.problems] == ["--kms-key"]
+
+
+def test_lmi_image_comes_from_the_registry_of_its_region_or_must_be_given() -> None:
+    from sagemaker_fixtures import IDENTITY
+
+    from neuron_ssp.config import load_config
+    from neuron_ssp.deploy.sagemaker.plan import EndpointOptions, plan_endpoint
+    from neuron_ssp.errors import UsageError
+
+    def image(region: str, image_uri: str | None = None) -> str:
+        options = EndpointOptions(name="lmi", engine="lmi", model_s3=MODEL_S3, role_arn=ROLE_ARN, image_uri=image_uri)
+        plan = plan_endpoint(load_config(INF2_CONFIG), INF2_CONFIG, options, region=region, identity=IDENTITY)
+        return plan.image_uri
+
+    assert image("eu-west-1").startswith("763104351884.dkr.ecr.eu-west-1.amazonaws.com/djl-inference:")
+    assert image("ca-west-1").startswith("204538143572.dkr.ecr.ca-west-1.amazonaws.com/djl-inference:")
+    with pytest.raises(UsageError) as raised:
+        image("ap-east-1")
+    (problem,) = raised.value.problems
+    assert problem.field == "--image-uri" and "ap-east-1" in problem.rule
+    mine = "111122223333.dkr.ecr.ap-east-1.amazonaws.com/djl-inference:0.30.0-neuronx-sdk2.20.1"
+    assert image("ap-east-1", mine) == mine

@@ -25,8 +25,20 @@ from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, mounted
 from neuron_ssp.errors import Problem, UsageError
 
 # The last LMI releases with transformers-neuronx: 0.30.0 (SDK 2.20.1) in LMI's README at that parent
-# commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config. 763104351884 hosts the AWS DLCs.
+# commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config.
 LMI_IMAGE_TAG = "djl-inference:0.30.0-neuronx-sdk2.20.1"
+# The regions and registry accounts of the djl-inference neuronx images, as aws/sagemaker-python-sdk lists
+# them (src/sagemaker/image_uri_config/djl-neuronx.json at 00b19e73, the same for every 0.2x release).
+LMI_REGISTRIES = {
+    **dict.fromkeys(
+        (
+            "ap-northeast-1", "ap-south-1", "ap-southeast-1", "ap-southeast-2", "eu-central-1", "eu-west-1",
+            "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-2",
+        ),
+        "763104351884",
+    ),
+    "ca-west-1": "204538143572",
+}
 LMI_ENTRYPOINT = "djl_python.transformers_neuronx"
 _LMI_S3_CACHE = re.compile(r"^s3://[^/]+/.+")  # djl-serving's own test for an S3 compiled_graph_path
 LMI_LIMITS = (
@@ -54,7 +66,18 @@ class LmiOptions:
 
 
 def lmi_image(region: str) -> str:
-    return f"763104351884.dkr.ecr.{region}.amazonaws.com/{LMI_IMAGE_TAG}"
+    """LMI's neuronx image in `region`; UsageError naming --image-uri where none is listed."""
+    account = LMI_REGISTRIES.get(region)
+    if account is None:
+        raise UsageError(
+            Problem(
+                "--image-uri",
+                None,
+                f"no LMI neuronx image is listed for {region} (listed: {', '.join(sorted(LMI_REGISTRIES))})",
+                f"pass --image-uri with the {LMI_IMAGE_TAG} image you can pull in {region}, or use a listed region",
+            )
+        )
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{LMI_IMAGE_TAG}"
 
 
 def lmi_refusals(config: Config) -> list[Problem]:
