@@ -36,7 +36,7 @@ def call_cost(width: int) -> float:
 
 def record(path: Path, max_new_tokens: int, half: str) -> None:
     from neuron_ssp.config import load_config
-    from neuron_ssp.loader import load_pipeline
+    from neuron_ssp.pipeline.load import load_pipeline
 
     pipeline = load_pipeline(load_config())
     rows = []

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from neuron_ssp.config import load_config
-from neuron_ssp.loader import load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
 
 PROMPTS = Path(__file__).parent / "prompts_dev.jsonl"
 

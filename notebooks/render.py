@@ -20,7 +20,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from neuron_ssp.config import EMBEDDED_DEFAULT
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded.models import resolve_model_path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.backends.torch.scoring import TorchBackend
 
 TINY_VOCAB = 97
 

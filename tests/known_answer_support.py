@@ -7,7 +7,7 @@ from conftest import TINY_VOCAB, tiny_llama
 from tokenizers import Tokenizer, decoders, models
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from neuron_ssp.known_answer import REFERENCE_SENTENCE
+from neuron_ssp.embedded.known_answer import REFERENCE_SENTENCE
 
 SPECIALS = ["<unk>", "<s>", "</s>"]
 

@@ -37,7 +37,7 @@ def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str) -
     dev = tmp_path / "dev"
     dev.mkdir(exist_ok=True)
     (dev / "neuron0").touch()
-    monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(dev / "neuron*"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.DEV_GLOB", str(dev / "neuron*"))
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_COMPILE_CACHE_URL"):
         _unset_env(monkeypatch, name)
     monkeypatch.setattr("neuron_ssp.backends.neuron.artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")

@@ -18,9 +18,9 @@ import torch
 import uvicorn
 
 from neuron_ssp.config import ServeConfig, load_config
-from neuron_ssp.generator import check_room
+from neuron_ssp.engines.native import check_room
 from neuron_ssp.serve.app import create_app
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 EOS = 0
 

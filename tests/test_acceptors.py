@@ -8,7 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from neuron_ssp.acceptors import (
+from neuron_ssp.errors import UsageError
+from neuron_ssp.speculation.acceptors import (
     GreedyAcceptor,
     ProbabilisticAcceptor,
     TokenAcceptor,
@@ -16,8 +17,7 @@ from neuron_ssp.acceptors import (
     ZeroPaddedAcceptor,
     build_acceptor,
 )
-from neuron_ssp.errors import UsageError
-from neuron_ssp.sampling import SamplingParams, logits_to_probs
+from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs
 
 
 def test_greedy_acceptor_keeps_the_agreeing_prefix_then_the_target_token():
@@ -62,7 +62,7 @@ def test_zero_padded_results_are_counted_like_transformers_neuronx():
 def plugin_module(tmp_path, monkeypatch):
     (tmp_path / "my_acceptors.py").write_text(textwrap.dedent("""
         import torch
-        from neuron_ssp.acceptors import TokenAcceptor
+        from neuron_ssp.speculation.acceptors import TokenAcceptor
 
         class FirstOnly(TokenAcceptor):
             def __call__(self, draft_ids, draft_scores, target_scores):

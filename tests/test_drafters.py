@@ -7,7 +7,7 @@ from conftest import TableBackend
 
 from neuron_ssp.drafters import ModelDrafter
 from neuron_ssp.drafters.ngram import lookup
-from neuron_ssp.sampling import SamplingParams
+from neuron_ssp.speculation.sampling import SamplingParams
 
 
 def test_lookup_prefers_the_longest_ngram_then_the_latest_match():

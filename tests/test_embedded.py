@@ -11,12 +11,12 @@ import transformers
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from neuron_ssp import embedded
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
-from neuron_ssp.embedded_cache import entry_dir, read_manifest, stale_reason, write_manifest
+from neuron_ssp.embedded import models as embedded
+from neuron_ssp.embedded.cache import entry_dir, read_manifest, stale_reason, write_manifest
 from neuron_ssp.errors import RuntimeProblem
-from neuron_ssp.loader import load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
 
 pytestmark = pytest.mark.slow
 SUMMARY = ("Summarize: The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import transformers
 
-from neuron_ssp import embedded
-from neuron_ssp.embedded_cache import MANIFEST, entry_dir, stale_reason, write_manifest
+from neuron_ssp.embedded import models as embedded
+from neuron_ssp.embedded.cache import MANIFEST, entry_dir, stale_reason, write_manifest
 
 MAJOR = transformers.__version__.split(".")[0]
 

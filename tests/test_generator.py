@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import TableBackend, backend, tiny_llama
 
-from neuron_ssp.acceptors import ProbabilisticAcceptor, build_acceptor
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter, NgramDrafter
 from neuron_ssp.drafters.base import point_masses
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
+from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor, build_acceptor
+from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from conftest import backend, tiny_llama
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.generator import SpeculativeGenerator, sampling_params
-from neuron_ssp.policies import FixedPolicy
+from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import FixedPolicy
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from conftest import tiny_llama
 from known_answer_support import char_tokenizer, greedy_ids, trained_tiny_llama
 
-from neuron_ssp import embedded
 from neuron_ssp.cli import main
-from neuron_ssp.embedded import EmbeddedModel, check_embedded_answer
+from neuron_ssp.embedded import models as embedded
+from neuron_ssp.embedded.gguf_convert import _tied_plain_copy
+from neuron_ssp.embedded.known_answer import KnownAnswer, greedy_answer, sentence_loss
+from neuron_ssp.embedded.models import EmbeddedModel, check_embedded_answer
 from neuron_ssp.errors import RuntimeProblem
-from neuron_ssp.gguf_convert import _tied_plain_copy
-from neuron_ssp.known_answer import KnownAnswer, greedy_answer, sentence_loss
 
 PROMPT = "The Eiffel Tower is in"
 

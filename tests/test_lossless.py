@@ -20,12 +20,12 @@ import torch
 from conftest import TableBackend
 from scipy import stats
 
-from neuron_ssp.acceptors import ProbabilisticAcceptor, TypicalAcceptor
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.generator import SpeculativeGenerator
-from neuron_ssp.policies import FixedPolicy
-from neuron_ssp.sampling import SamplingParams, logits_to_probs, sample
+from neuron_ssp.engines.native import SpeculativeGenerator
+from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor, TypicalAcceptor
+from neuron_ssp.speculation.policies import FixedPolicy
+from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs, sample
 
 ALPHA = 1e-3
 VOCAB = 12

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import backend, tiny_llama
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import FixedPolicy
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import FixedPolicy
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 GREEDY = SamplingConfig(temperature=0.0)

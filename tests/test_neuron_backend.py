@@ -11,16 +11,16 @@ import torch
 from neuron_support import VOCAB, neuron_config, prompt
 from transformers import LlamaForCausalLM
 
-from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.neuron.api import SUPPORTED, load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
-from neuron_ssp.backends.torch import dtype_kwarg
+from neuron_ssp.backends.torch.load import dtype_kwarg
 from neuron_ssp.config import Config
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import build_policy
+from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
+from neuron_ssp.speculation.policies import build_policy
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -117,7 +117,7 @@ def test_without_transformers_neuronx_says_what_to_install(tiny_model_dirs: dict
 def test_without_a_device_says_so(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(tmp_path / "nothing" / "neuron*"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.DEV_GLOB", str(tmp_path / "nothing" / "neuron*"))
     with pytest.raises(RuntimeProblem, match="no Neuron device"):
         load(neuron_config(tiny_model_dirs["target"]))
 

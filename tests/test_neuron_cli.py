@@ -23,9 +23,9 @@ pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_mod
 @pytest.fixture
 def no_neuron_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """This machine as it is (no device, no neuron-ls), whatever the CI runner has."""
-    monkeypatch.setattr("neuron_ssp.neuron_env.DEV_GLOB", str(tmp_path / "none" / "neuron*"))
-    monkeypatch.setattr("neuron_ssp.neuron_env.NEURON_LS_FALLBACK", str(tmp_path / "none" / "neuron-ls"))
-    monkeypatch.setattr("neuron_ssp.neuron_env.SYSFS_INSTANCE_TYPE", str(tmp_path / "none" / "instance_type"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.DEV_GLOB", str(tmp_path / "none" / "neuron*"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.NEURON_LS_FALLBACK", str(tmp_path / "none" / "neuron-ls"))
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.SYSFS_INSTANCE_TYPE", str(tmp_path / "none" / "instance_type"))
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
 
 

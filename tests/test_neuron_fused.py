@@ -9,11 +9,12 @@ from types import ModuleType
 import pytest
 from neuron_support import STANDIN, neuron_config, prompt
 
-from neuron_ssp.backends.neuron.fused import FusedEngine, fused_k, generation_settings
 from neuron_ssp.backends.neuron.load import load_neuron_backends
+from neuron_ssp.backends.neuron.on_device import generation_settings
 from neuron_ssp.config import SamplingConfig
+from neuron_ssp.engines.fused import FusedEngine, fused_k
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.generator import plain_generate
 from neuron_ssp.topology import plan_deployment, validate_config
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs

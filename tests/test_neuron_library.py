@@ -9,13 +9,13 @@ import pytest
 import torch
 from neuron_support import neuron_config, prompt
 
-from neuron_ssp.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
 from neuron_ssp.backends.neuron.api import load_neuronx
-from neuron_ssp.backends.neuron.library import LibraryEngine, adapt_acceptor
 from neuron_ssp.backends.neuron.load import load_neuron_backends
+from neuron_ssp.engines.library import LibraryEngine, adapt_acceptor
+from neuron_ssp.engines.native import plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.generator import plain_generate, sampling_params
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
+from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs

@@ -11,7 +11,7 @@ from neuron_support import VOCAB, neuron_config
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from neuron_ssp.loader import load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
 
@@ -45,7 +45,7 @@ def test_neuron_config_generates_text_equal_to_plain_greedy(neuronx: ModuleType,
 def test_one_compiled_target_serves_every_k_with_output_equal_to_plain_greedy(
     neuronx: ModuleType, tiny_model_dirs, tmp_path
 ) -> None:
-    from neuron_ssp.generator import plain_generate
+    from neuron_ssp.engines.native import plain_generate
     from neuron_ssp.tools.per_k import compiled_target_groups
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from neuron_support import STANDIN, VOCAB
 
-from neuron_ssp.backends.neuron.api import neuron_base_class
+from neuron_ssp.speculation.acceptors import neuron_base_class
 
 SIGNATURES = json.loads((STANDIN / "neuronx_signatures.json").read_text())
 HOME = {

@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 
 from neuron_ssp.config import EMBEDDED_DEFAULT
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded.models import resolve_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "walkthrough.ipynb"

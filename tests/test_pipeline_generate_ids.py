@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from conftest import backend, tiny_llama
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig, load_config
-from neuron_ssp.generator import GenerationResult, sampling_params
-from neuron_ssp.loader import Pipeline, build_generator
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.engines.native import GenerationResult, sampling_params
+from neuron_ssp.pipeline.build import build_generator
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.stats import GenerationStats
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.errors import UsageError
-from neuron_ssp.sampling import SamplingParams
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.sampling import SamplingParams
 
 CLI = Path(sys.executable).parent / "neuron-ssp"  # the console script installed next to this Python
 
 PLUGIN = '''
 from pathlib import Path
-from neuron_ssp.acceptors import GreedyAcceptor
+from neuron_ssp.speculation.acceptors import GreedyAcceptor
 
 Path("imported.txt").write_text("my_acceptors imported")
 

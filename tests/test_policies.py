@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from conftest import TableBackend
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
-from neuron_ssp.generator import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy, WindowPolicy
+from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy, WindowPolicy
 
 VOCAB = 16
 K = 6

@@ -7,13 +7,13 @@ import pytest
 import torch
 from conftest import TableBackend
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig, config_from_dict
 from neuron_ssp.drafters import ModelDrafter
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
-from neuron_ssp.positions import draft_slots, target_slots
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
+from neuron_ssp.speculation.positions import draft_slots, target_slots
 from neuron_ssp.topology import validate_config
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])

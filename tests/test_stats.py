@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 
 def stats_of(calls: list[tuple[int, int, int]], k: int = 5) -> GenerationStats:

@@ -11,15 +11,15 @@ import pytest
 import torch
 from conftest import backend, tiny_llama
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import SamplingConfig, SuffixConfig, config_from_dict
 from neuron_ssp.drafters import NgramDrafter, SuffixDrafter, SuffixHistory
 from neuron_ssp.drafters.ngram import lookup
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.drafters.suffix_tree import SuffixTree
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import FixedPolicy, TargetConfidencePolicy
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import FixedPolicy, TargetConfidencePolicy
 
 GREEDY = SamplingConfig(temperature=0.0)
 VOCAB = 64
@@ -271,7 +271,7 @@ def test_target_confidence_policy_with_suffix_keeps_greedy_output():
 @pytest.mark.slow
 def test_greedy_ssp_with_suffix_equals_plain_on_the_embedded_model(use_embedded_cache):
     from neuron_ssp.config import load_config
-    from neuron_ssp.loader import load_pipeline
+    from neuron_ssp.pipeline.load import load_pipeline
 
     pipeline = load_pipeline(load_config(overrides={"speculation.drafter": "suffix", "generation.max_new_tokens": 48,
                                                     "sampling.temperature": 0.0}))

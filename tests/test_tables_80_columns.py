@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from conftest import tiny_llama
 from tools_support import PROMPT_ROWS, pipeline_on, write_prompts
 
-from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -13,7 +13,7 @@ from conftest import tiny_llama
 from neuron_support import neuron_config
 from tools_support import PROMPT_ROWS, CharTokenizer, pipeline_on, write_prompts
 
-from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.cli import main
 from neuron_ssp.config import Config
 
@@ -140,7 +140,7 @@ def _neuron_config_file(tmp_path: Path, dirs: dict[str, Path], compiled: Path | 
 
 
 def test_tune_k_on_neuron_reuses_compiled_targets(neuronx: ModuleType, tiny_model_dirs, tmp_path, monkeypatch):
-    monkeypatch.setattr("neuron_ssp.loader.AutoTokenizer.from_pretrained", lambda *a, **kw: CharTokenizer(96))
+    monkeypatch.setattr("neuron_ssp.pipeline.load.AutoTokenizer.from_pretrained", lambda *a, **kw: CharTokenizer(96))
     config = _neuron_config_file(tmp_path, tiny_model_dirs, tmp_path / "compiled")
     prompts = str(write_prompts(tmp_path / "p.jsonl", [("copy", "abcabcabc")]))
     args = ["tune-k", "--config", str(config), "--k", "2,3", "--prompts", prompts, "--nb-prompts", "1"]

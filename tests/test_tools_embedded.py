@@ -10,7 +10,8 @@ from tools_support import pipeline_on
 
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
-from neuron_ssp.loader import Pipeline, load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.leviathan import (
     draft_length_counts,
     expected_tokens_per_call,

@@ -7,7 +7,7 @@ import yaml
 from tools_support import PROMPT_ROWS, tiny_config, tiny_pipeline
 
 from neuron_ssp.config import load_config
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.config_edit import edit_k_text, write_k
 from neuron_ssp.tools.per_k import KSetup, shared_target_groups, with_k
 from neuron_ssp.tools.prompt_set import BenchPrompt

@@ -11,13 +11,13 @@ import transformers
 from conftest import backend, tiny_llama
 from transformers import MistralConfig, MistralForCausalLM
 
-from neuron_ssp.acceptors import build_acceptor
-from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate, sampling_params
-from neuron_ssp.policies import FixedPolicy
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import FixedPolicy
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 GREEDY = SamplingConfig(temperature=0.0)

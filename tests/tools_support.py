@@ -9,13 +9,14 @@ from typing import Any
 import torch
 from conftest import TINY_VOCAB, tiny_llama
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.backends.torch import TorchBackend
+from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import Config, config_from_dict
-from neuron_ssp.generator import SpeculativeGenerator, sampling_params
-from neuron_ssp.loader import Pipeline, build_drafter
-from neuron_ssp.policies import build_policy
+from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+from neuron_ssp.pipeline.build import build_drafter
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import build_policy
 
 EOS = 2
 

@@ -14,7 +14,8 @@ from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_
 from neuron_ssp.cli.report import console, describe, stats_table, status_console
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.loader import Pipeline, load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts_dev.jsonl"
 

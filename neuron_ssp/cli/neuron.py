@@ -24,9 +24,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from neuron_ssp.backends.neuron.env import DLAMI_VENV, active_venv, compile_cache, package_versions, probe_devices
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
-from neuron_ssp.neuron_env import DLAMI_VENV, active_venv, compile_cache, package_versions, probe_devices
 from neuron_ssp.topology import plan_deployment, validate_config
 
 NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc. need one only with backend neuron
@@ -141,7 +141,7 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, sel
         ctx.exit(run_doctor_self_test(self_test_config, as_json))
     report = doctor_report(instance_type, configs_dir, _commands_without_neuron(ctx))
     if check_models:
-        from neuron_ssp.model_check import check_model
+        from neuron_ssp.tools.model_check import check_model
 
         report["model_checks"] = [check_model(path) for path in check_models]
     if as_json:

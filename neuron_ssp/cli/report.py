@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from neuron_ssp.config import Config
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 console = Console()
 status_console = Console(stderr=True)

@@ -22,8 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuron_ssp.config import ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
-from neuron_ssp.loader import Pipeline
-from neuron_ssp.positions import max_new_tokens_within
+from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError, error_body, error_response
 from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
@@ -38,6 +37,7 @@ from neuron_ssp.serve.schemas import (
 )
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
 from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
+from neuron_ssp.speculation.positions import max_new_tokens_within
 
 log = logging.getLogger("neuron_ssp.serve")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from neuron_ssp.serve.text import Piece
 from neuron_ssp.serve.worker import Done, Progress
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 DONE_LINE = "data: [DONE]\n\n"
 

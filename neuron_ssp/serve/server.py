@@ -16,7 +16,8 @@ import uvicorn
 
 from neuron_ssp.config import Config, ServeConfig
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.loader import Pipeline, load_pipeline
+from neuron_ssp.pipeline.load import load_pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.app import create_app
 from neuron_ssp.serve.worker import GenerationWorker
 

@@ -19,11 +19,11 @@ import torch
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
-from neuron_ssp.loader import Pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.text import Piece, TokenText
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 log = logging.getLogger("neuron_ssp.serve")
 

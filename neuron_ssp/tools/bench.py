@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import config_from_dict
+from neuron_ssp.engines.native import plain_generate, sampling_params
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.generator import plain_generate, sampling_params
-from neuron_ssp.loader import Generator, Pipeline, build_generator
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.pipeline.build import Generator, build_generator
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.aggregate import merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
 from neuron_ssp.tools.per_k import KSetup

@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from neuron_ssp.generator import plain_generate
-from neuron_ssp.loader import Pipeline
+from neuron_ssp.engines.native import plain_generate
+from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.tools.proportions import Proportion, ZTest, two_proportion_z_test
 
 QUESTION = "What is {a} times {b}? Answer with the number only."

@@ -18,9 +18,9 @@ import torch
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters.base import Draft, Drafter
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.generator import SpeculativeGenerator, plain_generate
-from neuron_ssp.loader import Pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.tools.per_k import generator_for_k
 from neuron_ssp.tools.prefix_memo import PrefixMemo
 from neuron_ssp.tools.tv_distance import TvEstimate, estimate_tv

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_ssp.acceptors import build_acceptor
 from neuron_ssp.config import Config
+from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.generator import SpeculativeGenerator, sampling_params
-from neuron_ssp.loader import Pipeline, build_drafter, load_pipeline, sampling_device
-from neuron_ssp.policies import build_policy
+from neuron_ssp.pipeline.build import build_drafter, sampling_device
+from neuron_ssp.pipeline.load import load_pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.policies import build_policy
 
 
 @dataclass(frozen=True)

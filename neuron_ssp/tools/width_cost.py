@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 ROUNDS = 7
 

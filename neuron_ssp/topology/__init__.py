@@ -1,6 +1,6 @@
 """Topology: instance catalog, tp rules, NeuronCore placement and device-memory plan. Pure logic.
 
-The engine's loader and the deploy code call `validate_config` before loading anything and
+The pipeline's loader and the deploy code call `validate_config` before loading anything and
 `plan_deployment` to place the models.
 """
 

@@ -142,15 +142,6 @@ def takes_k_list(enable_speculative_decoder: Any) -> bool:
     return parameter is not None and "list" in str(parameter.annotation).lower()
 
 
-def neuron_base_class() -> type:
-    """transformers-neuronx's `TokenAcceptor` when it imports, else `object`: a base for acceptors that
-    should pass the library's own isinstance checks on Neuron and still import everywhere else."""
-    try:
-        return importlib.import_module("transformers_neuronx.speculation").TokenAcceptor
-    except ImportError:
-        return object
-
-
 def _parameters(func: Any) -> set[str]:
     return set(inspect.signature(func).parameters)
 

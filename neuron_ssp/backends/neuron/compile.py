@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.load import build_model, model_config, prepare_runtime
 from neuron_ssp.config import Config
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
 

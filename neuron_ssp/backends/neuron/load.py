@@ -17,12 +17,12 @@ from typing import Any
 
 from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.env import device_nodes
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.neuron.selftest import check_self_test, run_self_test
 from neuron_ssp.config import Config, ModelConfig
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.neuron_env import device_nodes
 from neuron_ssp.topology import DeploymentPlan, validate_config
 
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
@@ -59,7 +59,7 @@ def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPla
     """engine fused: both models with on-device embedding and generation, no speculation network of their
     own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
-    from neuron_ssp.backends.neuron.fused import OnDeviceBackend, on_device_neuron_config
+    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, on_device_neuron_config
 
     if config.neuron.compiled_dir:
         warnings.warn("engine fused compiles at every load: neuron.compiled_dir is not used", stacklevel=3)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, LlamaForCausalLM
 
-from neuron_ssp.backends.torch import dtype_kwarg
+from neuron_ssp.backends.torch.load import dtype_kwarg
 from transformers_neuronx import _standin
 
 

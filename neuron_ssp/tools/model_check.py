@@ -13,11 +13,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-from neuron_ssp.backends.torch import dtype_kwarg
+from neuron_ssp.backends.torch.load import dtype_kwarg
 from neuron_ssp.config import EMBEDDED_PREFIX
-from neuron_ssp.embedded import EMBEDDED_MODELS, resolve_model_path
+from neuron_ssp.embedded.known_answer import greedy_answer, sentence_loss
+from neuron_ssp.embedded.models import EMBEDDED_MODELS, resolve_model_path
 from neuron_ssp.errors import NeuronSSPError
-from neuron_ssp.known_answer import greedy_answer, sentence_loss
 
 
 def check_model(path: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Rolling back a rejected draft is `DynamicCache.crop(-n)`: the n slots from `start` on are dropped
 before the new tokens are scored. A negative count means "remove n" in transformers 4.4x (what
 Neuron DLAMIs carry) and is the only form 5.x (what PyPI serves) accepts; what else differs is how a
-cache is built (`_new_cache`) and the name of the dtype argument (`dtype_kwarg`).
+cache is built (`_new_cache`) and the name of the dtype argument (`load.dtype_kwarg`).
 
 Sliding-window (and linear-attention) cache layers of transformers 5.x keep only the last window of
 states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
@@ -17,33 +17,15 @@ host, not (n, vocab) floats per call.
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import torch
 import transformers
 from packaging.version import Version
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from neuron_ssp.errors import Problem, UsageError
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
-
-
-def dtype_kwarg() -> str:
-    """`dtype` since transformers 4.56; DLAMI's 4.4x only knows `torch_dtype`."""
-    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def load_hf_model(path: Path, dtype: str, device: torch.device) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(str(path), **{dtype_kwarg(): TORCH_DTYPES[dtype]})
-    return model.to(device).eval()
 
 
 class TorchBackend:

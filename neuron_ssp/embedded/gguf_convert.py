@@ -21,9 +21,9 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
-from neuron_ssp.embedded_cache import write_manifest
+from neuron_ssp.embedded.cache import write_manifest
+from neuron_ssp.embedded.known_answer import KnownAnswer, failure_rule, greedy_answer
 from neuron_ssp.errors import Problem, RuntimeProblem
-from neuron_ssp.known_answer import KnownAnswer, failure_rule, greedy_answer
 
 SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
                   "pad_token": "padding_token_id"}  # tokenizer attribute -> GGUF key tokenizer.ggml.<key>

@@ -23,22 +23,18 @@ split is not observable (one graph), and is reported as zero.
 
 from __future__ import annotations
 
-import importlib
-import json
 import time
 from collections.abc import Collection
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
-from neuron_ssp.backends.neuron.api import NEURON_INDEX
-from neuron_ssp.config import Config, SamplingConfig
-from neuron_ssp.embedded import resolve_model_path
+from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules, model_eos_ids
+from neuron_ssp.config import Config
+from neuron_ssp.embedded.models import resolve_model_path
+from neuron_ssp.engines.native import GenerationResult, TokenCallback
 from neuron_ssp.errors import Problem, RuntimeProblem
-from neuron_ssp.generator import GenerationResult, TokenCallback
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats
 
 HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
 MAX_WINDOW = HISTOGRAM_COLUMNS - 1  # our k = fused k + 1 = the most tokens one iteration commits
@@ -47,100 +43,6 @@ MAX_WINDOW = HISTOGRAM_COLUMNS - 1  # our k = fused k + 1 = the most tokens one 
 def fused_k(window: int) -> int:
     """Our window k (k-1 drafted, k scored) -> FusedSpeculativeDecoder's k (tokens the draft speculates)."""
     return window - 1
-
-
-def load_fused_modules() -> tuple[ModuleType, ModuleType]:
-    """(fused_speculation, config) of the installed library, or a RuntimeProblem naming what to install."""
-    try:
-        fused = importlib.import_module("transformers_neuronx.fused_speculation")
-        config = importlib.import_module("transformers_neuronx.config")
-    except ImportError as exc:
-        raise RuntimeProblem(
-            Problem(
-                "speculation.engine",
-                "fused",
-                f"this transformers-neuronx has no fused_speculation module ({exc}); it ships from 0.13 (SDK 2.21)",
-                f"pip install 'transformers-neuronx>=0.13,<0.14' --extra-index-url={NEURON_INDEX}, "
-                "or use speculation.engine: native",
-            )
-        ) from None
-    missing = [name for name in ("FusedSpeculativeDecoder",) if not hasattr(fused, name)]
-    missing += [name for name in ("NeuronConfig", "GenerationConfig") if not hasattr(config, name)]
-    if missing:
-        raise RuntimeProblem(
-            Problem(
-                "speculation.engine",
-                "fused",
-                f"transformers-neuronx lacks {', '.join(missing)}",
-                "install 0.13.x from the Neuron repository, or use speculation.engine: native",
-            )
-        )
-    return fused, config
-
-
-def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], vocab_size: int) -> dict[str, Any]:
-    """GenerationConfig keyword arguments for our sampling settings (names from config.py at 1ade6d74)."""
-    greedy = sampling.temperature == 0
-    return {
-        "do_sample": not greedy,
-        "top_k": sampling.top_k or vocab_size,  # ours: 0 = off; theirs defaults to 50
-        "top_p": sampling.top_p,
-        "temperature": 1.0 if greedy else sampling.temperature,
-        "eos_token_id": list(eos_token_ids) or None,
-        "dynamic": False,
-    }
-
-
-def on_device_neuron_config(config: Config, model_dir: Path) -> Any:
-    """The `neuron_config=` both models of the fused decoder are built with."""
-    _, config_module = load_fused_modules()
-    vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    settings = generation_settings(config.sampling, model_eos_ids(model_dir, config), vocab_size)
-    return config_module.NeuronConfig(on_device_embedding=True,
-                                      on_device_generation=config_module.GenerationConfig(**settings))
-
-
-def model_eos_ids(model_dir: Path, config: Config) -> list[int]:
-    """EOS ids of the checkpoint (generation_config.json, else config.json) plus integer stop tokens."""
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((model_dir / name).read_text()).get("eos_token_id")
-        except (OSError, json.JSONDecodeError):
-            continue
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if ids:
-            break
-    return [*ids, *(t for t in config.generation.stop_tokens if isinstance(t, int) and t not in ids)]
-
-
-class OnDeviceBackend:
-    """A model compiled with on-device generation: it returns token ids, so it cannot score for our loop."""
-
-    max_score_width: int | None = None
-
-    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int):
-        self.model = model
-        self.name = name
-        self.vocab_size = vocab_size
-        self.n_positions = n_positions
-
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        raise self._refusal()
-
-    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        raise self._refusal()
-
-    def _refusal(self) -> RuntimeProblem:
-        return RuntimeProblem(
-            Problem(
-                "speculation.engine",
-                "fused",
-                "models compiled for the fused decoder generate on device and return token ids, not logits, "
-                "so plain decoding (compare, tune-k, latency baselines) cannot run on them",
-                "measure the baseline with the same config and speculation.engine: native",
-            )
-        )
 
 
 class FusedEngine:

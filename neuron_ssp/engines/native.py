@@ -13,15 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
-from neuron_ssp.acceptors import TokenAcceptor
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters.base import Draft, Drafter
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.policies import WindowPolicy
-from neuron_ssp.positions import require_room, target_slots
-from neuron_ssp.sampling import SamplingParams, first_non_finite_row, next_token
-from neuron_ssp.stats import GenerationStats
+from neuron_ssp.speculation.acceptors import TokenAcceptor
+from neuron_ssp.speculation.policies import WindowPolicy
+from neuron_ssp.speculation.positions import require_room, target_slots
+from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, next_token
+from neuron_ssp.speculation.stats import GenerationStats
 
 TokenCallback = Callable[[list[int]], None]
 # (tokens committed by one step, how many of them (leading) are accepted draft tokens, how many tokens

@@ -1,0 +1,110 @@
+"""`Pipeline`: a loaded target (and draft), a tokenizer and an engine; what the CLI, the server and
+the tools drive. It encodes text, generates speculatively or plainly through the same target, and
+decodes the result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.config import Config, SamplingConfig
+from neuron_ssp.engines.native import (
+    CommitCallback,
+    GenerationResult,
+    SpeculativeGenerator,
+    StopCheck,
+    check_room,
+    plain_generate,
+    sampling_params,
+)
+from neuron_ssp.pipeline.build import Generator, build_generator
+from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
+from neuron_ssp.pipeline.text import TextCallback, TextStream
+from neuron_ssp.speculation.acceptors import build_acceptor
+
+
+@dataclass
+class TextResult:
+    text: str
+    tokens: list[int]
+    result: GenerationResult
+
+
+@dataclass
+class Pipeline:
+    """Everything one generation needs; `speculative` and `plain` share the same target backend."""
+
+    config: Config
+    tokenizer: PreTrainedTokenizerBase
+    target: ModelBackend
+    draft: ModelBackend | None
+    generator: Generator
+    eos_token_ids: set[int]
+
+    def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
+        """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
+        use_template = self.config.generation.chat_template if chat_template is None else chat_template
+        return encode_prompt(self.tokenizer, prompt, use_template)
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
+        """A conversation through the chat template; one user turn encodes exactly as `encode`."""
+        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template)
+
+    @property
+    def extra_slots(self) -> int:
+        """Cache slots an engine writes past our loop's last one: transformers-neuronx's SpeculativeGenerator
+        up to k more, the fused decoder k-1 more (see neuron_ssp.speculation.positions)."""
+        spec = self.config.speculation
+        return {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
+
+    def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """The n_positions rule `generate` enforces, asked before a request is queued."""
+        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", self.extra_slots)
+
+    def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
+                     on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None
+                     ) -> GenerationResult:
+        """One request with its own sampling settings (the server's entry point).
+
+        `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
+        accepted draft tokens and how many were drafted; `should_stop()` is asked once per iteration
+        and cancels the generation. The library engine runs transformers-neuronx's loop in one call:
+        its tokens arrive together at the end with origin unknown (`from_draft` None), and a cancel
+        takes effect only after it returns.
+        """
+        generator = self._generator_for(sampling or self.config.sampling)
+        if isinstance(generator, SpeculativeGenerator):
+            return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids,
+                                      on_commit=on_commit, should_stop=should_stop)
+        on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
+        return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
+
+    def _generator_for(self, sampling: SamplingConfig) -> Generator:
+        """The loaded generator for the config's sampling; a fresh one sharing the models otherwise."""
+        if sampling == self.config.sampling:
+            return self.generator
+        config = self.config.model_copy(update={"sampling": sampling})
+        rng = torch.Generator()
+        acceptor = build_acceptor(config.speculation.acceptor, sampling_params(sampling), rng)
+        return build_generator(config, self.target, self.draft, acceptor, rng)
+
+    def speculative(self, prompt: str, on_text: TextCallback | None = None,
+                    max_new_tokens: int | None = None) -> TextResult:
+        streamer = TextStream(self.tokenizer, on_text) if on_text else None
+        result = self.generator.generate(self.encode(prompt), max_new_tokens or self.config.generation.max_new_tokens,
+                                         self.eos_token_ids, streamer)
+        return self._text(result)
+
+    def plain(self, prompt: str, on_text: TextCallback | None = None,
+              max_new_tokens: int | None = None) -> TextResult:
+        streamer = TextStream(self.tokenizer, on_text) if on_text else None
+        result = plain_generate(self.target, self.encode(prompt),
+                                max_new_tokens or self.config.generation.max_new_tokens,
+                                self.config.sampling, self.eos_token_ids, streamer)
+        return self._text(result)
+
+    def _text(self, result: GenerationResult) -> TextResult:
+        return TextResult(self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, result)
