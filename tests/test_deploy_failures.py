@@ -208,6 +208,7 @@ def test_a_failed_bootstrap_kept_for_debugging_says_when_it_terminates_itself(st
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     kept = raised.value.problems[-1]
     assert "still running" in kept.rule and "15 min after a failed bootstrap" in kept.rule
+    assert "at the latest at 2025-08-01 16:00 UTC" in kept.rule and "deploy extend trn1 --hours N" in kept.rule
     stubbed.assert_done()  # and no terminate_instances was sent
 
 

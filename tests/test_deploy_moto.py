@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import deploy_fixtures
@@ -99,6 +100,15 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     assert sent["OutputS3BucketName"] == OUT_BUCKET and sent["OutputS3KeyPrefix"] == "runs"
     script = sent["Parameters"]["commands"][0]
     assert shlex.join(["neuron-ssp", "bench", "--config", "/opt/neuron-ssp/config.yaml"]) in shlex.split(script)[-1]
+
+    code, out = cli("extend", "it-trn1", "--region", REGION, "--hours", "10")
+    assert code == 0 and "now terminates itself at" in out, out
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_instances(InstanceIds=[inst["InstanceId"]])
+            ["Reservations"][0]["Instances"][0]["Tags"]}
+    expires = datetime.strptime(tags["neuron-ssp:expires-at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert timedelta(hours=9.9) < expires - datetime.now(timezone.utc) <= timedelta(hours=10)
+    assert tags["Project"] == "neuron-ssp"  # only the expiry was retagged
+    assert cli("extend", "it-trn1", "--region", REGION, "--hours", "200")[0] == 2
 
     code, out = cli("logs", "it-trn1", "--region", REGION, "--lines", "50")
     assert code == 0 and "[neuron-ssp] ready" in out

@@ -83,7 +83,7 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
         "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
                                  "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "Iops": 4000, "Throughput": 1000,
                                          "Encrypted": True, "DeleteOnTermination": True}}],
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "InstanceMetadataTags": "enabled"},
         "IamInstanceProfile": {"Name": "neuron-ssp-instance"},
         "CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": BLOCK}},
         "InstanceMarketOptions": {"MarketType": "capacity-block"},
@@ -297,7 +297,8 @@ def spec(**overrides: object) -> BootstrapSpec:
     config = load_config(TRN1_CONFIG)
     values = {"deployment": "trn1-test", "region": REGION,
               "config_yaml": yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
-              "model_paths": ("/opt/models/Llama-2-70b-hf", "/opt/models/Llama-2-7b-hf"), "ttl_hours": 4.0,
+              "model_paths": ("/opt/models/Llama-2-70b-hf", "/opt/models/Llama-2-7b-hf"),
+              "expires_at": NOW + timedelta(hours=4),
               "package_spec": "neuron-ssp==0.1.0", "weights_s3_uri": "s3://weights/models/",
               "hf_token": HfTokenSource("secretsmanager", "neuron-ssp/hf-token"), **overrides}
     return BootstrapSpec(**values)  # type: ignore[arg-type]
@@ -306,8 +307,9 @@ def spec(**overrides: object) -> BootstrapSpec:
 def test_user_data_is_valid_bash_with_ttl_venv_weights_and_no_secret() -> None:
     script = render(spec())
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert "shutdown -h +240" in script
-    assert script.index("shutdown -h") < script.index("source /opt/aws_neuronx_venv_pytorch_2_7_transformers")
+    assert "echo 2025-08-01T16:00:00Z > /var/lib/neuron-ssp/expires-at" in script
+    expiry = script.index("systemctl enable --now neuron-ssp-expiry.timer")
+    assert expiry < script.index("source /opt/aws_neuronx_venv_pytorch_2_7_transformers")  # before it can fail
     assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-70b-hf/ /opt/models/Llama-2-70b-hf" in script
     assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-7b-hf/ /opt/models/Llama-2-7b-hf" in script
     assert "secretsmanager get-secret-value --secret-id neuron-ssp/hf-token" in script

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
 from neuron_ssp.config import load_config
+from neuron_ssp.deploy import expiry
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
 from neuron_ssp.deploy.capacity import CapacityTarget
@@ -72,7 +73,8 @@ def deploy() -> None:
     type=float,
     default=4.0,
     show_default=True,
-    help="The instance shuts itself down (= terminates) after this many hours.",
+    help="The instance shuts itself down (= terminates) after this many hours, reboots included "
+    "(`deploy extend` moves it).",
 )
 @click.option(
     "--volume-gb",
@@ -401,6 +403,22 @@ def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
     click.echo(result.stderr, nl=False, err=True)
     if result.truncated:
         err.print("[yellow]output cut at 24,000 characters; use --lines or launch with --output-s3-uri")
+
+
+@deploy.command("extend")
+@click.argument("name")
+@region_option
+@click.option("--hours", type=float, required=True, help="The instance now ends this many hours from now.")
+def extend(name: str, region: str | None, hours: float) -> None:
+    """Move NAME's expiry: it terminates itself HOURS from now instead (retags expires-at)."""
+    out, _ = consoles()
+    clients = AwsClients.for_region(region)
+    deployment = find_deployment(clients.ec2, clients.region, name)
+    expires_at = expiry.extend(clients.ec2, deployment, hours, _now())
+    out.print(
+        f"{name} ({deployment.instance_id}) now terminates itself at {expires_at:%Y-%m-%d %H:%M} UTC; "
+        f"its expiry check reads the tag within {expiry.CHECK_INTERVAL_MINUTES} minutes"
+    )
 
 
 # ---------------------------------------------------------------- list / teardown

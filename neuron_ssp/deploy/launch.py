@@ -272,9 +272,10 @@ def _abandon(instance_id: str, cause: list[Problem], plan: LaunchPlan, clients: 
                 Problem(
                     "instance",
                     instance_id,
-                    f"kept after the failure and still running: {costing}; it terminates itself at "
-                    f"{plan.expires_at:%Y-%m-%d %H:%M} UTC if its bootstrap started, or "
-                    f"{FAILURE_SHUTDOWN_MINUTES} min after a failed bootstrap ('sudo shutdown -c' on it keeps it)",
+                    f"kept after the failure and still running: {costing}; it terminates itself "
+                    f"{FAILURE_SHUTDOWN_MINUTES} min after a failed bootstrap ('sudo shutdown -c' on it keeps it) "
+                    f"and at the latest at {plan.expires_at:%Y-%m-%d %H:%M} UTC, its expiry "
+                    f"(`neuron-ssp deploy extend {plan.name} --hours N` moves it)",
                     f"inspect it, then `neuron-ssp deploy teardown {plan.name} --region {plan.region}`",
                 ),
             ]

@@ -21,6 +21,7 @@ from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import Ami
 from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation, run_instances_fields
+from neuron_ssp.deploy.expiry import hours_problem
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import hourly_price_usd
@@ -139,7 +140,7 @@ def plan_launch(
             region=facts.region,
             config_yaml=yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
             model_paths=model_paths(config),
-            ttl_hours=options.ttl_hours,
+            expires_at=expires_at,
             package_spec=options.package_spec or default_package_spec(),
             weights_s3_uri=options.weights_s3_uri,
             hf_token=options.hf_token,
@@ -217,15 +218,8 @@ def root_volume(options: LaunchOptions, device_name: str) -> dict[str, Any]:
 
 def _check_options(options: LaunchOptions, instance_type: str) -> None:
     problems = []
-    if not 0 < options.ttl_hours <= 168:
-        problems.append(
-            Problem(
-                "--ttl-hours",
-                options.ttl_hours,
-                "must be > 0 and at most 168 (one week)",
-                "pick the hours you need; the instance terminates itself after them",
-            )
-        )
+    if bad_ttl := hours_problem("--ttl-hours", options.ttl_hours):
+        problems.append(bad_ttl)
     minimum = min_root_volume_gb(instance_type)
     if options.volume_gb < minimum:
         problems.append(
@@ -285,7 +279,8 @@ def _base_params(options: LaunchOptions, instance_type: str, ami: Ami, client_to
         "ClientToken": client_token,
         "InstanceInitiatedShutdownBehavior": "terminate",
         "BlockDeviceMappings": [root_volume(options, ami.root_device)],
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        # IMDSv2 only; instance tags readable there, so the expiry check on the instance sees an extension
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "InstanceMetadataTags": "enabled"},
     }
     if options.subnet_id:
         params["SubnetId"] = options.subnet_id

@@ -12,8 +12,10 @@ import base64
 import re
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 
+from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import TRANSFORMERS_NEURONX_VENV
 from neuron_ssp.errors import Problem, UsageError
 
@@ -30,6 +32,9 @@ LOG_FILE = "/var/log/neuron-ssp-bootstrap.log"
 READY = "ready"
 FAILED_PREFIX = "failed"  # the status file reads "failed: <step>" after the bootstrap's ERR trap ran
 FAILURE_SHUTDOWN_MINUTES = 15
+EXPIRY_FILE = "/var/lib/neuron-ssp/expires-at"  # the launch's expiry, for when instance tags are not readable
+EXPIRY_CHECK = "/usr/local/sbin/neuron-ssp-expiry"  # run by neuron-ssp-expiry.timer after every boot
+UNIT_DIR = "/etc/systemd/system"
 HF_TOKEN_FILE = "/root/.cache/huggingface/token"
 _SLOT = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _CREDENTIALS = {
@@ -71,7 +76,7 @@ class BootstrapSpec:
     region: str
     config_yaml: str
     model_paths: tuple[str, ...]
-    ttl_hours: float
+    expires_at: datetime
     package_spec: str
     weights_s3_uri: str | None = None
     hf_token: HfTokenSource | None = None
@@ -89,7 +94,11 @@ def render(spec: BootstrapSpec) -> str:
     values = {
         "DEPLOYMENT": spec.deployment,
         "REGION": shlex.quote(spec.region),
-        "TTL_MINUTES": str(max(1, round(spec.ttl_hours * 60))),
+        "EXPIRES_AT": tags.expiry_text(spec.expires_at),
+        "EXPIRES_KEY": tags.EXPIRES_KEY,
+        "EXPIRY_FILE": EXPIRY_FILE,
+        "EXPIRY_CHECK": EXPIRY_CHECK,
+        "UNIT_DIR": UNIT_DIR,
         "FAILURE_SHUTDOWN_MINUTES": str(FAILURE_SHUTDOWN_MINUTES),
         "VENV": shlex.quote(spec.venv),
         "PACKAGE_SPEC": shlex.quote(spec.package_spec),
