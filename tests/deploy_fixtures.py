@@ -162,6 +162,7 @@ class FakeSsmAgent:
     sent: list[dict[str, Any]] = field(default_factory=list)
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)
     actions: set[str] = field(default_factory=set)  # IAM actions the deploy code needed, e.g. ec2:RunInstances
+    requests: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (service, operation, params)
     s3: Any = None  # the agent's own client, for uploading command output
 
     def reset(self) -> None:
@@ -169,6 +170,7 @@ class FakeSsmAgent:
         self.sent.clear()
         self.outputs.clear()
         self.actions.clear()
+        self.requests.clear()
 
     def attach(self, session: Any) -> None:
         session.events.register("before-parameter-build.*.*", self.record_action)
@@ -176,9 +178,10 @@ class FakeSsmAgent:
         session.events.register("after-call.ssm.SendCommand", self.on_send_command)
         session.events.register("after-call.ssm.GetCommandInvocation", self.on_get_invocation)
 
-    def record_action(self, model: Any, **_: Any) -> None:
+    def record_action(self, model: Any, params: dict[str, Any], **_: Any) -> None:
         action = {"ListObjectsV2": "ListBucket"}.get(model.name, model.name)
         self.actions.add(f"{model.service_model.signing_name}:{action}")
+        self.requests.append((model.service_model.service_name, model.name, copy.deepcopy(params)))
 
     def describe_instance_information(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict]:
         request = json.loads(params["body"])  # before-call sees the serialized request

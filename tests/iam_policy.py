@@ -18,8 +18,12 @@ from typing import Any
 _OPERATORS = {"StringEquals", "StringLike", "ArnEquals", "ArnLike", "Bool", "ForAllValues:StringLike"}
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    statements = json.loads(path.read_text())["Statement"]
+def load(path: Path, placeholders: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The policy's statements, with its REPLACE-WITH-... placeholders filled in as a user would."""
+    text = path.read_text()
+    for placeholder, value in (placeholders or {}).items():
+        text = text.replace(placeholder, value)
+    statements = json.loads(text)["Statement"]
     for statement in statements:
         unknown = set(statement) - {"Sid", "Effect", "Action", "Resource", "Condition"}
         if unknown:

@@ -7,7 +7,6 @@ request shapes and for the failure paths moto cannot play.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -67,17 +66,6 @@ def assert_valid_request(client: Any, operation: str, params: dict[str, Any]) ->
     report = ParamValidator().validate(params, model.input_shape)
     assert not report.has_errors(), report.generate_report()
     assert request_problems(model, params) == []
-
-
-def granted_actions(policy_path: Path) -> set[str]:
-    policy = json.loads(policy_path.read_text())
-    out: set[str] = set()
-    for statement in policy["Statement"]:
-        if statement["Effect"] != "Allow":
-            continue
-        actions = statement["Action"]
-        out.update([actions] if isinstance(actions, str) else actions)
-    return out
 
 
 @dataclass
