@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 
 from neuron_ssp.cli.generate import DEFAULT_PROMPTS, load_with_status
-from neuron_ssp.cli.options import echo_json
+from neuron_ssp.cli.options import echo_json, set_threads, threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.config import load_config
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -29,10 +29,12 @@ SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "request_timeout", 
 @click.option("--sagemaker", is_flag=True, default=None,
               help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
 @click.option("--max-queue", type=int, help="Requests that may wait behind the running one; more get 503.")
-@click.option("--request-timeout", type=float, help="Seconds a request may take, queue wait included.")
+@click.option("--request-timeout", type=float,
+              help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).")
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
 @click.option("--served-model-name", help="The `model` name clients send (default: the target's name).")
-def serve(config_path: Path | None, **flags: object) -> None:
+@threads_option
+def serve(config_path: Path | None, threads: int | None, **flags: object) -> None:
     """Serve the model pair over HTTP: OpenAI /v1/chat/completions and /v1/completions, /v1/models,
     /health, /metrics, SageMaker /ping and /invocations, and a playground page at /.
 
@@ -46,6 +48,7 @@ def serve(config_path: Path | None, **flags: object) -> None:
     config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     read_api_key(config.serve)  # a missing key is refused before the models load
+    set_threads(threads)
     click.echo(f"{describe(config)}", err=True)
     run_server(config, load_with_status(config))
     click.echo(f"neuron-ssp serve on {listen_address(config.serve).url} stopped", err=True)
