@@ -69,7 +69,7 @@ class Pipeline:
                          top_k: int | None = None, seed: int | None = None) -> SamplingConfig:
         """One request's sampling: its fields over the config's, or a UsageError naming what this engine
         cannot honour per request. A sampled request without a seed gets a fresh one (as OpenAI's and
-        vLLM's servers do), so two identical requests differ; the seed is in the result to reproduce it.
+        vLLM's servers do), so two identical requests differ; the result carries that seed, to reproduce it.
         """
         given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
         sampling = self.config.sampling.model_copy(update={k: v for k, v in given.items() if v is not None})

@@ -47,7 +47,7 @@ class SpeculativeStats(BaseModel):
     target_calls: int
     draft_tokens: int
     accepted_tokens: int
-    seed: int | None  # the seed the request sampled with: send it back to reproduce a sample
+    seed: int | None  # the random seed the request sampled with: send it back to reproduce a sample
 
 
 class TopLogprob(BaseModel):

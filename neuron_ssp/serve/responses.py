@@ -1,7 +1,7 @@
 """OpenAI response bodies and SSE chunks (vLLM's shapes), plus the documented extra field `speculative`.
 
 `speculative` in a final body: acceptance_rate, mean_accepted_length, target_calls, draft_tokens,
-accepted_tokens of this request, and the seed it sampled with. In each stream chunk: `tokens` (the
+accepted_tokens of this request, and the random seed it sampled with. In each stream chunk: `tokens` (the
 chunk's text split per token, each with `origin` "draft" | "target" | "unknown") and the running
 draft_tokens / accepted_tokens / target_calls; the chunk with the finish_reason carries the final
 statistics. OpenAI clients ignore it.

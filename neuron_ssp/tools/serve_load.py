@@ -263,7 +263,7 @@ def total_steps(clients: int, requests: int, pairs: int) -> int:
     return pairs + 3 * clients * requests + clients * requests
 
 
-REPEATED_CLIENTS = {"greedy": {}, "temperature+seed": {"temperature": 0.5}}  # the seed: one per prompt
+REPEATED_CLIENTS = {"greedy": {}, "temperature+seed": {"temperature": 0.5}}  # plus a fixed seed per prompt
 
 
 def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: int, threads: int | None,
@@ -289,7 +289,7 @@ def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: 
 
 def _one_pass(url: str, prompts: list[str], max_tokens: int, sampling: dict[str, Any], timeout_s: float,
               step: Step) -> dict[str, Any]:
-    """One client, the prompts in order, non-streamed; the seed of prompt i is i in every pass."""
+    """One client, the prompts in order, non-streamed; prompt i samples with seed i in every pass."""
     tokens = calls = errors = 0
     wall = 0.0
     with httpx.Client() as client:
