@@ -269,7 +269,7 @@ REPEATED_CLIENTS = {"greedy": {}, "temperature+seed": {"temperature": 0.5}}  # p
 def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: int, threads: int | None,
                                 timeout_s: float, log_dir: Path, step: Step) -> dict[str, Any]:
     """The prompt set twice through a fresh suffix-drafter server per kind of client; the gain per kind."""
-    data = config.model_dump(mode="json")
+    data = config.model_dump(mode="json", exclude_none=True)  # unset fields stay unset (and keep their defaults)
     data["speculation"]["drafter"] = "suffix"
     suffix_config = log_dir / "suffix.yaml"
     suffix_config.write_text(yaml.safe_dump(data))
