@@ -137,8 +137,8 @@ def serve_bench_tables(r: dict[str, Any]) -> Group:
 def repeated_table(r: dict[str, Any]) -> Table:
     """First and second pass per kind of client, and the second pass's gain, side by side."""
     table = Table(title=f"repeated workload through the server, drafter suffix ({r['settings']['prompts']} prompts "
-                  f"x 2, {r['settings']['max_tokens']} tokens)", title_justify="left")
-    for name in ("clients", "pass 1 tok/s", "pass 2 tok/s", "gain", "tok/call 1", "tok/call 2", "err"):
+                  f"x 2 passes, {r['settings']['max_tokens']} tokens)", title_justify="left")
+    for name in ("clients", "tok/s 1", "tok/s 2", "gain", "tok/call 1", "tok/call 2", "err"):
         table.add_column(name, justify="right")
     for kind, k in r["kinds"].items():
         first, second = k["first"], k["second"]

@@ -263,7 +263,7 @@ def total_steps(clients: int, requests: int, pairs: int) -> int:
     return pairs + 3 * clients * requests + clients * requests
 
 
-REPEATED_CLIENTS = {"greedy": {}, "temperature+seed": {"temperature": 0.5}}  # plus a fixed seed per prompt
+REPEATED_CLIENTS = {"greedy": {}, "T=0.5+seed": {"temperature": 0.5}}  # plus a fixed seed per prompt
 
 
 def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: int, threads: int | None,
