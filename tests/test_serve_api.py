@@ -487,11 +487,11 @@ class SlowPrefill(FakePipeline):
 
 
 def test_a_job_that_cannot_prefill_before_its_deadline_is_not_started_so_the_next_one_is_on_time():
-    """Two long prompts (0.9 s of prefill each) and a short one, request_timeout 1.5 s: the second long one
-    would start with 0.6 s left; starting it made the short one late too."""
-    pipeline = SlowPrefill(0.9 / 300, reply="ok", n_positions=1024)
+    """Two long prompts (1.5 s of prefill each) and a short one, request_timeout 2.4 s: the second long one
+    would start with about 0.9 s left; starting it made the short one late too."""
+    pipeline = SlowPrefill(1.5 / 300, reply="ok", n_positions=1024)
     results: dict[str, httpx.Response] = {}
-    with running_server(pipeline, request_timeout=1.5, max_queue=4) as url:
+    with running_server(pipeline, request_timeout=2.4, max_queue=4) as url:
         def call(name: str, prompt: str) -> None:
             results[name] = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=10)
 

@@ -80,17 +80,19 @@ def share_drafter(drafter: Drafter, config: Config, rng: torch.Generator) -> Dra
     return drafter
 
 
-def request_sampling_problems(config: Config, sampling: SamplingConfig) -> list[Problem]:
-    """What a request's sampling asks that the engine cannot do per request (fused: sampling is compiled
-    into the on-device graph, and its random generator cannot be seeded per request)."""
+def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:
+    """A UsageError for what a request's sampling asks that the engine cannot do per request (fused: sampling
+    is compiled into the on-device graph, and its random generator cannot be seeded per request)."""
     if config.speculation.engine != "fused":
-        return []
+        return
     loaded = config.sampling
     fields = ["temperature", "top_k", "top_p"] + (["seed"] if loaded.temperature > 0 else [])
-    return [Problem(name, getattr(sampling, name), f"engine fused samples on the device with the settings it was "
-                    f"compiled with ({name} {getattr(loaded, name)}); it cannot change them per request",
-                    f"leave {name} out (the server's value is used), or serve with speculation.engine: native")
-            for name in fields if getattr(sampling, name) != getattr(loaded, name)]
+    problems = [Problem(name, getattr(sampling, name), f"engine fused samples on the device with the settings it "
+                        f"was compiled with ({name} {getattr(loaded, name)}); it cannot change them per request",
+                        f"leave {name} out (the server's value is used), or serve with speculation.engine: native")
+                for name in fields if getattr(sampling, name) != getattr(loaded, name)]
+    if problems:
+        raise UsageError(problems)
 
 
 def sampling_device(config: Config) -> torch.device:

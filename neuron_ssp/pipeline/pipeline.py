@@ -22,7 +22,7 @@ from neuron_ssp.engines.native import (
     plain_generate,
 )
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, build_generator, request_sampling_problems
+from neuron_ssp.pipeline.build import Generator, build_generator, refuse_unhonoured
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 
@@ -75,13 +75,8 @@ class Pipeline:
         sampling = self.config.sampling.model_copy(update={k: v for k, v in given.items() if v is not None})
         if seed is None and sampling.temperature > 0 and self.config.speculation.engine != "fused":
             sampling = sampling.model_copy(update={"seed": secrets.randbits(63)})
-        self._refuse_unhonoured(sampling)
+        refuse_unhonoured(self.config, sampling)
         return sampling
-
-    def _refuse_unhonoured(self, sampling: SamplingConfig) -> None:
-        problems = request_sampling_problems(self.config, sampling)
-        if problems:
-            raise UsageError(problems)
 
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
                      on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None,
@@ -112,7 +107,7 @@ class Pipeline:
     def _generator_for(self, sampling: SamplingConfig) -> Generator:
         """The loaded generator for the config's sampling; else one derived from it: same models, same
         drafter (and history), its own acceptor and rng. Nothing is rebuilt."""
-        self._refuse_unhonoured(sampling)
+        refuse_unhonoured(self.config, sampling)
         if sampling == self.config.sampling or self.config.speculation.engine == "fused":
             return self.generator  # fused: what is left (a seed under greedy decoding) changes nothing
         config = self.config.model_copy(update={"sampling": sampling})
