@@ -129,6 +129,13 @@ class NeuronSettings(_Strict):
     self_test_min_agreement: float = Field(0.9, ge=0.0, le=1.0)  # argmax agreement below this fails the load
 
 
+DEFAULT_REQUEST_TIMEOUT = 300.0
+# a real-time InvokeEndpoint gives the container 60 s to answer (SageMaker API reference, InvokeEndpoint):
+# the server gives up before the platform does, so the client gets our 504, not SageMaker's ModelError
+SAGEMAKER_INVOKE_LIMIT = 60.0
+SAGEMAKER_REQUEST_TIMEOUT = 55.0
+
+
 class ServeConfig(_Strict):
     """`neuron-ssp serve`: every field has a flag of the same name that overrides it."""
 
@@ -136,10 +143,18 @@ class ServeConfig(_Strict):
     port: int | None = Field(None, ge=1, le=65535)  # None: 8000, or 8080 with sagemaker
     sagemaker: bool = False  # SageMaker's container contract: 0.0.0.0:8080 unless host/port are given
     max_queue: int = Field(16, ge=1)  # requests waiting behind the running one; more get 503 + Retry-After
-    request_timeout: float = Field(300.0, gt=0)  # seconds from arrival to the last token, queue wait included
+    # seconds from arrival to the last token, queue wait included; None: 300, or 55 with sagemaker (timeout_s)
+    request_timeout: float | None = Field(None, gt=0)
     drain_timeout: float = Field(30.0, ge=0)  # SIGTERM: how long the running request may still take
     api_key_env: str | None = None  # name of the environment variable that holds the API key
     served_model_name: str | None = None  # the `model` clients send; default: the target's name
+
+    @property
+    def timeout_s(self) -> float:
+        """request_timeout, defaulted below SageMaker's 60 s invocation limit under `sagemaker`."""
+        if self.request_timeout is not None:
+            return self.request_timeout
+        return SAGEMAKER_REQUEST_TIMEOUT if self.sagemaker else DEFAULT_REQUEST_TIMEOUT
 
 
 class Config(_Strict):

@@ -19,6 +19,8 @@ import uvicorn
 
 from neuron_ssp.config import ServeConfig, load_config
 from neuron_ssp.engines.native import check_room
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
 from neuron_ssp.speculation.stats import GenerationStats
 
@@ -26,6 +28,11 @@ EOS = 0
 
 
 class CharTokenizer:
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
 
@@ -44,17 +51,20 @@ class FakePipeline:
         self.calls: list[dict] = []
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
-        return torch.tensor([ord(c) for c in prompt], dtype=torch.long)
+        return encode_prompt(self.tokenizer, prompt, False)
 
     def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
-        return self.encode("\n".join(m["content"] for m in messages))
+        return encode_messages(self.tokenizer, messages, False)
 
     extra_slots = 0  # the native loop's rule
+    scores_tokens = True
+    request_sampling = Pipeline.request_sampling  # the real merge of a request's fields (it reads only .config)
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
 
-    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None):
+    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None,
+                     on_logits=None):
         self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
         text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
         ids = [ord(c) for c in text][:max_new_tokens]
@@ -73,6 +83,10 @@ class FakePipeline:
             if not first:
                 stats.record_call(min(3, len(step) + 1), accepted, len(step))
             done += step
+            if on_logits:  # made-up logits: the chosen token 0, every other one -10
+                rows = torch.full((len(step), max(step) + 1), -10.0)
+                rows[torch.arange(len(step)), torch.tensor(step)] = 0.0
+                on_logits(rows)
             if on_commit:
                 on_commit(step, accepted, 0 if first else min(3, len(step) + 1))
             first = False

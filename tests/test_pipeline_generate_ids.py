@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import backend, tiny_llama
 
 from neuron_ssp.config import SamplingConfig, load_config
-from neuron_ssp.engines.native import GenerationResult, sampling_params
+from neuron_ssp.engines.native import GenerationResult
+from neuron_ssp.errors import UsageError
 from neuron_ssp.pipeline.build import build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.stats import GenerationStats
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 
 
-def tiny_pipeline() -> Pipeline:
-    config = load_config(None, {"speculation.policy": "fixed", "speculation.k": 4})
+def tiny_pipeline(**overrides) -> Pipeline:
+    config = load_config(None, {"speculation.policy": "fixed", "speculation.k": 4, **overrides})
     target = backend(tiny_llama(0))
-    rng = torch.Generator()
-    acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
-    return Pipeline(config, None, target, None, build_generator(config, target, None, acceptor, rng), set())
+    return Pipeline(config, None, target, None, build_generator(config, target, None), set())
 
 
 def test_the_configs_sampling_uses_the_loaded_generator_and_others_get_their_own():
@@ -31,6 +30,72 @@ def test_the_configs_sampling_uses_the_loaded_generator_and_others_get_their_own
     first, second = (pipeline.generate_ids(PROMPT, 20, hot).tokens for _ in range(2))
     assert first == second != greedy.tokens  # reseeded per request; differs from greedy
     assert pipeline.generator.sampling == pipeline.config.sampling  # the loaded generator is untouched
+
+
+def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history():
+    """A request sending temperature/seed must feed and use the one history, not a fresh empty one."""
+    pipeline = tiny_pipeline(**{"speculation.drafter": "suffix"})
+    history = pipeline.generator.drafter.history
+    pipeline.generate_ids(PROMPT, 20, SamplingConfig(temperature=0.8, seed=1))
+    assert history.stored_tokens == len(PROMPT) + 20  # the request's prompt and output joined the history
+    before = history.stored_tokens
+    pipeline.generate_ids(PROMPT, 20, SamplingConfig(seed=5))
+    assert history.stored_tokens > before
+
+
+def test_a_fresh_seed_per_sampled_request_without_one_and_the_config_seed_for_greedy():
+    pipeline = tiny_pipeline()
+    drawn = [pipeline.request_sampling(temperature=1.5) for _ in range(2)]
+    assert drawn[0].seed != drawn[1].seed
+    texts = [pipeline.generate_ids(PROMPT, 24, s).tokens for s in drawn]
+    assert texts[0] != texts[1]
+    assert pipeline.generate_ids(PROMPT, 24, drawn[0]).tokens == texts[0]  # the reported seed reproduces it
+    assert pipeline.request_sampling(temperature=1.5, seed=3).seed == 3
+    assert pipeline.request_sampling() == pipeline.config.sampling  # greedy: nothing to draw
+
+
+class LoadedFused:
+    """Stands for a loaded FusedSpeculativeDecoder: it must never be rebuilt per request."""
+
+    def generate(self, prompt_ids, max_new_tokens, eos_token_ids=(), on_tokens=None):
+        if on_tokens:
+            on_tokens([3, 4])
+        return GenerationResult([3, 4], GenerationStats())
+
+
+def test_the_fused_engine_refuses_sampling_it_cannot_change_per_request_instead_of_rebuilding():
+    config = load_config(None, {"speculation.engine": "fused"})
+    pipeline = Pipeline(config, None, backend(tiny_llama(0)), None, LoadedFused(), set())
+    with pytest.raises(UsageError) as refused:
+        pipeline.generate_ids(PROMPT, 2, SamplingConfig(temperature=0.7, top_k=5))
+    assert [p.field for p in refused.value.problems] == ["temperature", "top_k"]
+    assert "engine: native" in str(refused.value)
+    with pytest.raises(UsageError):
+        pipeline.request_sampling(top_p=0.5)
+    assert pipeline.request_sampling(seed=9).seed == 9  # greedy on device: a seed changes nothing
+    assert pipeline.generate_ids(PROMPT, 2, SamplingConfig(seed=9)).tokens == [3, 4]  # the loaded engine ran
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_per_request_rng_draws_on_the_device_of_the_logits():
+    config = load_config(None, {"speculation.policy": "fixed", "speculation.k": 4, "platform.device": "cuda"})
+    target = backend(tiny_llama(0).to("cuda"))
+    pipeline = Pipeline(config, None, target, None, build_generator(config, target, None), set())
+    sampled = pipeline.generate_ids(PROMPT, 12, SamplingConfig(temperature=0.9, seed=2))
+    assert len(sampled.tokens) == 12
+
+
+def test_on_logits_reports_the_target_rows_that_chose_each_committed_token():
+    pipeline = tiny_pipeline()
+    rows: list[torch.Tensor] = []
+    tokens: list[int] = []
+    pipeline.generate_ids(PROMPT, 15, on_logits=rows.append, on_commit=lambda t, a, d: tokens.extend(t))
+    logits = torch.cat(rows)
+    assert logits.shape[0] == len(tokens) == 15
+    assert logits.argmax(-1).tolist() == tokens  # greedy: each token is its row's argmax
+    plain = tiny_llama(0)(torch.cat([PROMPT, torch.tensor(tokens)]).view(1, -1)).logits[0]
+    expected = plain[len(PROMPT) - 1: len(PROMPT) - 1 + len(tokens)]
+    assert torch.allclose(logits, expected, atol=1e-4)
 
 
 def test_origins_and_cancel_reach_the_caller():

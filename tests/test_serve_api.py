@@ -17,6 +17,7 @@ from serve_support import FakePipeline, running_server
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]}
+JSON = {"content-type": "application/json"}
 
 
 def sse_events(text: str) -> list:
@@ -35,7 +36,7 @@ def test_chat_non_stream_carries_usage_finish_reason_and_speculative_stats():
     assert body["choices"][0]["finish_reason"] == "stop"  # the fake ends with EOS
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
     assert set(body["speculative"]) == {"acceptance_rate", "mean_accepted_length", "target_calls", "draft_tokens",
-                                        "accepted_tokens"}
+                                        "accepted_tokens", "seed"}
 
 
 def test_completion_stream_chunks_carry_token_origins_and_usage_when_asked():
@@ -153,8 +154,8 @@ def test_the_n_positions_rule_is_the_clis():
 def test_body_over_1_mib_is_413_with_or_without_content_length():
     big = json.dumps({"prompt": "x" * (1 << 20)}).encode()
     with running_server(FakePipeline()) as url:
-        sized = httpx.post(f"{url}/v1/completions", content=big)
-        chunked = httpx.post(f"{url}/v1/completions", content=iter([big[:1000], big[1000:]]))
+        sized = httpx.post(f"{url}/v1/completions", content=big, headers=JSON)
+        chunked = httpx.post(f"{url}/v1/completions", content=iter([big[:1000], big[1000:]]), headers=JSON)
     for r in (sized, chunked):
         assert r.status_code == 413 and "1 MiB" in r.json()["error"]["message"]
 
@@ -170,12 +171,18 @@ def test_api_key_is_required_on_v1_and_only_the_right_one_passes():
     assert right.status_code == 200 and ping.status_code == 200
 
 
-def test_api_key_compare_is_constant_time():
-    import inspect
-
-    from neuron_ssp.serve import gate
-
-    assert "hmac.compare_digest" in inspect.getsource(gate.Gate._refusal)
+def test_a_wrong_key_of_the_right_length_is_refused_and_the_key_guards_invocations_unless_sagemaker():
+    headers = {"Authorization": "Bearer s3cres"}  # same length as the key, last character wrong
+    with running_server(FakePipeline(), api_key="s3cret") as url:
+        wrong = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=headers)
+        invocations = httpx.post(f"{url}/invocations", json={"inputs": "x"})
+        keyed = httpx.post(f"{url}/invocations", json={"inputs": "x"}, headers={"Authorization": "Bearer s3cret"})
+    with running_server(FakePipeline(), api_key="s3cret", sagemaker=True) as url:
+        behind_sagemaker = httpx.post(f"{url}/invocations", json={"inputs": "x"})
+        still_v1 = httpx.post(f"{url}/v1/chat/completions", json=CHAT)
+    assert wrong.status_code == 401 and "s3cre" not in wrong.text
+    assert invocations.status_code == 401 and keyed.status_code == 200
+    assert behind_sagemaker.status_code == 200 and still_v1.status_code == 401
 
 
 def test_full_queue_answers_503_with_retry_after_and_nothing_hangs():
@@ -320,3 +327,198 @@ def test_a_failed_generation_is_the_clients_fault_only_when_it_is_a_usage_error(
     assert reply.status_code == status
     assert error.problems[0].field in reply.json()["error"]["message"]
     assert follow_up.status_code == status  # the worker survived the failure and answers the next request
+
+
+def test_completion_tokens_and_the_token_counter_stop_at_the_stop_string():
+    """The fake commits 3 tokens per step: the tokens after a stop string in the same step are not returned,
+    so they are not counted either."""
+    with running_server(FakePipeline(reply="abcdSTOPxyz")) as url:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 11, "stop": "STOP"})
+        metrics = _samples(httpx.get(f"{url}/metrics").text)
+    assert r.json()["choices"][0]["text"] == "abcd"
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert metrics["neuron_ssp_generation_tokens_total"] == 4
+
+
+@pytest.mark.parametrize("raw, param, words", [
+    (b'{"prompt": "x", "temperature": NaN}', "temperature", ["finite number"]),
+    (b'{"prompt": "x", "top_p": Infinity}', "top_p", ["finite number"]),
+    (b'{"prompt": "x", "seed": 99999999999999999999}', "seed", ["less than or equal to 9223372036854775807"]),
+    (b'{"messages": [{"role": "user", "content": "\\ud800 hi"}]}', "messages.0.content", ["lone surrogate"]),
+    (b'{"prompt": "x", "stop": ["\\udfff"]}', "stop", ["lone surrogate"]),
+])
+def test_values_that_used_to_reach_the_model_and_crash_are_400(raw, param, words):
+    path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
+    with running_server(FakePipeline()) as url:
+        r = httpx.post(f"{url}{path}", content=raw, headers=JSON)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert all(word in r.json()["error"]["message"] for word in words)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_json_is_415(content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    with running_server(FakePipeline()) as url:
+        r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}', headers=headers)
+        ok = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}',
+                        headers={"content-type": "application/json; charset=utf-8"})
+    assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type"
+    assert "application/json" in r.json()["error"]["message"]
+    assert ok.status_code == 200
+
+
+def test_every_error_body_has_the_same_shape_whoever_answers_it():
+    """401 and 413 come from the middleware, 400/404/415 from the routes: one renderer for all."""
+    with running_server(FakePipeline(), api_key="k") as url:
+        key = {"Authorization": "Bearer k"}
+        answers = [httpx.post(f"{url}/v1/completions", json={"prompt": "x"}),  # 401
+                   httpx.post(f"{url}/v1/completions", content=b"x" * (2 << 20), headers={**JSON, **key}),  # 413
+                   httpx.post(f"{url}/v1/completions", json={"prompt": ""}, headers=key),  # 400
+                   httpx.post(f"{url}/v1/completions", content=b"{}", headers={**key, "content-type": "text/plain"}),
+                   httpx.get(f"{url}/nowhere")]
+    assert [r.status_code for r in answers] == [401, 413, 400, 415, 404]
+    for r in answers:
+        assert r.headers["content-type"] == "application/json"
+        assert r.text == json.dumps(r.json(), separators=(",", ":"), ensure_ascii=False)  # rendered alike
+
+
+def test_an_empty_lmi_inputs_is_refused_naming_inputs():
+    with running_server(FakePipeline()) as url:
+        r = httpx.post(f"{url}/invocations", json={"inputs": " ", "parameters": {"max_new_tokens": 4}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "inputs"
+
+
+def test_top_k_minus_one_means_off_and_stream_options_need_stream():
+    pipeline = FakePipeline()
+    with running_server(pipeline) as url:
+        off = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "top_k": -1})
+        lmi = httpx.post(f"{url}/invocations", json={"inputs": "x", "parameters": {"top_k": -1}})
+        lonely = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "stream_options": {"include_usage": True}})
+    assert off.status_code == lmi.status_code == 200
+    assert pipeline.calls[0]["sampling"].top_k == pipeline.calls[1]["sampling"].top_k == 0
+    assert lonely.status_code == 400 and lonely.json()["error"]["param"] == "stream_options"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"),
+    ("response_format", {"type": "json_object"}),
+])
+def test_tools_and_structured_output_are_refused_not_ignored(field, value):
+    with running_server(FakePipeline()) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, field: value})
+        harmless = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"},
+                                                                    "tool_choice": "none"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert "not supported" in r.json()["error"]["message"]
+    assert harmless.status_code == 200
+
+
+def test_a_sampled_request_without_seed_gets_a_fresh_one_and_reports_it():
+    pipeline = FakePipeline()
+    with running_server(pipeline) as url:
+        bodies = [httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.8}).json()
+                  for _ in range(2)]
+        given = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.8, "seed": 42}).json()
+    seeds = [b["speculative"]["seed"] for b in bodies]
+    assert seeds[0] != seeds[1] and [c["sampling"].seed for c in pipeline.calls[:2]] == seeds
+    assert given["speculative"]["seed"] == 42
+
+
+def test_chat_logprobs_with_top_alternatives_for_every_returned_token():
+    with running_server(FakePipeline(reply="abcdef")) as url:
+        body = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True,
+                                                               "top_logprobs": 2}).json()
+        plain = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6}).json()
+        streamed = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True,
+                                                                   "stream": True})
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == list("abcdef")
+    assert all(e["top_logprobs"][0]["token"] == e["token"] and len(e["top_logprobs"]) == 2 for e in content)
+    assert all(e["logprob"] < 0 and e["bytes"] == list(e["token"].encode()) for e in content)
+    assert plain["choices"][0]["logprobs"] is None
+    chunks = [c for c in sse_events(streamed.text) if c["choices"] and c["choices"][0]["logprobs"]]
+    assert [e["token"] for c in chunks for e in c["choices"][0]["logprobs"]["content"]] == list("abcdef")
+
+
+def test_completion_logprobs_stop_with_the_returned_text():
+    with running_server(FakePipeline(reply="ab STOP cd")) as url:
+        body = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 10, "logprobs": 1,
+                                                         "stop": "STOP"}).json()
+    logprobs = body["choices"][0]["logprobs"]
+    assert body["choices"][0]["text"] == "ab "
+    assert logprobs["tokens"] == ["a", "b", " "] and logprobs["text_offset"] == [0, 1, 2]
+    assert [list(top) for top in logprobs["top_logprobs"]] == [["a"], ["b"], [" "]]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"prompt": "x", "logprobs": 50}, "logprobs"),
+])
+def test_logprobs_limits(body, param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    with running_server(FakePipeline()) as url:
+        r = httpx.post(f"{url}{path}", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_an_engine_that_cannot_score_tokens_refuses_logprobs_before_queueing():
+    pipeline = FakePipeline()
+    pipeline.scores_tokens = False
+    pipeline.config = pipeline.config.model_copy(update={"speculation": pipeline.config.speculation.model_copy(
+        update={"engine": "library"})})
+    with running_server(pipeline) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "logprobs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs" and not pipeline.calls
+
+
+class SlowPrefill(FakePipeline):
+    """Prefill costs `per_token_s` per prompt token before the first token, as a real target's does."""
+
+    def __init__(self, per_token_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.per_token_s = per_token_s
+
+    def generate_ids(self, prompt_ids, max_new_tokens, *args, **kwargs):
+        time.sleep(self.per_token_s * len(prompt_ids))
+        return super().generate_ids(prompt_ids, max_new_tokens, *args, **kwargs)
+
+
+def test_a_job_that_cannot_prefill_before_its_deadline_is_not_started_so_the_next_one_is_on_time():
+    """Two long prompts (1.5 s of prefill each) and a short one, request_timeout 2.4 s: the second long one
+    would start with about 0.9 s left; starting it made the short one late too."""
+    pipeline = SlowPrefill(1.5 / 300, reply="ok", n_positions=1024)
+    results: dict[str, httpx.Response] = {}
+    with running_server(pipeline, request_timeout=2.4, max_queue=4) as url:
+        def call(name: str, prompt: str) -> None:
+            results[name] = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=10)
+
+        threads = [threading.Thread(target=call, args=args) for args in
+                   (("long1", "y" * 300), ("long2", "z" * 300), ("short", "Hi"))]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(10)
+    assert results["long1"].status_code == 200
+    assert results["long2"].status_code == 504 and "prefill" in results["long2"].json()["error"]["message"]
+    assert results["short"].status_code == 200
+
+
+def test_openapi_describes_every_route_with_its_bodies():
+    with running_server(FakePipeline()) as url:
+        doc = httpx.get(f"{url}/openapi.json").json()
+        page = httpx.get(f"{url}/docs")
+    paths = doc["paths"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/invocations", "/v1/models", "/health", "/ping",
+                 "/metrics"):
+        assert path in paths, path
+    chat = paths["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionBody")
+    assert {"200", "400", "415", "503", "504"} <= set(chat["responses"])
+    schemas = doc["components"]["schemas"]
+    assert "messages" in schemas["ChatCompletionBody"]["properties"] and "ErrorResponse" in schemas
+    assert "logprobs" in schemas["ChatChoice"]["properties"]
+    assert page.status_code == 200 and "/openapi.json" in page.text

@@ -39,3 +39,9 @@ def test_an_unset_api_key_variable_is_refused_before_the_models_load(monkeypatch
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     result = CliRunner().invoke(main, ["serve", "--api-key-env", "NO_SUCH_KEY_VAR"])
     assert result.exit_code == 2 and "NO_SUCH_KEY_VAR" in result.output and "export" in result.output
+
+
+def test_serve_takes_threads_like_every_timing_command(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    result = CliRunner().invoke(main, ["serve", "--threads", "1", "--api-key-env", "NO_SUCH_KEY_VAR"])
+    assert "No such option" not in result.output and "NO_SUCH_KEY_VAR" in result.output

@@ -103,6 +103,24 @@ def test_completions_greedy_equals_generate_json_without_template(client, embedd
     assert streamed == expected
 
 
+def test_logprobs_come_from_the_target_and_sampled_requests_get_fresh_seeds(client):
+    messages = [{"role": "user", "content": PROMPT}]
+    greedy = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                            logprobs=True, top_logprobs=3)
+    content = greedy.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == greedy.choices[0].message.content
+    for entry in content:  # greedy: every chosen token is the target's most likely one
+        assert entry.top_logprobs[0].token == entry.token and entry.logprob == entry.top_logprobs[0].logprob
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+    hot = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=1.0)
+           for _ in range(2)]
+    seeds = [r.model_extra["speculative"]["seed"] for r in hot]
+    assert seeds[0] != seeds[1] and hot[0].choices[0].message.content != hot[1].choices[0].message.content
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=1.0,
+                                           seed=seeds[0])
+    assert again.choices[0].message.content == hot[0].choices[0].message.content  # the reported seed reproduces it
+
+
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
@@ -138,7 +156,8 @@ def test_bad_requests_on_the_real_model(server, body, status, param):
 
 
 def test_invalid_json_and_oversized_bodies(server):
-    bad = httpx.post(f"{server}/v1/completions", content=b'{"prompt": ', timeout=60)
+    bad = httpx.post(f"{server}/v1/completions", content=b'{"prompt": ', timeout=60,
+                     headers={"content-type": "application/json"})
     huge = httpx.post(f"{server}/v1/completions", content=b"x" * (1 << 20 + 1), timeout=60)
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     assert huge.status_code == 413
@@ -244,9 +263,18 @@ def test_playground_in_headless_chromium_matches_the_api(server, tmp_path):
             shutil.copy(screenshot, os.environ["NEURON_SSP_KEEP_SCREENSHOT"])
         acceptance = driver.find_element(By.ID, "acceptance").text
         tokens_per_s = driver.find_element(By.ID, "tps").text
+        counted = driver.find_element(By.ID, "tokens").text
+        top_p = driver.find_element(By.ID, "top_p")
+        top_p.clear()
+        top_p.send_keys("0")  # refused with a 400
+        driver.find_element(By.ID, "run").click()
+        WebDriverWait(driver, 120, poll_frequency=0.5).until(lambda d: d.find_element(By.ID, "status").text == "error")
+        after_error = tuple(driver.find_element(By.ID, name).text for name in ("status", "tokens", "acceptance", "tps"))
     finally:
         driver.quit()
     assert page_text == expected
     assert chosen and drafted, "the page shades target-chosen and accepted-draft tokens"
     assert float(acceptance) > 0 and float(tokens_per_s) > 0
     assert screenshot.stat().st_size > 0
+    assert counted == str(api.json()["usage"]["completion_tokens"])  # the page counts what usage counts
+    assert after_error == ("error", "0", "-", "-")  # a failed run leaves no stale statistics behind

@@ -1,8 +1,11 @@
-"""SIGTERM (how SageMaker and systemd stop a container): the running request finishes, queued ones get
-503, the port closes and the process exits 0. Run in a subprocess on the stand-in pipeline."""
+"""A real server process on the stand-in pipeline: SIGTERM (how SageMaker and systemd stop a container) and
+client disconnects. The running request finishes, queued ones get 503, the port closes and the process
+exits 0; a request that outlasts drain_timeout is cancelled and its client gets a final error; a client
+that leaves is counted as aborted, not as a server error."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,18 +15,26 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from serve_support import free_port
 
 TESTS = Path(__file__).parent
 SCRIPT = """
-import sys
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # as the CLI does
 sys.path.insert(0, {tests!r})
 from serve_support import FakePipeline
 from neuron_ssp.config import load_config
 from neuron_ssp.serve.server import run_server
-config = load_config(None, {{"serve.host": "127.0.0.1", "serve.port": {port}}})
-run_server(config, FakePipeline(reply="a" * 60, step_s=0.05))
+config = load_config(None, {{"serve.host": "127.0.0.1", "serve.port": {port}, "serve.drain_timeout": {drain}}})
+run_server(config, FakePipeline(reply="a" * {reply}, step_s=0.05, n_positions=1024))
 """
+
+
+def start(port: int, drain: float = 30, reply: int = 60) -> subprocess.Popen:
+    script = SCRIPT.format(tests=str(TESTS), port=port, drain=drain, reply=reply)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=os.environ.copy())
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
@@ -41,8 +52,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
 def test_sigterm_finishes_the_running_request_refuses_queued_ones_and_exits_0():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(tests=str(TESTS), port=port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = start(port)
     try:
         wait_healthy(url, proc)
         results: dict[str, httpx.Response] = {}
@@ -72,3 +82,46 @@ def test_sigterm_finishes_the_running_request_refuses_queued_ones_and_exits_0():
         raise AssertionError("the port is still open after exit")
     except httpx.TransportError:
         pass
+
+
+def test_a_client_that_leaves_is_aborted_and_sigterm_past_drain_timeout_sends_a_final_error_and_exits_0():
+    """One process (start-up costs seconds), two behaviours:
+    1. a non-streaming client that gives up is counted as aborted (status 499), logged at info, not as a 500;
+    2. SIGTERM during a 900-token stream (about 15 s) with drain_timeout 1: the stream is cut at the next
+       iteration after 1 s, its client gets an error chunk and [DONE], the worker is joined, exit code 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(port, drain=1, reply=900)
+    lines: list[str] = []
+    try:
+        wait_healthy(url, proc)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 400}, timeout=0.6)
+        aborted = 'neuron_ssp_request_success_total{finished_reason="abort"} 1.0'
+        deadline = time.monotonic() + 10
+        while aborted not in (metrics := httpx.get(f"{url}/metrics").text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                          json={"prompt": "x", "max_tokens": 900, "stream": True}) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                if not lines:
+                    signalled = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                lines.append(line)
+        ended = time.monotonic() - signalled
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = proc.stderr.read()
+    assert aborted in metrics and 'status="500"' not in metrics and 'status="499"' in metrics, metrics
+    assert "client disconnected" in log
+    events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: {")]
+    assert code == 0, log
+    assert lines[-1] == "data: [DONE]" and "error" in events[-1], lines[-3:]
+    assert "drain_timeout" in events[-1]["error"]["message"] and events[-1]["error"]["code"] == 503
+    assert sum(len(e["choices"][0]["text"]) for e in events[:-1]) < 900  # cut, not finished
+    assert ended < 10, ended
+    assert " ERROR " not in log and "Traceback" not in log and "terminate called" not in log, log

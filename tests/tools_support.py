@@ -6,17 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from conftest import TINY_VOCAB, tiny_llama
 
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import Config, config_from_dict
-from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
-from neuron_ssp.pipeline.build import build_drafter
+from neuron_ssp.pipeline.build import build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.policies import build_policy
 
 EOS = 2
 
@@ -48,10 +44,7 @@ def tiny_config(**sections: Any) -> Config:
 
 def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos: set[int] | None = None) -> Pipeline:
     """What load_pipeline would build, around an already loaded target (the draft is the ngram drafter)."""
-    rng = torch.Generator()
-    acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
-    generator = SpeculativeGenerator(target, build_drafter(config, target, None, rng), acceptor,
-                                     build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+    generator = build_generator(config, target, None)
     return Pipeline(config, tokenizer or CharTokenizer(), target, None, generator, eos or {EOS})
 
 

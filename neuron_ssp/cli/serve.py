@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 
 from neuron_ssp.cli.generate import DEFAULT_PROMPTS, load_with_status
-from neuron_ssp.cli.options import echo_json
+from neuron_ssp.cli.options import echo_json, set_threads, threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.config import load_config
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -29,10 +29,12 @@ SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "request_timeout", 
 @click.option("--sagemaker", is_flag=True, default=None,
               help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
 @click.option("--max-queue", type=int, help="Requests that may wait behind the running one; more get 503.")
-@click.option("--request-timeout", type=float, help="Seconds a request may take, queue wait included.")
+@click.option("--request-timeout", type=float,
+              help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).")
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
 @click.option("--served-model-name", help="The `model` name clients send (default: the target's name).")
-def serve(config_path: Path | None, **flags: object) -> None:
+@threads_option
+def serve(config_path: Path | None, threads: int | None, **flags: object) -> None:
     """Serve the model pair over HTTP: OpenAI /v1/chat/completions and /v1/completions, /v1/models,
     /health, /metrics, SageMaker /ping and /invocations, and a playground page at /.
 
@@ -46,6 +48,7 @@ def serve(config_path: Path | None, **flags: object) -> None:
     config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     read_api_key(config.serve)  # a missing key is refused before the models load
+    set_threads(threads)
     click.echo(f"{describe(config)}", err=True)
     run_server(config, load_with_status(config))
     click.echo(f"neuron-ssp serve on {listen_address(config.serve).url} stopped", err=True)
@@ -64,19 +67,32 @@ def serve(config_path: Path | None, **flags: object) -> None:
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads here and in the servers.")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, path_type=Path), default=DEFAULT_PROMPTS,
               help="JSONL with a 'prompt' field per line.")
+@click.option("--repeated", is_flag=True,
+              help="Instead: the suffix drafter's repeated-workload gain through the server, the prompts twice, "
+              "greedy clients and clients sending temperature + seed side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def bench_serve(config_path: Path | None, clients: int, requests: int, max_tokens: int, pairs: int,
                 overflow_queue: int, timeout_s: float, threads: int | None, prompts_file: Path,
-                as_json: bool) -> None:
+                repeated: bool, as_json: bool) -> None:
     """Load-test `neuron-ssp serve` on loopback: HTTP overhead, N clients x M requests, queue overflow."""
     import tempfile
 
     from rich.progress import Progress
 
-    from neuron_ssp.tools.serve_load import run_serve_bench, total_steps
+    from neuron_ssp.tools.serve_load import run_repeated_through_server, run_serve_bench, total_steps
 
     config = load_config(config_path)
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
+    if repeated:
+        with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
+            task = progress.add_task("bench-serve --repeated", total=4 * len(prompts))
+            report = run_repeated_through_server(config, prompts, max_tokens, threads, timeout_s, Path(logs),
+                                                 lambda _: progress.advance(task))
+        if as_json:
+            echo_json(report)
+        else:
+            console.print(repeated_table(report))
+        return
     pipeline = load_with_status(config)
     with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
         task = progress.add_task("bench-serve", total=total_steps(clients, requests, pairs))
@@ -116,3 +132,17 @@ def serve_bench_tables(r: dict[str, Any]) -> Group:
                      f"{s['e2e_p50_s']:.1f}/{s['e2e_p95_s']:.1f}/{s['e2e_p99_s']:.1f}", str(s["errors"]),
                      str(s["http_503"]))
     return Group(targets, load)
+
+
+def repeated_table(r: dict[str, Any]) -> Table:
+    """First and second pass per kind of client, and the second pass's gain, side by side."""
+    table = Table(title=f"repeated workload through the server, drafter suffix ({r['settings']['prompts']} prompts "
+                  f"x 2 passes, {r['settings']['max_tokens']} tokens)", title_justify="left")
+    for name in ("clients", "tok/s 1", "tok/s 2", "gain", "tok/call 1", "tok/call 2", "err"):
+        table.add_column(name, justify="right")
+    for kind, k in r["kinds"].items():
+        first, second = k["first"], k["second"]
+        table.add_row(kind, f"{first['tokens_per_s']:.2f}", f"{second['tokens_per_s']:.2f}", f"{k['gain']:.3f}x",
+                      f"{first['tokens_per_call']:.2f}", f"{second['tokens_per_call']:.2f}",
+                      str(first["errors"] + second["errors"]))
+    return table

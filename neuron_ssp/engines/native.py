@@ -29,6 +29,8 @@ TokenCallback = Callable[[list[int]], None]
 # plain step). The second value is None when the origin is unknown (the library engine).
 CommitCallback = Callable[[list[int], int | None, int], None]
 StopCheck = Callable[[], bool]  # asked once per iteration; True ends the generation early (a cancel)
+# the target's logits rows (n, V) that chose the n tokens about to be committed (logprobs); before on_commit
+LogitsCallback = Callable[[torch.Tensor], None]
 
 
 @dataclass
@@ -68,7 +70,8 @@ class _Sequence:
     """Committed tokens in a preallocated buffer, with the EOS / max_new_tokens cut-off."""
 
     def __init__(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos: Collection[int],
-                 on_tokens: TokenCallback | None, on_commit: CommitCallback | None = None):
+                 on_tokens: TokenCallback | None, on_commit: CommitCallback | None = None,
+                 on_logits: LogitsCallback | None = None):
         self.prompt_len = prompt_ids.shape[0]
         self.buffer = torch.empty(self.prompt_len + max_new_tokens, dtype=torch.long)
         self.buffer[: self.prompt_len] = prompt_ids
@@ -77,6 +80,7 @@ class _Sequence:
         self.eos = frozenset(eos)
         self.on_tokens = on_tokens
         self.on_commit = on_commit
+        self.on_logits = on_logits
         self.done = False
 
     @property
@@ -90,10 +94,12 @@ class _Sequence:
     def committed(self) -> torch.Tensor:
         return self.buffer[: self.length]
 
-    def extend(self, tokens: list[int], from_draft: int = 0, drafted: int = 0) -> int:
+    def extend(self, tokens: list[int], from_draft: int = 0, drafted: int = 0,
+               logits: torch.Tensor | None = None) -> int:
         """Commit tokens up to EOS (kept) or the budget; returns how many were committed.
 
-        `from_draft` (leading tokens that are accepted drafts) and `drafted` are reported to `on_commit`."""
+        `from_draft` (leading tokens that are accepted drafts) and `drafted` are reported to `on_commit`;
+        `logits` (one target row per token) to `on_logits`."""
         kept = tokens[: self.remaining]
         for i, token in enumerate(kept):
             if token in self.eos:
@@ -103,6 +109,8 @@ class _Sequence:
         self.buffer[self.length: self.length + len(kept)] = torch.tensor(kept, dtype=torch.long)
         self.length += len(kept)
         self.done = self.done or self.remaining == 0
+        if self.on_logits and kept and logits is not None:
+            self.on_logits(logits.view(-1, logits.shape[-1])[: len(kept)])
         if self.on_tokens and kept:
             self.on_tokens(kept)
         if self.on_commit and kept:
@@ -131,12 +139,12 @@ class SpeculativeGenerator:
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: TokenCallback | None = None, *, on_commit: CommitCallback | None = None,
-                 should_stop: StopCheck | None = None) -> GenerationResult:
+                 should_stop: StopCheck | None = None, on_logits: LogitsCallback | None = None) -> GenerationResult:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
         self.rng.manual_seed(self.sampling.seed)
         self.policy.reset()
         stats = GenerationStats(k=self.k)
-        seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens, on_commit)
+        seq = _Sequence(prompt_ids, max_new_tokens, eos_token_ids, on_tokens, on_commit, on_logits)
         start = time.perf_counter()
 
         self.drafter.begin(prompt_ids, max_new_tokens)  # checks the draft model's room before any call
@@ -145,7 +153,7 @@ class SpeculativeGenerator:
         stats.time_draft_s += t0 - start
         stats.time_target_s += time.perf_counter() - t0
         check_finite(logits, seq.length - 1, self.target)
-        seq.extend([next_token(logits, self.params, self.rng)])
+        seq.extend([next_token(logits, self.params, self.rng)], logits=logits)
         confidence = _confidence(logits, seq.last) if self.policy.uses_target_confidence else 1.0
 
         while not seq.done and not (should_stop and should_stop()):
@@ -166,7 +174,7 @@ class SpeculativeGenerator:
             else:
                 tokens = [next_token(target_logits[0], self.params, self.rng)]
             accepted = len(tokens) - 1
-            stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft)))
+            stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft), target_logits))
             self.policy.observe(len(draft), accepted)
             if self.policy.uses_target_confidence:
                 confidence = _confidence(target_logits[accepted], tokens[-1])

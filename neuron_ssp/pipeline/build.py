@@ -1,6 +1,10 @@
 """The engine for a config: our loop with its drafter, acceptor and policy, or a library's loop.
 
 Backends are loaded once (pipeline.load); everything built here is cheap and shares them.
+`build_generator` is the one factory for "rng + acceptor + generator": the loader, the server's
+per-request sampling, bench and tune-k all build through it. A pipeline's drafter is built once and
+shared by the generators derived from it, so the suffix drafter's history (what it learnt from earlier
+requests) survives a request that brings its own temperature or seed.
 """
 
 from __future__ import annotations
@@ -11,12 +15,12 @@ from typing import Protocol
 import torch
 
 from neuron_ssp.backends.base import ModelBackend
-from neuron_ssp.config import Config
+from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter, SuffixDrafter, SuffixHistory
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, sampling_params
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.speculation.acceptors import TokenAcceptor
+from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import build_draft_stop, build_policy
 
 
@@ -27,25 +31,32 @@ class Generator(Protocol):
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult: ...
 
 
-def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, acceptor: TokenAcceptor,
-                    rng: torch.Generator) -> Generator:
-    """Our loop by default; transformers-neuronx's own loop with `engine: library`, its on-device
-    FusedSpeculativeDecoder with `engine: fused` (Neuron only), or NxD Inference's fused speculation with
-    `engine: fused` and `neuron.library: nxdi`."""
-    if config.speculation.engine == "library":
+def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None,
+                    drafter: Drafter | None = None) -> Generator:
+    """rng + acceptor + generator for `config`: our loop by default; transformers-neuronx's own loop
+    with `engine: library`, its on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or
+    NxD Inference's fused speculation with `engine: fused` and `neuron.library: nxdi`.
+
+    The rng draws where the logits are (CUDA: no copies). `drafter`: an already built one to share (its
+    history included); it follows `config.sampling` (a draft model samples with the request's settings).
+    """
+    spec = config.speculation
+    rng = torch.Generator(device=sampling_device(config))
+    acceptor = build_acceptor(spec.acceptor, sampling_params(config.sampling), rng)
+    if spec.engine == "library":
         from neuron_ssp.engines.library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
-    if config.speculation.engine == "fused" and config.neuron.library == "nxdi":
+    if spec.engine == "fused" and config.neuron.library == "nxdi":
         from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
 
-        return NxdiFusedEngine(target, config.speculation.k)
-    if config.speculation.engine == "fused":  # validate_config refused what the fused decoder cannot do
+        return NxdiFusedEngine(target, spec.k)
+    if spec.engine == "fused":  # validate_config refused what the fused decoder cannot do
         from neuron_ssp.engines.fused import FusedEngine
 
         return FusedEngine.build(config, target, draft)
-    return SpeculativeGenerator(target, build_drafter(config, target, draft, rng), acceptor,
-                                build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+    drafter = share_drafter(drafter, config, rng) if drafter is not None else build_drafter(config, target, draft, rng)
+    return SpeculativeGenerator(target, drafter, acceptor, build_policy(spec), config.sampling, spec.k, rng)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
@@ -64,6 +75,29 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
                                  f"({target.vocab_size}); speculative sampling compares token ids",
                                  "pick a draft from the same model family (same tokenizer), or use drafter: ngram"))
     return ModelDrafter(draft, sampling_params(config.sampling), rng, build_draft_stop(spec))
+
+
+def share_drafter(drafter: Drafter, config: Config, rng: torch.Generator) -> Drafter:
+    """The same drafter for another generator: model-free drafters as they are (one history for all); a
+    draft model drafts with this generator's sampling and rng (rejection sampling needs the q it drew from)."""
+    if isinstance(drafter, ModelDrafter):
+        return ModelDrafter(drafter.backend, sampling_params(config.sampling), rng, drafter.stop_below)
+    return drafter
+
+
+def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:
+    """A UsageError for what a request's sampling asks that the engine cannot do per request (fused: sampling
+    is compiled into the on-device graph, and its random generator cannot be seeded per request)."""
+    if config.speculation.engine != "fused":
+        return
+    loaded = config.sampling
+    fields = ["temperature", "top_k", "top_p"] + (["seed"] if loaded.temperature > 0 else [])
+    problems = [Problem(name, getattr(sampling, name), f"engine fused samples on the device with the settings it "
+                        f"was compiled with ({name} {getattr(loaded, name)}); it cannot change them per request",
+                        f"leave {name} out (the server's value is used), or serve with speculation.engine: native")
+                for name in fields if getattr(sampling, name) != getattr(loaded, name)]
+    if problems:
+        raise UsageError(problems)
 
 
 def sampling_device(config: Config) -> torch.device:

@@ -6,7 +6,6 @@ is read (on Neuron, before paying for a compile).
 
 from __future__ import annotations
 
-import torch
 from transformers import AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
@@ -14,7 +13,7 @@ from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.native import sampling_params
-from neuron_ssp.pipeline.build import build_generator, sampling_device
+from neuron_ssp.pipeline.build import build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
 from neuron_ssp.speculation.acceptors import build_acceptor
@@ -23,8 +22,7 @@ from neuron_ssp.topology import DeploymentPlan, validate_config
 
 def load_pipeline(config: Config) -> Pipeline:
     validate_config(config).raise_if_invalid()
-    rng = torch.Generator(device=sampling_device(config))  # draws where the logits are (CUDA: no copies)
-    acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)  # fail fast
+    build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), None)  # fail before loading
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
         from neuron_ssp.topology import plan_deployment
@@ -37,7 +35,7 @@ def load_pipeline(config: Config) -> Pipeline:
         target, draft, tokenizer = load_torch_backends(config)
     generation_config = getattr(getattr(target, "model", None), "generation_config", None)
     eos = stop_token_ids(tokenizer, config.generation.stop_tokens, getattr(generation_config, "eos_token_id", None))
-    return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft, acceptor, rng), eos)
+    return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft), eos)
 
 
 def load_neuron_models(config: Config, plan: DeploymentPlan) -> tuple[ModelBackend, ModelBackend | None]:

@@ -4,6 +4,7 @@ decodes the result."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -14,16 +15,16 @@ from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.native import (
     CommitCallback,
     GenerationResult,
+    LogitsCallback,
     SpeculativeGenerator,
     StopCheck,
     check_room,
     plain_generate,
-    sampling_params,
 )
-from neuron_ssp.pipeline.build import Generator, build_generator
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.pipeline.build import Generator, build_generator, refuse_unhonoured
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
-from neuron_ssp.speculation.acceptors import build_acceptor
 
 
 @dataclass
@@ -64,32 +65,53 @@ class Pipeline:
         """The n_positions rule `generate` enforces, asked before a request is queued."""
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", self.extra_slots)
 
+    def request_sampling(self, temperature: float | None = None, top_p: float | None = None,
+                         top_k: int | None = None, seed: int | None = None) -> SamplingConfig:
+        """One request's sampling: its fields over the config's, or a UsageError naming what this engine
+        cannot honour per request. A sampled request without a seed gets a fresh one (as OpenAI's and
+        vLLM's servers do), so two identical requests differ; the result carries that seed, to reproduce it.
+        """
+        given = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        sampling = self.config.sampling.model_copy(update={k: v for k, v in given.items() if v is not None})
+        if seed is None and sampling.temperature > 0 and self.config.speculation.engine != "fused":
+            sampling = sampling.model_copy(update={"seed": secrets.randbits(63)})
+        refuse_unhonoured(self.config, sampling)
+        return sampling
+
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
-                     on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None
-                     ) -> GenerationResult:
+                     on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None,
+                     on_logits: LogitsCallback | None = None) -> GenerationResult:
         """One request with its own sampling settings (the server's entry point).
 
         `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
-        accepted draft tokens and how many were drafted; `should_stop()` is asked once per iteration
-        and cancels the generation. The library engine runs transformers-neuronx's loop in one call:
-        its tokens arrive together at the end with origin unknown (`from_draft` None), and a cancel
-        takes effect only after it returns.
+        accepted draft tokens and how many were drafted; `on_logits(rows)` (our loop only) the target's
+        logits that chose them, just before; `should_stop()` is asked once per iteration and cancels
+        the generation. The library engine runs transformers-neuronx's loop in one call: its tokens
+        arrive together at the end with origin unknown (`from_draft` None), and a cancel takes effect
+        only after it returns.
         """
         generator = self._generator_for(sampling or self.config.sampling)
         if isinstance(generator, SpeculativeGenerator):
             return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids,
-                                      on_commit=on_commit, should_stop=should_stop)
+                                      on_commit=on_commit, should_stop=should_stop, on_logits=on_logits)
+        if on_logits is not None:
+            raise UsageError(logprobs_problem(self.config.speculation.engine))
         on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
         return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
 
+    @property
+    def scores_tokens(self) -> bool:
+        """Whether the engine reports the target's logits per committed token (logprobs): our loop only."""
+        return self.config.speculation.engine == "native"
+
     def _generator_for(self, sampling: SamplingConfig) -> Generator:
-        """The loaded generator for the config's sampling; a fresh one sharing the models otherwise."""
-        if sampling == self.config.sampling:
-            return self.generator
+        """The loaded generator for the config's sampling; else one derived from it: same models, same
+        drafter (and history), its own acceptor and rng. Nothing is rebuilt."""
+        refuse_unhonoured(self.config, sampling)
+        if sampling == self.config.sampling or self.config.speculation.engine == "fused":
+            return self.generator  # fused: what is left (a seed under greedy decoding) changes nothing
         config = self.config.model_copy(update={"sampling": sampling})
-        rng = torch.Generator()
-        acceptor = build_acceptor(config.speculation.acceptor, sampling_params(sampling), rng)
-        return build_generator(config, self.target, self.draft, acceptor, rng)
+        return build_generator(config, self.target, self.draft, getattr(self.generator, "drafter", None))
 
     def speculative(self, prompt: str, on_text: TextCallback | None = None,
                     max_new_tokens: int | None = None) -> TextResult:
@@ -108,3 +130,8 @@ class Pipeline:
 
     def _text(self, result: GenerationResult) -> TextResult:
         return TextResult(self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, result)
+
+
+def logprobs_problem(engine: str) -> Problem:
+    return Problem("logprobs", True, f"engine {engine} does not report the target's distribution per token",
+                   "leave logprobs out, or serve with speculation.engine: native")

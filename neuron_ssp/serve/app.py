@@ -1,7 +1,10 @@
 """The FastAPI app: OpenAI routes, SageMaker routes, /metrics, /health and the playground page.
 
-Each generation route turns its body into a `GenerationRequest`, encodes the prompt, checks that it
-fits the cache, queues a `Job` for the worker and answers from the job's events (serve/streams.py).
+Each generation route takes JSON only (415 otherwise: a form or text/plain body is what a web page can
+POST cross-site without a preflight), turns its body into a `GenerationRequest`, encodes the prompt,
+checks that it fits the cache and that the engine can honour its sampling, queues a `Job` for the worker
+and answers from the job's events (serve/streams.py). /openapi.json describes every route from the
+same pydantic models (serve/openapi.py).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -20,9 +24,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_ssp.config import ServeConfig
+from neuron_ssp.config import SamplingConfig, ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
-from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
+from neuron_ssp.serve import openapi
 from neuron_ssp.serve.errors import ApiError, error_body, error_response
 from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
@@ -40,6 +45,8 @@ from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
 from neuron_ssp.speculation.positions import max_new_tokens_within
 
 log = logging.getLogger("neuron_ssp.serve")
+CLIENT_CLOSED = 499  # nginx's "client closed request": what the request counter records for a disconnect
+WORKER_JOIN_S = 60.0  # at shutdown, how long to wait for a prefill that cannot be interrupted
 
 
 def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
@@ -50,9 +57,13 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         worker.start()
         yield
-        worker.drain()
+        # uvicorn has waited for the open requests (SIGTERM: up to drain_timeout, then the worker cut the running
+        # one and its client got a final error); the thread must end before the interpreter does
+        if not await asyncio.to_thread(worker.stop, WORKER_JOIN_S):
+            log.error("the generation worker is still busy after %.0f s (an uninterruptible prefill)", WORKER_JOIN_S)
 
-    app = FastAPI(title="neuron-ssp", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="neuron-ssp", version=openapi.VERSION, lifespan=lifespan, redoc_url=None,
+                  description=openapi.DESCRIPTION)
     app.state.worker = worker
     app.state.metrics = metrics
 
@@ -82,36 +93,35 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
         _check_room(pipeline, prompt_ids, max_tokens, "parameters.max_new_tokens" if spec.kind == "lmi"
                     else "max_tokens")
-        overrides = {name: getattr(spec, name) for name in ("temperature", "top_p", "top_k", "seed")}
-        sampling = pipeline.config.sampling.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-        job = Job(request_id, prompt_ids, max_tokens, sampling, spec.stop,
-                  time.monotonic() + settings.request_timeout, settings.request_timeout, asyncio.get_running_loop())
+        sampling = _sampling(pipeline, spec)
+        timeout = settings.timeout_s
+        job = Job(request_id, prompt_ids, max_tokens, sampling, spec.stop, time.monotonic() + timeout, timeout,
+                  asyncio.get_running_loop(), spec.top_logprobs if spec.logprobs else None)
         worker.submit(job)
         log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s", request_id, spec.kind,
                  len(prompt_ids), max_tokens, spec.stream)
         try:
             first = await next_event(job, request)
-        except ClientGone:
-            return Response(status_code=499)
-        if isinstance(first, Failed):
-            raise first.error
-        if spec.kind == "lmi":
-            return await lmi_answer(job, request, spec, first)
-        fmt = OpenAIFormat(spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage)
-        if spec.stream:
-            return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
-        done = await collect(job, request, first)
-        return JSONResponse(fmt.final(done))
+            if isinstance(first, Failed):
+                raise first.error
+            if spec.kind == "lmi":
+                return await lmi_answer(job, request, spec, first)
+            fmt = OpenAIFormat(spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage, spec.logprobs)
+            if spec.stream:
+                return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
+            return JSONResponse(fmt.final(await collect(job, request, first)))
+        except ClientGone:  # not a server error: counted as aborted by the worker, logged at info
+            return Response(status_code=CLIENT_CLOSED)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **openapi.route("chat"))
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat_request(await _read_json(request)))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **openapi.route("completion"))
     async def completions(request: Request) -> Response:
         return await generate(request, completion_request(await _read_json(request)))
 
-    @app.post("/invocations")
+    @app.post("/invocations", **openapi.route("invocations"))
     async def invocations(request: Request) -> Response:
         data = await _read_json(request)
         if is_lmi_body(data):
@@ -124,39 +134,45 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
                                     "`messages` (OpenAI chat) or `prompt` (OpenAI completions)",
                                     'send {"inputs": "...", "parameters": {...}} or an OpenAI body'))
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **openapi.route("models"))
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "neuron-ssp",
                 "max_model_len": pipeline.target.n_positions}
         return {"object": "list", "data": [card]}
 
-    @app.get("/health")
+    @app.get("/health", **openapi.route("health"))
     async def health() -> Response:
         if not worker.accepting or not worker.thread.is_alive():
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok", "queue_depth": worker.queue.qsize(),
                              "running": 1 if worker.running else 0})
 
-    @app.get("/ping")
+    @app.get("/ping", **openapi.route("health"))
     async def ping() -> Response:
         """SageMaker: 200 once the models are loaded (the app exists only after loading) and while serving."""
         return await health()
 
-    @app.get("/metrics")
+    @app.get("/metrics", **openapi.route("metrics"))
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=HTMLResponse, **openapi.route("page"))
     async def playground() -> HTMLResponse:
         page = resources.files("neuron_ssp.serve").joinpath("static/playground.html").read_text()
         return HTMLResponse(page.replace("{{MODEL}}", model_name))
 
-    app.add_middleware(Gate, metrics=metrics, api_key=api_key)
+    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
+    app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
     return app
 
 
 async def _read_json(request: Request) -> dict[str, Any]:
     """The body, read with a cap (a chunked upload has no Content-Length for the gate to check)."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise ApiError(415, Problem("Content-Type", media_type or "(none)", "a generation request must be JSON (a "
+                                    "form or text/plain body is what a web page can send cross-site without asking)",
+                                    "send the header 'Content-Type: application/json'"))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -172,7 +188,20 @@ def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
             return pipeline.encode_messages(spec.messages)
         return pipeline.encode(spec.prompt, chat_template=False)  # completions and LMI: raw text, no template
     except NeuronSSPError as exc:
-        raise ApiError(400, exc.problems) from None
+        field = {"prompt": "inputs"} if spec.kind == "lmi" else {}  # name the field the client sent
+        raise ApiError(400, [replace(p, field=field.get(p.field, p.field)) for p in exc.problems]) from None
+
+
+def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
+    """The request's sampling over the server's, or a 400 for what this engine cannot do per request."""
+    try:
+        sampling = pipeline.request_sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed)
+    except NeuronSSPError as exc:
+        raise ApiError(400, [replace(p, field=f"parameters.{p.field}") if spec.kind == "lmi" else p
+                             for p in exc.problems]) from None
+    if spec.logprobs and not pipeline.scores_tokens:
+        raise ApiError(400, logprobs_problem(pipeline.config.speculation.engine))
+    return sampling
 
 
 def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, field: str) -> None:

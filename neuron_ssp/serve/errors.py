@@ -17,6 +17,7 @@ ERROR_TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable",
     504: "timeout_error",
@@ -45,8 +46,13 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": status}}
+    return {"error": {"message": _utf8(message), "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param if param is None else _utf8(param), "code": status}}
+
+
+def _utf8(text: str) -> str:
+    """A value quoted back may hold a lone surrogate (JSON allows "\\ud800"): escape it so the body encodes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(error: ApiError, request_id: str) -> JSONResponse:

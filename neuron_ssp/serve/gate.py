@@ -1,18 +1,20 @@
 """ASGI middleware: request ids, the 1 MiB body limit, the API key and the per-status request counter.
 
-Pure ASGI (not BaseHTTPMiddleware) so that a streaming response still sees its client disconnect.
+Pure ASGI (not BaseHTTPMiddleware) so that a streaming response still sees its client disconnect. The
+key guards /v1/* and /invocations; under --sagemaker, SageMaker authenticates /invocations callers
+itself (and sends no key), so there it guards /v1/* only. Its refusals are rendered like every other
+error (serve/errors.py).
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from neuron_ssp.errors import Problem
-from neuron_ssp.serve.errors import ApiError
+from neuron_ssp.serve.errors import ApiError, error_response
 from neuron_ssp.serve.metrics import ServerMetrics
 
 MAX_BODY_BYTES = 1 << 20
@@ -26,10 +28,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class Gate:
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics, api_key: str | None):
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics, api_key: str | None, sagemaker: bool = False):
         self.app = app
         self.metrics = metrics
         self.api_key = api_key.encode() if api_key else None
+        self.guarded = ("/v1/",) if sagemaker else ("/v1/", "/invocations")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -52,7 +55,7 @@ class Gate:
         try:
             refusal = self._refusal(scope["path"], headers)
             if refusal is not None:
-                await _send_error(send_with_id, refusal)
+                await error_response(refusal, request_id)(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
         finally:
@@ -63,7 +66,7 @@ class Gate:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY_BYTES:
             return body_too_large(int(length))
-        if self.api_key is not None and path.startswith("/v1/"):
+        if self.api_key is not None and path.startswith(self.guarded):
             scheme, _, given = headers.get("authorization", "").partition(" ")
             # compare_digest: the time taken does not tell how much of the key was right
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key):
@@ -78,10 +81,3 @@ def body_too_large(size: int | str) -> ApiError:
     return ApiError(413, Problem("body", f"{size} bytes", f"a request body may hold at most {MAX_BODY_BYTES} "
                                  "bytes (1 MiB)", "shorten the prompt or the conversation"))
 
-
-async def _send_error(send: Send, error: ApiError) -> None:
-    body = json.dumps(error.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

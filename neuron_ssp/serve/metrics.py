@@ -20,9 +20,12 @@ class ServerMetrics:
         r = self.registry
         self.requests = Counter("neuron_ssp_requests", "Generation requests answered, by endpoint and HTTP status.",
                                 ["endpoint", "status"], registry=r)
+        self.finished = Counter("neuron_ssp_request_success", "Requests that ended, by finished_reason: stop, length, "
+                                "or abort (the client disconnected; vLLM's request_success_total).",
+                                ["finished_reason"], registry=r)
         self.prompt_tokens = Counter("neuron_ssp_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
-        self.generation_tokens = Counter("neuron_ssp_generation_tokens", "Tokens generated (committed).",
-                                         registry=r)
+        self.generation_tokens = Counter("neuron_ssp_generation_tokens", "Tokens generated and returned (not those "
+                                         "past a stop string).", registry=r)
         self.draft_tokens = Counter("neuron_ssp_draft_tokens", "Tokens proposed by the drafter.", registry=r)
         self.accepted_tokens = Counter("neuron_ssp_accepted_tokens", "Drafted tokens the target accepted.",
                                        registry=r)

@@ -24,7 +24,7 @@ def lmi_body(done: Done, inputs: str, details: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"generated_text": done.text}
     if details:
         body["details"] = _details(done, inputs)
-    body["speculative"] = speculative_stats(done.stats)
+    body["speculative"] = speculative_stats(done.stats, done.seed)
     return body
 
 
@@ -35,7 +35,7 @@ def lmi_token_lines(pieces: list[Piece]) -> list[str]:
 def lmi_last_line(done: Done, inputs: str, last: Piece | None) -> str:
     token = _token(last) if last else {"id": -1, "text": "", "log_prob": None, "special_token": True}
     return _line({"token": token, "generated_text": done.text, "details": _details(done, inputs),
-                  "speculative": speculative_stats(done.stats)})
+                  "speculative": speculative_stats(done.stats, done.seed)})
 
 
 def _token(piece: Piece) -> dict[str, Any]:

@@ -1,36 +1,55 @@
 """Request bodies -> one `GenerationRequest`: OpenAI chat/completions (vLLM's field set) and LMI/TGI.
 
-Types are checked by pydantic; the value rules (temperature >= 0, top_p in (0, 1], n = 1, ...) are
-checked here so that every problem of a body is reported at once, each naming field, value, rule, fix.
-Unknown fields are accepted and ignored, as OpenAI's and vLLM's servers do.
+Types are checked by pydantic (finite numbers, a seed that fits 64 bits, text that is valid Unicode);
+the value rules (temperature >= 0, top_p in (0, 1], n = 1, ...) are checked here so that every problem
+of a body is reported at once, each naming field, value, rule, fix. Unknown fields are accepted and
+ignored, as OpenAI's and vLLM's servers do, except those that would change the answer and are not
+supported (tools, response_format): those are refused rather than silently ignored. The same models
+describe the bodies in /openapi.json.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from neuron_ssp.errors import Problem
 from neuron_ssp.serve.errors import ApiError
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5); vLLM's default max_logprobs
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); torch seeds take any of them
+NOT_SUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format")
+
+
+def _unicode(text: str) -> str:
+    """JSON may escape a lone surrogate ("\\ud800"): not text a tokenizer can encode or a reply can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"holds a lone surrogate at character {exc.start}: not valid Unicode text") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class TextPart(_Body):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
 
 class StreamOptions(_Body):
@@ -38,25 +57,33 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    model: str | None = None
+    model: Text | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None  # extra field (vLLM's too): not in OpenAI's schema
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    top_k: int | None = Field(None, description="extra field (vLLM's too): 0 or -1 = off")
+    seed: Seed | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     n: int = 1
+    tools: Any = Field(None, description="not supported: refused")
+    tool_choice: Any = Field(None, description="not supported: refused unless 'none'")
+    functions: Any = Field(None, description="not supported: refused")
+    function_call: Any = Field(None, description="not supported: refused unless 'none'")
+    response_format: Any = Field(None, description="not supported: refused unless {'type': 'text'}")
 
 
 class ChatCompletionBody(_Sampling):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, description=f"0..{MAX_TOP_LOGPROBS}, with logprobs: true")
 
 
 class CompletionBody(_Sampling):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
+    logprobs: int | None = Field(None, description=f"0..{MAX_TOP_LOGPROBS}: the most likely tokens per position")
 
 
 class LmiParameters(_Body):
@@ -67,14 +94,14 @@ class LmiParameters(_Body):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] | None = None  # TGI
-    stop_sequences: list[str] | None = None  # LMI
+    seed: Seed | None = None
+    stop: list[Text] | None = None  # TGI
+    stop_sequences: list[Text] | None = None  # LMI
     details: bool = False
 
 
 class LmiBody(_Body):
-    inputs: str
+    inputs: Text
     parameters: LmiParameters = LmiParameters()
     stream: bool = False
 
@@ -96,6 +123,8 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     details: bool = False  # LMI: add `details` to the answer
+    logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per position, with logprobs
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -119,12 +148,17 @@ def chat_request(data: dict[str, Any]) -> GenerationRequest:
     if not body.messages:
         problems.append(Problem("messages", [], "must hold at least one message",
                                 'send [{"role": "user", "content": "..."}]'))
+    if body.top_logprobs is not None and not body.logprobs:
+        problems.append(Problem("top_logprobs", body.top_logprobs, "needs logprobs: true (OpenAI's rule)",
+                                "send logprobs: true with it, or leave top_logprobs out"))
+    problems += _top_logprobs_problems("top_logprobs", body.top_logprobs)
     _raise(problems)
     messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                  else "".join(p.text for p in m.content)} for m in body.messages]
     request = _common("chat", body)
     request.messages = messages
     request.max_tokens = body.max_completion_tokens or body.max_tokens
+    request.logprobs, request.top_logprobs = body.logprobs, body.top_logprobs or 0
     return request
 
 
@@ -135,9 +169,11 @@ def completion_request(data: dict[str, Any]) -> GenerationRequest:
     if len(prompts) != 1:
         problems.append(Problem("prompt", body.prompt, "exactly one prompt per request (speculation runs batch 1)",
                                 "send a single string; send one request per prompt"))
+    problems += _top_logprobs_problems("logprobs", body.logprobs)
     _raise(problems)
     request = _common("completion", body)
     request.prompt = prompts[0]
+    request.logprobs, request.top_logprobs = body.logprobs is not None, body.logprobs or 0
     return request
 
 
@@ -147,8 +183,8 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
     sample = p.do_sample if p.do_sample is not None else bool(p.temperature)  # LMI 0.32 infers it
     request = GenerationRequest("lmi", prompt=body.inputs, max_tokens=p.max_new_tokens,
                                 temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
-                                top_p=p.top_p, top_k=p.top_k, seed=p.seed, stop=(p.stop_sequences or p.stop or []),
-                                stream=body.stream, details=p.details)
+                                top_p=p.top_p, top_k=_top_k(p.top_k), seed=p.seed,
+                                stop=(p.stop_sequences or p.stop or []), stream=body.stream, details=p.details)
     _raise(_value_problems(request, prefix="parameters."))
     return request
 
@@ -160,12 +196,19 @@ def is_lmi_body(data: dict[str, Any]) -> bool:
 def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationRequest:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return GenerationRequest(kind, model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,
-                             top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=stop, stream=body.stream,
+                             top_p=body.top_p, top_k=_top_k(body.top_k), seed=body.seed, stop=stop, stream=body.stream,
                              include_usage=bool(body.stream_options and body.stream_options.include_usage))
 
 
+def _top_k(value: int | None) -> int | None:
+    return 0 if value == -1 else value  # -1 is vLLM's "off", and many clients send it
+
+
 def _sampling_problems(body: _Sampling) -> list[Problem]:
-    problems = _value_problems(_common("completion", body))
+    problems = _value_problems(_common("completion", body)) + _unsupported_problems(body)
+    if body.stream_options is not None and not body.stream:
+        problems.append(Problem("stream_options", body.stream_options.model_dump(), "only allowed with stream: true "
+                                "(as vLLM's server rules)", "send stream: true, or leave stream_options out"))
     if body.n != 1:
         problems.append(Problem("n", body.n, "only n = 1 is supported: speculative sampling runs one sequence "
                                 "at a time (batch 1)", "leave n out or send n = 1; send one request per completion"))
@@ -185,13 +228,28 @@ def _value_problems(r: GenerationRequest, prefix: str = "") -> list[Problem]:
          "send 0 for greedy decoding or a positive temperature"),
         ("top_p", r.top_p is not None and not 0 < r.top_p <= 1, "must be in (0, 1]",
          "send a value above 0 and at most 1 (1 = off)"),
-        ("top_k", r.top_k is not None and r.top_k < 0, "must be >= 0 (0 = off)", "send 0 or a positive integer"),
+        ("top_k", r.top_k is not None and r.top_k < 0, "must be >= 0, or -1 (0 and -1 = off)",
+         "send 0 or a positive integer"),
         ("stop", len(r.stop) > MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings",
          f"send up to {MAX_STOP_STRINGS}"),
         ("stop", any(s == "" for s in r.stop), "a stop string must not be empty", "remove the empty string"),
     ]
     return [Problem(prefix + names.get(name, name), r.stop if name == "stop" else getattr(r, name), rule, fix)
             for name, bad, rule, fix in checks if bad]
+
+
+def _unsupported_problems(body: _Sampling) -> list[Problem]:
+    """Fields that would change the answer and that this server cannot honour: refused, not ignored."""
+    harmless = {"tool_choice": "none", "function_call": "none", "response_format": {"type": "text"}}
+    return [Problem(name, value, "not supported by this server: speculative sampling here returns plain text "
+                    "(no tool calls, no structured output)", f"leave {name} out")
+            for name in NOT_SUPPORTED if (value := getattr(body, name)) is not None and value != harmless.get(name)]
+
+
+def _top_logprobs_problems(name: str, value: int | None) -> list[Problem]:
+    if value is None or 0 <= value <= MAX_TOP_LOGPROBS:
+        return []
+    return [Problem(name, value, f"must be in 0..{MAX_TOP_LOGPROBS}", f"send at most {MAX_TOP_LOGPROBS}")]
 
 
 def _validate(model: type[_Body], data: dict[str, Any]) -> Any:

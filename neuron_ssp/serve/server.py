@@ -1,7 +1,10 @@
 """Start-up and shutdown: load and validate the pipeline before the port opens, then run uvicorn.
 
 SIGTERM (how SageMaker and systemd stop a container): stop accepting, refuse the queued requests
-(503), let the running one finish within `drain_timeout`, then exit 0.
+(503), let the running one finish within `drain_timeout`; past that the worker cancels it at its next
+iteration and its client gets a final error (an SSE error chunk, or a 503). Then the worker thread is
+joined and the process exits 0. uvicorn's own graceful-shutdown limit is set a little later, so it
+never cuts a connection before that final error is written.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from types import FrameType
 
 import uvicorn
 
-from neuron_ssp.config import Config, ServeConfig
+from neuron_ssp.config import SAGEMAKER_INVOKE_LIMIT, Config, ServeConfig
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
@@ -24,6 +27,7 @@ from neuron_ssp.serve.worker import GenerationWorker
 log = logging.getLogger("neuron_ssp.serve")
 SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # the SageMaker container contract
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+FINAL_ERROR_S = 5.0  # after drain_timeout: time for the cut request's final error to reach its client
 
 
 @dataclass
@@ -64,14 +68,16 @@ def served_model_name(config: Config) -> str:
 class _DrainingServer(uvicorn.Server):
     """uvicorn's graceful shutdown, plus: the worker refuses queued work as soon as the signal arrives."""
 
-    def __init__(self, config: uvicorn.Config, worker: GenerationWorker):
+    def __init__(self, config: uvicorn.Config, worker: GenerationWorker, drain_timeout: float):
         super().__init__(config)
         self.worker = worker
+        self.drain_timeout = drain_timeout
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
-            log.info("signal %s: draining (running request finishes, queued ones get 503)", sig)
-            self.worker.drain()
+            log.info("signal %s: draining (the running request has %.0f s to finish, queued ones get 503)", sig,
+                     self.drain_timeout)
+            self.worker.drain(self.drain_timeout)
         super().handle_exit(sig, frame)
 
 
@@ -83,13 +89,17 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, api_key)
     log.info("model '%s' loaded; queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
-             name, settings.max_queue, settings.request_timeout, settings.drain_timeout,
+             name, settings.max_queue, settings.timeout_s, settings.drain_timeout,
              "required" if api_key else "off")
-    log.info("serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics)", listen.url)
+    if settings.sagemaker and settings.timeout_s >= SAGEMAKER_INVOKE_LIMIT:
+        log.warning("request_timeout %.0f s: a real-time SageMaker invocation is cut at %.0f s, so longer requests "
+                    "end with SageMaker's ModelError instead of this server's 504", settings.timeout_s,
+                    SAGEMAKER_INVOKE_LIMIT)
+    log.info("serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics, API at /docs)", listen.url)
     server = _DrainingServer(uvicorn.Config(app, host=listen.host, port=listen.port, log_level="info",
-                                            timeout_graceful_shutdown=settings.drain_timeout,
+                                            timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,
                                             access_log=False),
-                             app.state.worker)
+                             app.state.worker, settings.drain_timeout)
     # uvicorn re-raises the signal it caught once it has shut down; the drain is done by then, so the
     # default action (death by SIGTERM) is replaced by a normal return: exit code 0
     signal.signal(signal.SIGTERM, lambda *_: None)

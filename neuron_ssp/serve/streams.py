@@ -2,6 +2,7 @@
 
 While it waits, a route checks its client every DISCONNECT_POLL_S and enforces request_timeout; a
 client that left, or a route that gives up, cancels the job (the worker stops at the next iteration).
+A client that left is not a server error: the job is marked so, and the worker counts it as aborted.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ async def next_event(job: Job, request: Request) -> Event:
         now = time.monotonic()
         if now - job.client_seen >= DISCONNECT_POLL_S:
             if await request.is_disconnected():
-                job.cancelled.set()
+                job.leave()
                 log.info("request %s: client disconnected, cancelled", job.request_id)
                 raise ClientGone
             job.client_seen = now
@@ -61,26 +62,36 @@ async def collect(job: Job, request: Request, event: Event) -> Done:
 
 async def sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event) -> AsyncIterator[str]:
     """SSE chunks until `data: [DONE]`; a disconnect cancels the task here, and `finally` cancels the job."""
+    ended = False
     try:
         first = fmt.first_chunk()
         if first:
             yield first
         while True:
-            if isinstance(event, Delta) and event.pieces:
-                yield fmt.delta_chunk(event.pieces, event.progress)
+            if isinstance(event, Delta) and (event.pieces or event.logprobs):
+                yield fmt.delta_chunk(event)
             elif isinstance(event, Done):
                 for chunk in fmt.last_chunks(event):
                     yield chunk
+                ended = True
                 return
             elif isinstance(event, Failed):
                 yield sse(event.error.body())
                 yield DONE_LINE
+                ended = True
                 return
             event = await next_event(job, request)
     except ClientGone:
         return
     finally:
-        job.cancelled.set()
+        _release(job, ended)
+
+
+def _release(job: Job, ended: bool) -> None:
+    """A stream that stops before its last event stops because its client left (the task was cancelled)."""
+    if not ended:
+        job.leave()
+    job.cancelled.set()  # a no-op once the job is done
 
 
 async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first: Event) -> Response:
@@ -90,6 +101,7 @@ async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first:
 
     async def lines(event: Event) -> AsyncIterator[str]:
         held: Piece | None = None  # LMI's last line carries the last token, so one piece waits
+        ended = False
         try:
             while True:
                 if isinstance(event, Delta):
@@ -99,14 +111,16 @@ async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first:
                         held = piece
                 elif isinstance(event, Done):
                     yield sagemaker.lmi_last_line(event, spec.prompt, held)
+                    ended = True
                     return
                 else:
                     yield sagemaker.lmi_error_line(event.error)
+                    ended = True
                     return
                 event = await next_event(job, request)
         except ClientGone:
             return
         finally:
-            job.cancelled.set()
+            _release(job, ended)
 
     return StreamingResponse(lines(first), media_type=sagemaker.JSONLINES)

@@ -3,7 +3,10 @@
 Origin of a token: "draft" (a drafted token the target accepted), "target" (a token the target chose:
 a rejection's correction, a bonus token or a plain step) or "unknown" (the library engine). While
 streaming, text that could still be the start of a stop string is held back, so a client never
-receives a stop string, not even in part.
+receives a stop string, not even in part. Decoding is incremental (pipeline/text.py).
+
+`returned_tokens` counts the tokens whose text is returned: a step commits several tokens at once, and
+the ones after a stop string are neither sent nor counted in `usage` (OpenAI's completion_tokens).
 """
 
 from __future__ import annotations
@@ -11,6 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
+
+from neuron_ssp.pipeline.text import IncrementalDecoder
+
+
+@dataclass
+class TokenLogprob:
+    """One committed token under the target's distribution: its log-probability and the most likely ones."""
+
+    token: str  # the token's own text
+    logprob: float
+    top: list[tuple[str, float]]  # (token text, logprob), most likely first
+    offset: int = 0  # where the token's text starts in the returned text (set when it is added)
 
 
 @dataclass
@@ -22,27 +37,45 @@ class Piece:
 
 class TokenText:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]):
-        self.tokenizer = tokenizer
+        self.decoder = IncrementalDecoder(tokenizer)
         self.stop = stop
         self.hold = max((len(s) for s in stop), default=1) - 1
-        self.ids: list[int] = []
+        self.starts: list[int] = []  # where each token's text starts in `text`
+        self.logprobs: list[TokenLogprob] = []  # per token, when the request asked for them
+        self.released = 0  # logprobs handed out
         self.text = ""  # decoded so far (cut at a stop string once one is found)
         self.pending: list[Piece] = []  # decoded, not yet handed out
         self.sent = 0  # characters handed out
         self.stopped = False
 
-    def add(self, token: int, origin: str) -> None:
+    def add(self, token: int, origin: str, logprob: TokenLogprob | None = None) -> None:
         """Decode one more token; a multi-byte character lands on the token that completes it."""
         if self.stopped:
             return
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
+        self.starts.append(len(self.text))
+        if logprob is not None:
+            logprob.offset = len(self.text)
+            self.logprobs.append(logprob)
+        piece = self.decoder.add(token)
+        if not piece:
             return
-        piece, self.text = text[len(self.text):], text
-        if piece:
-            self.pending.append(Piece(piece, origin, token))
+        self.text += piece
+        self.pending.append(Piece(piece, origin, token))
         self._cut_at_stop(len(self.text) - len(piece))
+
+    @property
+    def returned_tokens(self) -> int:
+        """Tokens whose text is (at least in part) returned: all of them unless a stop string cut the text."""
+        if not self.stopped:
+            return len(self.starts)
+        return sum(1 for start in self.starts if start < len(self.text))
+
+    def take_logprobs(self, final: bool = False) -> list[TokenLogprob]:
+        """Logprobs of the tokens whose text has been handed out (all returned tokens when final)."""
+        end = self.returned_tokens if final else sum(1 for start in self.starts if start < self.sent)
+        end = min(end, len(self.logprobs))
+        out, self.released = self.logprobs[self.released: end], max(self.released, end)
+        return out
 
     def _cut_at_stop(self, new_from: int) -> None:
         start = max(new_from - self.hold, 0)

@@ -20,14 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from neuron_ssp.config import config_from_dict
-from neuron_ssp.engines.native import plain_generate, sampling_params
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.aggregate import merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
@@ -187,10 +184,7 @@ def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, Ge
                                      "add a `draft:` section to the config, or compare ngram and suffix"))
         data = config.model_dump()
         data["speculation"]["drafter"] = name
-        other = config_from_dict(data)
-        rng = torch.Generator()
-        acceptor = build_acceptor(other.speculation.acceptor, sampling_params(other.sampling), rng)
-        generators[name] = build_generator(other, pipeline.target, pipeline.draft, acceptor, rng)
+        generators[name] = build_generator(config_from_dict(data), pipeline.target, pipeline.draft)
     return generators
 
 

@@ -12,16 +12,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 from neuron_ssp.config import Config
-from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import build_drafter, sampling_device
+from neuron_ssp.pipeline.build import build_generator
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.policies import build_policy
 
 
 @dataclass(frozen=True)
@@ -53,13 +49,13 @@ def generator_for_k(pipeline: Pipeline, k: int) -> SpeculativeGenerator:
 
 
 def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGenerator:
-    """A generator with `config`'s speculation and sampling settings on the pipeline's loaded models."""
-    rng = torch.Generator(device=sampling_device(config))
-    acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
+    """Our loop with `config`'s speculation and sampling settings on the pipeline's loaded models."""
     with_window = getattr(pipeline.target, "with_window", None)  # Neuron: the network compiled for this k
     target = with_window(config.speculation.k) if with_window is not None else pipeline.target
-    return SpeculativeGenerator(target, build_drafter(config, target, pipeline.draft, rng), acceptor,
-                                build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+    native = config.model_copy(update={"speculation": config.speculation.model_copy(update={"engine": "native"})})
+    generator = build_generator(native, target, pipeline.draft)
+    assert isinstance(generator, SpeculativeGenerator)
+    return generator
 
 
 def shared_target_groups(pipeline: Pipeline, ks: list[int]) -> Iterator[KGroup]:

@@ -7,6 +7,11 @@
 3. overflow: a second server with a small queue, every client at once; each request must get 200 or
    503 within its timeout, and the server must stay healthy.
 
+`--repeated` measures instead what the suffix drafter learns across requests, through the server: the
+prompt set twice in a row from one client, on a fresh server per kind of client: greedy clients, and
+clients that send a temperature and a seed (as OpenAI clients do). The second pass drafts from the
+first pass's history; its tokens/s over the first pass's is the gain, side by side for both kinds.
+
 Every request has a timeout and the counts are bounded, so the benchmark always ends.
 """
 
@@ -26,6 +31,7 @@ from typing import Any
 
 import httpx
 import torch
+import yaml
 
 from neuron_ssp.config import Config
 
@@ -65,6 +71,8 @@ def start_server(config_path: Path | None, max_queue: int, threads: int | None, 
     args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-queue", str(max_queue)]
     if config_path is not None:
         args += ["--config", str(config_path)]
+    if threads:
+        args += ["--threads", str(threads)]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     log = log_dir / f"serve-{port}.log"
     with log.open("w") as out:
@@ -81,10 +89,11 @@ def start_server(config_path: Path | None, max_queue: int, threads: int | None, 
     raise RuntimeError(f"the server did not become ready; see {log}:\n{log.read_text()[-2000:]}")
 
 
-def chat_body(prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
-    """A greedy chat request: the instruct model answers its template (a raw prompt often ends at once)."""
+def chat_body(prompt: str, max_tokens: int, stream: bool, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A chat request, greedy unless `sampling` says otherwise: the instruct model answers its template (a raw
+    prompt often ends at once)."""
     body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                            "temperature": 0, "stream": stream}
+                            "temperature": 0, "stream": stream, **(sampling or {})}
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -252,6 +261,52 @@ def run_serve_bench(config: Config, config_path: Path | None, pipeline: Any, pro
 
 def total_steps(clients: int, requests: int, pairs: int) -> int:
     return pairs + 3 * clients * requests + clients * requests
+
+
+REPEATED_CLIENTS = {"greedy": {}, "T=0.5+seed": {"temperature": 0.5}}  # plus a fixed seed per prompt
+
+
+def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: int, threads: int | None,
+                                timeout_s: float, log_dir: Path, step: Step) -> dict[str, Any]:
+    """The prompt set twice through a fresh suffix-drafter server per kind of client; the gain per kind."""
+    data = config.model_dump(mode="json", exclude_none=True)  # unset fields stay unset (and keep their defaults)
+    data["speculation"]["drafter"] = "suffix"
+    suffix_config = log_dir / "suffix.yaml"
+    suffix_config.write_text(yaml.safe_dump(data))
+    kinds: dict[str, Any] = {}
+    for kind, sampling in REPEATED_CLIENTS.items():
+        server = start_server(suffix_config, max_queue=1, threads=threads, log_dir=log_dir)
+        try:
+            passes = [_one_pass(server.url, prompts, max_tokens, sampling, timeout_s, step) for _ in range(2)]
+        finally:
+            exit_code = server.stop()
+        kinds[kind] = {"first": passes[0], "second": passes[1], "exit_code": exit_code,
+                       "gain": passes[1]["tokens_per_s"] / passes[0]["tokens_per_s"] if passes[0]["tokens_per_s"]
+                       else 0.0}
+    return {"settings": {"prompts": len(prompts), "max_tokens": max_tokens, "threads": threads,
+                         "config": config.name, "drafter": "suffix", "clients": REPEATED_CLIENTS}, "kinds": kinds}
+
+
+def _one_pass(url: str, prompts: list[str], max_tokens: int, sampling: dict[str, Any], timeout_s: float,
+              step: Step) -> dict[str, Any]:
+    """One client, the prompts in order, non-streamed; prompt i samples with seed i in every pass."""
+    tokens = calls = errors = 0
+    wall = 0.0
+    with httpx.Client() as client:
+        for i, prompt in enumerate(prompts):
+            body = chat_body(prompt, max_tokens, stream=False, sampling={**sampling, "seed": i} if sampling else None)
+            start = time.perf_counter()
+            r = client.post(f"{url}/v1/chat/completions", json=body, timeout=timeout_s)
+            wall += time.perf_counter() - start
+            if r.status_code != 200:
+                errors += 1
+            else:
+                answer = r.json()
+                tokens += answer["usage"]["completion_tokens"]
+                calls += answer["speculative"]["target_calls"]
+            step("request")
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0, "errors": errors,
+            "tokens_per_call": tokens / calls if calls else 0.0}
 
 
 def _percentile(values: list[float], q: float) -> float:

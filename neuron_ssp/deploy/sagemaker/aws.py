@@ -25,14 +25,17 @@ class SageMakerClients:
         from botocore.config import Config
 
         config = Config(retries={"mode": "standard", "max_attempts": 5}, user_agent_extra="neuron-ssp-deploy")
+        # InvokeEndpoint gives the container 60 s and its API reference asks for a 70 s socket timeout; a
+        # generation is not idempotent, so it is never re-sent into the same queue (docs/serving.md)
+        invoke = config.merge(Config(read_timeout=70, retries={"mode": "standard", "total_max_attempts": 1}))
 
-        def client(name: str) -> Any:
-            return session.client(name, region_name=region, config=config)
+        def client(name: str, settings: Config = config) -> Any:
+            return session.client(name, region_name=region, config=settings)
 
         return cls(
             region,
             client("sagemaker"),
-            client("sagemaker-runtime"),
+            client("sagemaker-runtime", invoke),
             client("application-autoscaling"),
             client("logs"),
             client("ecr"),
