@@ -155,30 +155,33 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, sel
 def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     """`doctor --self-test CONFIG`: the load-time self-test on its own, with its per-position figures."""
     from neuron_ssp.backends.neuron.api import load_neuronx
-    from neuron_ssp.backends.neuron.load import load_neuron_backends
-    from neuron_ssp.backends.neuron.selftest import BUCKET_EDGE, check_self_test, run_self_test
+    from neuron_ssp.backends.neuron.load import load_neuron_backends, self_test
+    from neuron_ssp.backends.neuron.selftest import check_self_test
 
     config = load_config(config_path)
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
     target, _ = load_neuron_backends(target_only, plan_deployment(target_only))
-    result = run_self_test(target, load_neuronx().version)
+    result = self_test(target, config, load_neuronx().version)
+    judgement = result.judgement
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         console = Console()
-        console.print(
-            f"self-test, transformers-neuronx {result.library_version}, k={result.k}: argmax agreement "
-            f"{result.agreement():.1%} (below slot {BUCKET_EDGE}: {result.agreement(0, BUCKET_EDGE) or 0:.1%}, "
-            f"from slot {BUCKET_EDGE}: {result.agreement(BUCKET_EDGE) or 0:.1%}), max |logit diff| "
-            f"{result.max_abs_diff:.3g}"
-        )
-        table = Table("slot", "max |logit diff|", "argmax", title="per cache position", title_justify="left")
-        for row in result.positions:
-            table.add_row(str(row.position), f"{row.max_abs_diff:.3g}", "same" if row.argmax_agrees else "[red]differs")
+        verdict = "[green]passed[/green]" if judgement.passed else "[bold red]FAILED[/bold red]"
+        console.print(f"self-test, transformers-neuronx {result.library_version}, k={judgement.k}, "
+                      f"{escape(result.text)}: {verdict}")
+        console.print(f"  {escape(judgement.summary())}")
+        for failure in judgement.failures:
+            console.print(f"  [red]{escape(failure)}[/red]")
+        table = Table("slot", "KL (nats)", "max |Δlogit| / std", "argmax", title="per cache position",
+                      title_justify="left")
+        for row in judgement.rows:
+            table.add_row(str(row.position), f"{row.kl:.3g}", f"{row.relative_diff:.3g}",
+                          "same" if row.argmax_agrees else "[red]differs")
         console.print(table)
-    check_self_test(result, config.neuron.self_test_min_agreement)
+    check_self_test(result)
     return 0
 
 

@@ -19,7 +19,13 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.env import device_nodes
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
-from neuron_ssp.backends.neuron.selftest import check_self_test, run_self_test
+from neuron_ssp.backends.neuron.selftest import (
+    SelfTestResult,
+    check_self_test,
+    run_self_test,
+    self_test_length,
+    self_test_tokens,
+)
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -51,8 +57,17 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         model = build_model(api, model_dir, model_cfg, windows, artifacts)
         backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k, windows)
     if config.neuron.self_test:
-        check_self_test(run_self_test(backends["target"], api.version), config.neuron.self_test_min_agreement)
+        check_self_test(self_test(backends["target"], config, api.version))
     return backends["target"], backends.get("draft")
+
+
+def self_test(target: NeuronBackend, config: Config, library_version: str) -> SelfTestResult:
+    """The target's k-wide window against one-token calls, on a passage in its own tokenizer."""
+    assert target.speculation_length, "the self-test needs the speculation-enabled target"
+    length = self_test_length(target.n_positions, target.speculation_length)
+    model_dir = resolve_model_path(config.target.path, "target.path")
+    tokens, text = self_test_tokens(model_dir, target.vocab_size, length)
+    return run_self_test(target, tokens, library_version, text, config.neuron.self_test_min_agreement)
 
 
 def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
