@@ -15,6 +15,8 @@ from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.positions import max_new_tokens_within
 from neuron_ssp.topology import plan_deployment, validate_config
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -101,6 +103,7 @@ def test_the_older_library_is_refused_cleanly(neuronx_any: ModuleType, tiny_mode
         ({"sampling": {"temperature": 0.8}}, "speculation.acceptor"),  # greedy would ignore it
         ({"draft": {"tp_degree": 8}}, "draft.tp_degree"),
         ({"generation": {"max_new_tokens": 110, "max_prompt_tokens": 24}}, "target.n_positions"),
+        ({"draft": {"n_positions": 120}}, "draft.n_positions"),  # its cache is bound at the target's buckets
         ({"platform": {"backend": "torch"}}, "speculation.engine"),
     ],
 )
@@ -114,6 +117,23 @@ def test_what_the_fused_decoder_cannot_do_is_refused_with_field_rule_fix(
     assert all(p.rule and p.fix for p in mine)
     with pytest.raises(UsageError):
         validate_config(config).raise_if_invalid()
+
+
+def test_the_servers_room_is_the_engines_room(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    """The largest max_tokens the server admits (Pipeline.check_room, its hint) runs; one more is refused
+    by both, before any call (it was refused mid-way by the engine, a 500, when the two rules differed)."""
+    config = fused_config(tiny_model_dirs)
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, target, draft)
+    pipeline = Pipeline(config, None, target, draft, engine, set())  # type: ignore[arg-type]
+    ids = prompt(7)
+    room = max_new_tokens_within(target.n_positions, len(ids), pipeline.extra_slots)
+    pipeline.check_room(ids, room)
+    assert len(engine.generate(ids, room).tokens) == room
+    with pytest.raises(UsageError):
+        pipeline.check_room(ids, room + 1)
+    with pytest.raises(UsageError):
+        engine.generate(ids, room + 1)
 
 
 def test_compile_refuses_the_fused_engine(

@@ -32,8 +32,8 @@ import torch
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules, model_eos_ids
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.engines.native import GenerationResult, TokenCallback
-from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
+from neuron_ssp.speculation.positions import extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
 
 HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
@@ -75,17 +75,8 @@ class FusedEngine:
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         prompt_len = prompt_ids.shape[0]
-        limit = self.target.n_positions - fused_k(self.k)  # sequence_length <= max_position - k
-        if prompt_len + max_new_tokens > limit:
-            raise RuntimeProblem(
-                Problem(
-                    "target.n_positions",
-                    self.target.n_positions,
-                    f"engine fused needs prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) <= n_positions - "
-                    f"(k-1) = {limit} (FusedSpeculativeDecoder.sample asserts sequence_length <= max_position - k)",
-                    "raise target.n_positions and draft.n_positions, or lower max_new_tokens",
-                )
-            )
+        # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (speculation.positions)
+        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_target_slots("fused", self.k))
         stats = GenerationStats(k=self.k)
         start = time.perf_counter()
         sequences, rate, _ = self.decoder.sample(prompt_ids.view(1, -1), sequence_length=prompt_len + max_new_tokens)

@@ -24,6 +24,7 @@ from neuron_ssp.pipeline.build import Generator, build_generator
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room
 
 
 @dataclass
@@ -55,14 +56,16 @@ class Pipeline:
 
     @property
     def extra_slots(self) -> int:
-        """Cache slots an engine writes past our loop's last one: transformers-neuronx's SpeculativeGenerator
-        up to k more, the fused decoder k-1 more (see neuron_ssp.speculation.positions)."""
-        spec = self.config.speculation
-        return {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
+        """Cache slots the engine writes past our loop's last one (neuron_ssp.speculation.positions)."""
+        return extra_target_slots(self.config.speculation.engine, self.config.speculation.k)
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """The n_positions rule `generate` enforces, asked before a request is queued."""
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", self.extra_slots)
+        """The n_positions rules the engine enforces for target and draft, asked before a request is queued."""
+        prompt_len, spec = prompt_ids.shape[0], self.config.speculation
+        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", self.extra_slots)
+        if self.draft is not None:
+            require_room(self.draft.n_positions, draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k),
+                         prompt_len, max_new_tokens, "draft.n_positions")
 
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
                      on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None

@@ -1,34 +1,55 @@
-"""How many KV-cache slots one generation writes: the single rule behind the config check
-(`neuron-ssp validate`) and the run-time check before the first call.
+"""How many KV-cache slots one generation writes, per engine and per model: the single rule behind the
+config check (`neuron-ssp validate`), the server's admission check (`Pipeline.check_room`) and each
+engine's own check before its first call. P is the prompt's length, N max_new_tokens, k the window.
 
-Our loop encodes the prompt into slots 0..P-1. Each later call scores the last committed token and
-the drafts from that token's slot on, and the window never reaches past the token budget N, so the
-last committed token is never scored: the target writes up to slot P+N-2, i.e. P+N-1 slots. The model
-drafter runs one slot behind (its last draft token is never fed back): at most P+N-2 slots, and the
-prompt's P. transformers-neuronx's own loop (`engine: library`) scores a full window of k from the
-last committed slot, which it lets reach sequence_length-1: k slots more than ours.
+- native (our loop): the prompt fills slots 0..P-1; each call scores the last committed token and the
+  drafts from that token's slot on, and the window never reaches past the token budget, so the last
+  committed token is never scored: the target writes up to slot P+N-2, i.e. P+N-1 slots. The model
+  drafter runs one slot behind (its last draft token is never fed back): P+N-2, and the prompt's P.
+- library (transformers-neuronx's `SpeculativeGenerator`, speculation.py at 1ade6d7): with
+  sequence_length S = P+N its loop runs while cache_ids < S, scores the window at cache_ids
+  c..c+k-1 (line 800) and, after a fully accepted window, feeds the draft the last draft token at
+  cache_ids - 1 = c+k-1 (lines 849-854), both before clamping: target and draft write up to slot
+  S+k-2, i.e. P+N+k-1 slots each (at 7a30b42 the loop stops k earlier; the later rule covers both).
+- fused (`FusedSpeculativeDecoder.sample`, fused_speculation.py at 1ade6d7 line 549): asserts
+  sequence_length <= max_position - its k, its k being ours - 1: P+N+k-1 <= the target's n_positions.
+  Its graph binds the draft's cache at the target's buckets (lines 163, 207, 347-349), so the draft
+  needs at least the target's n_positions (`FUSED_DRAFT_RULE`), which covers its P+N+k-1.
 """
 
 from __future__ import annotations
 
 from neuron_ssp.errors import Problem, UsageError
 
+FUSED_DRAFT_RULE = ("the fused graph is compiled for the target's buckets and binds the draft's KV cache at "
+                    "those sizes (fused_speculation.py _fused_hlo_with_standalone_draft)")
 
-def target_slots(prompt_len: int, max_new_tokens: int) -> int:
-    return prompt_len + max_new_tokens - 1
+
+def extra_target_slots(engine: str, k: int) -> int:
+    """Slots an engine's target writes past our loop's P+N-1: transformers-neuronx's loops k more."""
+    return k if engine in ("library", "fused") else 0
+
+
+def target_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0) -> int:
+    return prompt_len + max_new_tokens - 1 + extra_target_slots(engine, k)
+
+
+def draft_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0) -> int:
+    if engine in ("library", "fused"):
+        return prompt_len + max_new_tokens + k - 1
+    return max(prompt_len, prompt_len + max_new_tokens - 2)
+
+
+def slot_rule(engine: str, role: str) -> str:
+    """The rule in words, for error messages: which slots `role` writes under `engine`."""
+    if engine in ("library", "fused"):
+        return f"prompt + max_new_tokens + k - 1 (engine: {engine})"
+    return "prompt + max_new_tokens - 1" if role == "target" else "prompt + max_new_tokens - 2 (the prompt's at least)"
 
 
 def max_new_tokens_within(n_positions: int, prompt_len: int, extra_slots: int = 0) -> int:
     """The largest max_new_tokens whose target slots (plus an engine's `extra_slots`) fit the cache."""
     return n_positions - extra_slots - prompt_len + 1
-
-
-def draft_slots(prompt_len: int, max_new_tokens: int) -> int:
-    return max(prompt_len, prompt_len + max_new_tokens - 2)
-
-
-def library_target_slots(prompt_len: int, max_new_tokens: int, k: int) -> int:
-    return target_slots(prompt_len, max_new_tokens) + k
 
 
 def require_room(n_positions: int, needed: int, prompt_len: int, max_new_tokens: int, field: str) -> None:
