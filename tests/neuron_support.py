@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from neuron_ssp.config import Config, config_from_dict
 
@@ -29,6 +32,25 @@ def save_tiny_llama(directory: Path, seed: int) -> Path:
     )
     LlamaForCausalLM(config).eval().save_pretrained(directory)
     return directory
+
+
+def with_tokenizer(model_dir: Path, tmp_path: Path, chat_template: str | None = None) -> Path:
+    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary ("w3" .. "w95")."""
+    target = tmp_path / model_dir.name
+    shutil.copytree(model_dir, target)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def with_eos(model_dir: Path, eos: list[int]) -> Path:
+    """The checkpoint's generation_config.json declares these end-of-sequence ids."""
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return model_dir
 
 
 def neuron_config(target: Path, draft: Path | None = None, /, **sections: Any) -> Config:

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from neuron_support import STANDIN, neuron_config, prompt
+from neuron_support import STANDIN, neuron_config, prompt, with_eos, with_tokenizer
 
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.neuron.on_device import generation_settings
@@ -117,6 +117,30 @@ def test_what_the_fused_decoder_cannot_do_is_refused_with_field_rule_fix(
     assert all(p.rule and p.fix for p in mine)
     with pytest.raises(UsageError):
         validate_config(config).raise_if_invalid()
+
+
+def test_the_device_loop_stops_at_the_id_the_chat_ends_with_and_flags_work_past_other_eos(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Llama-3-Instruct: the checkpoint's EOS ids are [128001, 128009], turns end with 128009. The device
+    loop takes one id: the turn's end, not the first of the list."""
+    turn_end = 17
+    template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} w17 {% endfor %}"
+    target = with_eos(with_tokenizer(tiny_model_dirs["target"], tmp_path, template), [2, turn_end])
+    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": "fused"})
+    loaded_target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, loaded_target, draft)
+    ((_, _, built),) = [e for e in neuronx.RUNTIME.events if e[1] == "FusedSpeculativeDecoder"]
+    assert built["eos_token_id"] == turn_end and engine.decoder.eos_token_id == turn_end
+
+    ids = prompt(7)
+    full = engine.generate(ids, 24)
+    assert full.stats.tokens_after_eos == 0
+    other = next(t for t in full.tokens[3:] if t != turn_end)  # an EOS the device loop was not given
+    cut = engine.generate(ids, 24, eos_token_ids={turn_end, other})
+    assert cut.tokens == full.tokens[: full.tokens.index(other) + 1]
+    assert cut.stats.tokens_after_eos == 24 - len(cut.tokens)  # the device ran on: flagged in the stats
+    assert cut.stats.to_dict()["tokens_after_eos"] == cut.stats.tokens_after_eos
 
 
 def test_the_servers_room_is_the_engines_room(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
