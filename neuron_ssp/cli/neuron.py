@@ -28,6 +28,7 @@ from neuron_ssp.backends.neuron.env import DLAMI_VENV, active_venv, compile_cach
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.parallelism import KV_PADDING
 
 NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc. need one only with backend neuron
 
@@ -189,6 +190,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
     devices = probe_devices(instance_type)
     venv, is_dlami_venv = active_venv()
     cache = compile_cache()
+    library = _library_status()
     return {
         "neuron_device_present": devices.present,
         "device_nodes": devices.device_nodes,
@@ -198,12 +200,12 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "instance_type": devices.instance_type,
         "instance_source": devices.instance_source,
         "packages": package_versions(),
-        "transformers_neuronx": _library_status(),
+        "transformers_neuronx": library,
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
         "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
         "compile_cache": {"url": cache.url, "from_env": cache.from_env, "free_bytes": cache.free_bytes},
-        "configs": _config_fits(configs_dir, devices.instance_type),
+        "configs": _config_fits(configs_dir, devices.instance_type, library.get("kv_rule", KV_PADDING)),
         "works_here": usable_commands if not devices.present else usable_commands + sorted(NEEDS_NEURON),
     }
 
@@ -215,10 +217,11 @@ def _library_status() -> dict[str, Any]:
         api = load_neuronx()
     except NeuronSSPError as exc:
         return {"usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
-    return {"usable": True, "version": api.version, "api_generation": api.generation}
+    return {"usable": True, "version": api.version, "api_generation": api.generation, "kv_rule": api.kv_rule}
 
 
-def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str, Any]]:
+def _config_fits(configs_dir: Path, instance_type: str | None, kv_rule: str) -> list[dict[str, Any]]:
+    """Each config against this instance, as the installed transformers-neuronx lays out kv heads."""
     rows, loaded = [], {}
     for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
         try:
@@ -227,14 +230,14 @@ def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str,
             rows.append({"config": str(path), "status": "invalid", "detail": str(exc.problems[0])})
             continue
         loaded[str(path)] = config
-        rows.append({"config": str(path), **_fit(config, instance_type)})
+        rows.append({"config": str(path), **_fit(config, instance_type, kv_rule)})
     for row in rows:
         if row["status"].startswith("made for"):
             row["detail"] += _sibling_hint(loaded[row["config"]], loaded, instance_type)
     return rows
 
 
-def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
+def _fit(config: Config, instance_type: str | None, kv_rule: str) -> dict[str, str]:
     """A config made for another instance says so; it is not a config to rewrite with this one's rules."""
     if config.platform.backend == "torch":
         return {"status": "runs here", "detail": "torch reference backend: any machine"}
@@ -245,7 +248,7 @@ def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
             "detail": f"made for {made_for}; pass --instance to check it against this machine",
         }
     platform = config.platform.model_copy(update={"instance_type": instance_type})
-    report = validate_config(config.model_copy(update={"platform": platform}))
+    report = validate_config(config.model_copy(update={"platform": platform}), kv_rule)
     elsewhere = made_for is not None and made_for != instance_type
     if report.ok:
         return {"status": "fits", "detail": f"valid on {instance_type}"

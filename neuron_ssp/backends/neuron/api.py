@@ -27,6 +27,7 @@ from typing import Any
 
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
 SUPPORTED = "transformers-neuronx 0.10.x to 0.13.x (Neuron SDK 2.18 to 2.25)"
 SUPPORTED_MINORS = range(10, 14)
@@ -58,6 +59,7 @@ class NeuronxApi:
     speculation_takes_batch_sizes: bool  # enable_speculative_decoder(k, batch_sizes=...)
     batched_acceptor: bool  # acceptor shapes (bs, k-1, V) -> zero-padded (bs, k)
     speculation_takes_k_list: bool = True  # enable_speculative_decoder([2, ..., 8]): one model, every k
+    kv_rule: str = KV_PADDING  # how it lays out kv heads tp does not divide (topology.parallelism.KV_RULES)
 
     @property
     def generation(self) -> str:
@@ -133,7 +135,18 @@ def load_neuronx() -> NeuronxApi:
         speculation_takes_batch_sizes="batch_sizes" in _parameters(llama_class.enable_speculative_decoder),
         batched_acceptor="pad_token_id" in _parameters(speculation.SpeculativeGenerator.sample),
         speculation_takes_k_list=takes_k_list(llama_class.enable_speculative_decoder),
+        kv_rule=installed_kv_rule(),
     )
+
+
+def installed_kv_rule() -> str:
+    """0.10 (7a30b42, 0623de2) replicates kv heads up to the query heads; `utils.get_qkv_padding`, which
+    replicates them only up to tp where it can, ships from c8d6bdc on."""
+    try:
+        utils = importlib.import_module("transformers_neuronx.utils")
+    except ImportError:
+        return KV_REPLICATED_TO_HEADS
+    return KV_PADDING if hasattr(utils, "get_qkv_padding") else KV_REPLICATED_TO_HEADS
 
 
 def takes_k_list(enable_speculative_decoder: Any) -> bool:

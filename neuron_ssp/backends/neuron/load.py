@@ -30,6 +30,7 @@ from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.topology import DeploymentPlan, validate_config
+from neuron_ssp.topology.parallelism import KV_PADDING
 
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
@@ -87,10 +88,13 @@ def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPla
     return backends["target"], backends.get("draft")
 
 
-def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:
-    """Everything that must hold before the first model touches the Neuron runtime."""
-    validate_config(config).raise_if_invalid()
+def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | None = None) -> NeuronxApi:
+    """Everything that must hold before the first model touches the Neuron runtime, checked for the
+    installed library (its kv-head layout) and every window the target will hold."""
+    validate_config(config, windows=windows).raise_if_invalid()
     api = load_neuronx()
+    if api.kv_rule != KV_PADDING:  # 0.10 replicates kv heads further: its memory plan differs
+        validate_config(config, api.kv_rule, windows).raise_if_invalid()
     if not device_nodes():
         raise RuntimeProblem(
             Problem(
