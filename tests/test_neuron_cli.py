@@ -109,7 +109,7 @@ def test_compile_prints_the_time_per_k(neuronx: ModuleType, tiny_model_dirs: dic
     ):
         assert label in result.output
     again = CliRunner().invoke(main, ["compile", str(config), "--k", "2,4", "--out", str(out), "--json"])
-    assert all(row["reused"] for row in json.loads(again.output[again.output.index("[") :]))
+    assert all(row["reused"] for row in json.loads(again.output[again.output.index("{\n") :])["results"])
 
 
 def test_doctor_self_test_passes_and_catches_the_0623de2_capping(

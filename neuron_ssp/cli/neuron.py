@@ -28,6 +28,8 @@ from neuron_ssp.backends.neuron.env import DLAMI_VENV, active_venv, compile_cach
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.catalog import GIB
+from neuron_ssp.topology.compile_plan import PROCESS_BYTES
 from neuron_ssp.topology.parallelism import KV_PADDING
 
 NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc. need one only with backend neuron
@@ -44,8 +46,12 @@ NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc
 )
 @click.option("--out", help="Where to keep them: a directory or s3://bucket/prefix (default: neuron.compiled_dir).")
 @click.option("--force", is_flag=True, help="Compile again even where matching artifacts exist.")
+@click.option("--compile-process-gib", type=click.FloatRange(min=0, min_open=True), default=PROCESS_BYTES / GIB,
+              show_default=True, help="Host memory of one neuronx-cc process (an assumption until measured): "
+              "bounds how many run at once beside the checkpoint in the host's free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool, as_json: bool) -> None:
+def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool,
+                    compile_process_gib: float, as_json: bool) -> None:
     """Compile CONFIG's draft once and its target once per k, and save() each for reuse at load.
 
     Loading (generate, compare, tune-k ... with platform.backend neuron) reuses a compiled model when
@@ -58,7 +64,10 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     config = load_config(config_path, {"neuron.compiled_dir": out})
     ks = parse_ks(ks_text, config.speculation.k)
     widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
-    compiler = Compiler(widest, plan_deployment(widest), ks, force)
+    compiler = Compiler(widest, plan_deployment(widest), ks, force, int(compile_process_gib * GIB))
+    console = Console(stderr=as_json)
+    for line in compiler.estimate.lines():
+        console.print(line, highlight=False)
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -67,7 +76,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
         TimeElapsedColumn(),
     )
     results = []
-    with Progress(*columns, console=Console(stderr=as_json)) as progress:
+    with Progress(*columns, console=console) as progress:
         task = progress.add_task("compiling", total=len(compiler.jobs))
         for job in compiler.jobs:
             progress.update(task, description=f"compiling {job.label}")
@@ -79,16 +88,19 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     if as_json:
         click.echo(
             json.dumps(
-                [
-                    {
-                        "role": r.job.role,
-                        "k": list(r.job.speculation_lengths or []) or None,
-                        "seconds": r.seconds,
-                        "reused": r.reused,
-                        "location": r.location,
-                    }
-                    for r in results
-                ],
+                {
+                    "estimate": compiler.estimate.to_dict(),
+                    "results": [
+                        {
+                            "role": r.job.role,
+                            "k": list(r.job.speculation_lengths or []) or None,
+                            "seconds": r.seconds,
+                            "reused": r.reused,
+                            "location": r.location,
+                        }
+                        for r in results
+                    ],
+                },
                 indent=2,
             )
         )

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.checkpoint import stop_id
 from neuron_ssp.config import Config
@@ -69,7 +70,7 @@ class FusedEngine:
             pad_token_id=_pad_id(target.model, stop),
             eos_token_id=stop,
         )
-        decoder.to_neuron()
+        decoder.to_neuron(workers=compile_estimate(config).bound)  # its fused graphs compile now
         return cls(decoder, target, config.speculation.k)
 
     def generate(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEV_GLOB = "/dev/neuron*"
+MEMINFO = "/proc/meminfo"
 SYSFS_INSTANCE_TYPE = "/sys/devices/virtual/neuron_device/neuron0/info/architecture/instance_type"
 NEURON_LS_FALLBACK = "/opt/aws/neuron/bin/neuron-ls"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"  # transformers-neuronx venv, SDK 2.24-2.25
@@ -92,6 +93,17 @@ def _instance_type(override: str | None, listed: str | None, cores: int | None) 
     if cores == 32:
         return "trn1.32xlarge", "32 NeuronCores (trn1n.32xlarge has as many)"
     return None, ""
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable of the host in bytes (what new processes can take without swapping); None where unreadable."""
+    try:
+        for line in Path(MEMINFO).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def package_versions() -> dict[str, str | None]:

@@ -64,15 +64,14 @@ def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], voca
     }
 
 
-def on_device_neuron_config(config: Config, model_dir: Path) -> Any:
-    """The `neuron_config=` both models of the fused decoder are built with."""
+def on_device_options(config: Config, model_dir: Path) -> dict[str, Any]:
+    """The NeuronConfig keywords both models of the fused decoder are built with."""
     _, config_module = load_fused_modules()
     vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     ints = [t for t in config.generation.stop_tokens if isinstance(t, int)]
     eos = [*dict.fromkeys([*checkpoint_eos_ids(model_dir), *ints])]
     settings = generation_settings(config.sampling, eos, vocab_size)
-    return config_module.NeuronConfig(on_device_embedding=True,
-                                      on_device_generation=config_module.GenerationConfig(**settings))
+    return {"on_device_embedding": True, "on_device_generation": config_module.GenerationConfig(**settings)}
 
 
 class OnDeviceBackend:
