@@ -24,7 +24,14 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from neuron_ssp.backends.neuron.env import DLAMI_VENV, active_venv, compile_cache, package_versions, probe_devices
+from neuron_ssp.backends.neuron.env import (
+    DLAMI_VENV,
+    active_venv,
+    compile_cache,
+    package_versions,
+    probe_devices,
+    stack_warning,
+)
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.topology import plan_deployment, validate_config
@@ -203,6 +210,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
     venv, is_dlami_venv = active_venv()
     cache = compile_cache()
     library = _library_status()
+    versions = package_versions()
     return {
         "neuron_device_present": devices.present,
         "device_nodes": devices.device_nodes,
@@ -211,7 +219,8 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "neuron_cores": devices.cores,
         "instance_type": devices.instance_type,
         "instance_source": devices.instance_source,
-        "packages": package_versions(),
+        "packages": versions,
+        "neuron_stack_warning": stack_warning(versions),
         "transformers_neuronx": library,
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
@@ -304,12 +313,15 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
     instance = report["instance_type"]
     console.print(f"instance type: {instance + ' (from ' + report['instance_source'] + ')' if instance else 'unknown'}")
 
-    table = Table(title="packages", title_justify="left")
+    table = Table(title="versions in use (pinned when neuron-ssp is installed into a Neuron venv)",
+                  title_justify="left")
     table.add_column("package")
     table.add_column("version")
     for name, version in report["packages"].items():
         table.add_row(name, version or "[dim]not installed[/dim]")
     console.print(table)
+    if report["neuron_stack_warning"]:
+        console.print(f"[yellow]{escape(report['neuron_stack_warning'])}[/yellow]")
     library = report["transformers_neuronx"]
     if library["usable"]:
         console.print(f"transformers-neuronx {library['version']} usable (API {library['api_generation']})")

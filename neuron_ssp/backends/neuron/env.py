@@ -23,7 +23,10 @@ SYSFS_INSTANCE_TYPE = "/sys/devices/virtual/neuron_device/neuron0/info/architect
 NEURON_LS_FALLBACK = "/opt/aws/neuron/bin/neuron-ls"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"  # transformers-neuronx venv, SDK 2.24-2.25
 DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
-PACKAGES = ("transformers-neuronx", "torch-neuronx", "neuronx-cc", "libneuronxla", "torch", "transformers")
+# The Neuron venv's own builds: installing neuron-ssp must not replace any of them, so the EC2 bootstrap
+# and the SageMaker Dockerfile pin exactly these as constraints, and `doctor` reports their versions.
+NEURON_STACK = ("torch", "torch-neuronx", "torch-xla", "transformers", "transformers-neuronx", "neuronx-cc",
+                "libneuronxla", "numpy")
 # NeuronCore count -> instance, only where the count alone tells (2 cores: inf2.xlarge/8xlarge, trn1.2xlarge)
 INSTANCE_BY_CORES = {12: "inf2.24xlarge", 24: "inf2.48xlarge"}
 
@@ -108,12 +111,22 @@ def host_memory_available() -> int | None:
 
 def package_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
-    for name in PACKAGES:
+    for name in NEURON_STACK:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def stack_warning(versions: dict[str, str | None]) -> str | None:
+    """A combination nobody has run: transformers 5 beside transformers-neuronx (the DLAMI venvs carry 4.x)."""
+    transformers = versions.get("transformers")
+    if versions.get("transformers-neuronx") and transformers and not transformers.startswith("4."):
+        return (f"transformers {transformers} beside transformers-neuronx {versions['transformers-neuronx']}: the "
+                "Neuron venvs ship 4.x and nobody has run this pair; reinstall neuron-ssp with the venv's own "
+                "versions as constraints (docs/neuron.md, 'Install on a Neuron DLAMI')")
+    return None
 
 
 def active_venv() -> tuple[str, bool]:
