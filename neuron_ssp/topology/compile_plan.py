@@ -27,6 +27,7 @@ from neuron_ssp.topology.networks import Networks, compiled_networks
 # `neuron-ssp compile` prints) and pass --compile-process-gib.
 PROCESS_BYTES = 16 * GIB
 MINUTES_PER_NETWORK = 5.0
+HOST_RESERVE_FRACTION = 0.10  # of the free memory, left to the compiling process itself and the page cache
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ class CompileEstimate:
         return [
             f"networks to compile: {per_model} (transformers-neuronx bucket rules, topology/networks.py)",
             f"neuronx-cc processes at once: {self.workers} ({'bounded by host memory: ' if self.bounded else ''}"
-            f"{available}, {self.process_bytes / GIB:.0f} GiB per process assumed, the checkpoint held beside them)",
+            f"{available}, {HOST_RESERVE_FRACTION:.0%} of it kept free, {self.process_bytes / GIB:.0f} GiB per "
+            "process assumed, the checkpoint held beside them)",
             f"estimated peak host memory: {self.peak_host_bytes / GIB:.0f} GiB (checkpoint in the compile dtype + "
             "processes x the assumed size)",
             f"estimated time: {self.minutes:.0f} min ({MINUTES_PER_NETWORK:g} min per network per process assumed, "
@@ -100,6 +102,7 @@ def estimate_compile(placed: Mapping[str, Placed], host_available_bytes: int | N
     most = max((m.networks.total for m in models), default=1)
     if host_available_bytes is None:
         return CompileEstimate(models, most, process_bytes, None, False)
-    spare = host_available_bytes - max((m.weights_on_host_bytes for m in models), default=0)
+    usable = int(host_available_bytes * (1 - HOST_RESERVE_FRACTION))
+    spare = usable - max((m.weights_on_host_bytes for m in models), default=0)
     workers = max(1, min(most, spare // process_bytes))
     return CompileEstimate(models, workers, process_bytes, host_available_bytes, workers < most)

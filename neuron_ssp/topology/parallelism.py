@@ -77,7 +77,7 @@ def heads_on_device(heads: int, kv_heads: int, tp_degree: int, kv_rule: str = KV
     divides them, and otherwise replicated (GQA.REPLICATED_HEADS). From c8d6bdc on (`KV_PADDING`):
     up to tp when that maps each core's query heads onto one kv head, else up to the padded query
     heads (`decoder.py` check_gqa_fallback and `utils.py` get_qkv_padding at 1ade6d7). In 0.10
-    (`KV_REPLICATED_TO_HEADS`, decoder.py lines 89-159 and 966-987 at 7a30b42): always up to the
+    (`KV_REPLICATED_TO_HEADS`, decoder.py lines 89-159 and 969-996 at 7a30b42): always up to the
     query heads, then padded with them, so a 70B at tp 32 holds 64 kv heads, not 32."""
     q_heads = padded_heads(heads, tp_degree)
     if kv_heads == heads:

@@ -4,7 +4,7 @@ The speculative loop trusts `speculative_forward` to score k tokens exactly as k
 calls at the same cache positions would. A library build that gets this wrong produces fluent
 garbage with no error: the snapshot 0623de2 (April 2024, inside 0.10.x) pads a window to the smallest
 context bucket and caps its cache_ids at that bucket - 1 (base.py lines 273-287
-`_prepare_for_par_ctx_rhs_padding` and 291-310 `_pad_cache_ids`, `torch.minimum(cache_ids_pad,
+`_prepare_for_par_ctx_rhs_padding` and 291-312 `_pad_cache_ids`, `torch.minimum(cache_ids_pad,
 estimate-1)`), so every window at cache position >= 64 reads and writes the wrong slots.
 
 So after load we prefill 8 tokens of a natural-language passage, score the rest window by window up
