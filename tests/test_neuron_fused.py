@@ -75,6 +75,22 @@ def test_arguments_are_a_subset_of_the_real_signatures(neuronx: ModuleType, tiny
     assert all("neuron_config" in d for d in loaded)
 
 
+def test_device_sampling_says_what_seed_and_top_k_0_mean(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    """Documented under engine fused (issue 21 item 10): top_k 0 is a full-vocabulary top-k per position,
+    and sampling.seed does not reach the device's sampler."""
+    config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
+                          sampling={"temperature": 0.8, "top_k": 0, "seed": 7})
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    with pytest.warns(UserWarning) as caught:
+        FusedEngine.build(config, target, draft)
+    text = " ".join(str(w.message) for w in caught)
+    assert "sampling.seed has no effect" in text and "whole vocabulary" in text
+    assert target.model.neuron_config.on_device_generation.top_k == 96  # the vocabulary: nothing filtered
+    assert "seed" not in names("GenerationConfig.__init__")  # nothing to pass it to
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "neuron.md").read_text()
+    assert "**`top_k: 0`**" in docs and "**`sampling.seed` has no effect on device.**" in docs
+
+
 def test_models_that_generate_on_device_refuse_to_score(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
     config = fused_config(tiny_model_dirs)
     target, _ = load_neuron_backends(config, plan_deployment(config))

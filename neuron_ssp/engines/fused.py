@@ -27,6 +27,7 @@ split is not observable (one graph), and is reported as zero.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Collection
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.checkpoint import stop_id
-from neuron_ssp.config import Config
+from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
 from neuron_ssp.speculation.positions import extra_target_slots
@@ -61,6 +62,7 @@ class FusedEngine:
     @classmethod
     def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
         fused, _ = load_fused_modules()
+        warn_about_device_sampling(config.sampling)
         model_dir = resolve_model_path(config.target.path, "target.path")
         stop = stop_id(model_dir, config.generation.chat_template)
         decoder = fused.FusedSpeculativeDecoder(
@@ -95,6 +97,19 @@ class FusedEngine:
         if on_tokens and tokens:
             on_tokens(tokens)
         return GenerationResult(tokens, stats)
+
+
+def warn_about_device_sampling(sampling: SamplingConfig) -> None:
+    """What the on-device sampler makes of our settings (docs/neuron.md, engine fused)."""
+    notes = []
+    if sampling.temperature > 0:
+        notes.append("sampling.seed has no effect: the device draws from its own unseeded Rng "
+                     "(hlo.py random_uniform), so the same prompt may give another text")
+    if sampling.temperature > 0 and not sampling.top_k:
+        notes.append("top_k 0 becomes a top-k over the whole vocabulary at every position (lossless, but slower "
+                     "than a small top_k)")
+    if notes:
+        warnings.warn("engine fused samples on device: " + "; ".join(notes), stacklevel=3)
 
 
 def record_histogram(stats: GenerationStats, rate: torch.Tensor, drafted: int) -> None:
