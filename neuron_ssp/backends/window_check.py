@@ -145,16 +145,11 @@ class WindowJudgement:
         return "; ".join(_describe(region) for region in (self.before, self.past))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "k": self.k,
-            "edge": self.edge,
-            "passed": self.passed,
-            "failures": self.failures,
-            "thresholds": {"min_agreement": self.min_agreement, "max_mean_kl": MAX_MEAN_KL,
-                           "max_agreement_drop": MAX_AGREEMENT_DROP, "min_past_edge": MIN_PAST_EDGE},
-            "regions": [region.__dict__ for region in (self.before, self.past)],
-            "positions": [row.__dict__ for row in self.rows],
-        }
+        thresholds = {"min_agreement": self.min_agreement, "max_mean_kl": MAX_MEAN_KL,
+                      "max_agreement_drop": MAX_AGREEMENT_DROP, "min_past_edge": MIN_PAST_EDGE}
+        return {**{name: getattr(self, name) for name in ("k", "edge", "passed", "failures")},
+                "thresholds": thresholds, "regions": [region.__dict__ for region in (self.before, self.past)],
+                "positions": [row.__dict__ for row in self.rows]}
 
 
 def judge_windows(scores: WindowScores, k: int, edge: int, min_agreement: float) -> WindowJudgement:
