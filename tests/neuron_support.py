@@ -86,3 +86,29 @@ def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
 
     standin.reset()
     return standin
+
+
+def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:
+    """Our loop over Neuron backends: the model drafter when there is a draft, else prompt lookup."""
+    from neuron_ssp.drafters import ModelDrafter, NgramDrafter
+    from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+    from neuron_ssp.speculation.policies import build_policy
+
+    rng = torch.Generator()
+    drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
+        else NgramDrafter(target.vocab_size)
+    return SpeculativeGenerator(
+        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k, rng
+    )
+
+
+def check_self_draft_accepts_everything(config: Config, target: Any, draft: Any) -> None:
+    """The target as its own draft: every greedy draft accepted, output equal to plain greedy decoding."""
+    from neuron_ssp.engines.native import plain_generate
+    from neuron_ssp.speculation.acceptors import GreedyAcceptor
+
+    ids = prompt(7)
+    ssp = speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24)
+    assert ssp.tokens == plain_generate(target, ids, 24, config.sampling).tokens
+    assert ssp.stats.acceptance_rate == 1.0
+

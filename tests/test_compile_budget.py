@@ -46,7 +46,8 @@ def test_every_k_compiled_into_the_target_is_charged_in_the_memory_plan() -> Non
 
 
 def test_parallel_compiles_are_bounded_by_host_memory() -> None:
-    placed = place_models(loaded_models(config_from_dict(neuron_pair())), "padding", tuple(range(2, 9)))
+    placed = place_models(loaded_models(config_from_dict(neuron_pair())), "transformers-neuronx", "padding",
+                          tuple(range(2, 9)))
     target_weights = placed["target"].architecture.params * 2  # bf16, held on the host while compiling
     estimate = estimate_compile(placed, 512 * GIB)  # trn1.32xlarge
     assert [m.networks.total for m in estimate.models] == [45, 10]

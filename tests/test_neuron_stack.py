@@ -16,7 +16,8 @@ PINNING_FILES = [ROOT / "neuron_ssp" / "data" / "deploy-bootstrap.sh", ROOT / "d
 FREEZE = [  # pip freeze of a Neuron venv, with both spellings pip may print
     "torch==2.7.0", "torch-neuronx==2.7.0.2.9.9357", "torch_xla==2.7.0", "transformers==4.48.3",
     "transformers-neuronx==0.13.1216", "neuronx-cc==2.20.9961.0", "libneuronxla==2.2.4410.0", "numpy==1.26.4",
-    "torchvision==0.22.0", "accelerate==1.6.0", "neuronx_distributed==0.14.0",
+    "neuronx_distributed==0.14.0", "neuronx-distributed-inference==0.6.0",
+    "torchvision==0.22.0", "accelerate==1.6.0", "neuronx-distributed-training==1.5.0",
 ]
 
 

@@ -20,10 +20,11 @@ from neuron_ssp.deploy.sagemaker.lmi import lmi_options
 aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 ROOT = Path(__file__).resolve().parents[1]
-NEURON_CONFIGS = sorted(
+NEURON_CONFIGS = sorted(  # LMI's Neuron engine is transformers-neuronx: the NxD Inference configs are not LMI's
     p
     for p in (ROOT / "configs").glob("*.yaml")
-    if yaml.safe_load(p.read_text()).get("platform", {}).get("backend") == "neuron"
+    if (data := yaml.safe_load(p.read_text())).get("platform", {}).get("backend") == "neuron"
+    and data.get("neuron", {}).get("library", "transformers-neuronx") == "transformers-neuronx"
 )
 # Every option name LMI is given, with where it was read in deepjavalibrary/djl-serving at afece25d (the parent
 # of 1132e3ab, which removed Neuron support): file and line of its definition or of its use in the template.

@@ -58,7 +58,7 @@ def test_heads_on_device_at_0_10(shape: tuple[int, int, int], expected: tuple[in
 def test_a_70b_at_tp_32_on_0_10_costs_a_third_of_a_gib_more_weights_and_twice_the_kv_cache_per_core() -> None:
     llama70 = ARCHITECTURES["llama-3-70b"]
     later = footprint(llama70, "bf16", 32, 2048, 1)
-    early = footprint(llama70, "bf16", 32, 2048, 1, KV_REPLICATED_TO_HEADS)
+    early = footprint(llama70, "bf16", 32, 2048, 1, kv_rule=KV_REPLICATED_TO_HEADS)
     assert (later.kv_heads_on_device, early.kv_heads_on_device) == (32, 64)
     assert round((early.weight_bytes_per_core - later.weight_bytes_per_core) / GIB, 2) == 0.31
     assert early.kv_bytes_per_core == 2 * later.kv_bytes_per_core
@@ -113,7 +113,8 @@ def test_inf2_24xlarge_does_not_host_llama2_70b_with_7b_in_bf16() -> None:
 
 def test_every_refused_instance_says_why() -> None:
     plans = {p.instance.name: p for p in plan_all_instances(config_from_dict(neuron_pair()))}
-    assert plans["trn2.48xlarge"].refusal == "transformers-neuronx does not support trn2 (NxD Inference does)"
+    assert plans["trn2.48xlarge"].refusal.startswith("transformers-neuronx does not support trn2 (NxD Inference does: "
+                                                      "set neuron.library: nxdi")
     assert "it has 2 cores" in plans["inf2.xlarge"].refusal
     refused = [p for p in plans.values() if p.recommended_tp is None]
     assert refused and all(p.refusal for p in refused)
@@ -127,5 +128,5 @@ def test_all_instances_prints_each_reason(tmp_path) -> None:
     path.write_text(yaml.safe_dump(neuron_pair()))
     result = CliRunner().invoke(main, ["plan", str(path), "--all-instances"], env={"COLUMNS": "80"})
     text = " ".join(result.output.split())
-    assert "trn2.48xlarge: no, transformers-neuronx does not support trn2 (NxD Inference does)" in text
+    assert "trn2.48xlarge: no, transformers-neuronx does not support trn2 (NxD Inference does: set" in text
     assert "inf2.24xlarge: no, at tp 12" in text

@@ -237,6 +237,7 @@ def _plan_table(plan: LaunchPlan) -> Table:
         ("region", plan.region),
         ("instance type", plan.instance_type),
         ("AMI", f"{plan.ami.image_id}  {plan.ami.name}  ({plan.ami.source})"),
+        ("Neuron software", plan.software),
         ("price", _price_text(plan)),
         ("TTL", _ttl_text(plan)),
         ("capacity", _capacity_text(plan)),

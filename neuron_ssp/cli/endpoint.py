@@ -194,6 +194,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
         ("region", plan.region),
         ("engine", plan.engine),
         ("image", plan.image_uri),
+        ("Neuron software", plan.software),
         ("instance type", f"{plan.ml_instance_type} ({plan.ml_instance_type[3:]} in the topology catalog)"),
         (
             "instances",

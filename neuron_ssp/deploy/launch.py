@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from neuron_ssp.config import Config
-from neuron_ssp.deploy.ami import resolve_ami
+from neuron_ssp.deploy.ami import PINNED, DlamiPin, pin_for_config, resolve_ami
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import wait_bootstrap
 from neuron_ssp.deploy.capacity import check_reservation, describe_reservation
@@ -60,13 +60,14 @@ def prepare_launch(
     instance_type, _ = check_launch(config, options)  # before any AWS call
     now = now or datetime.now(timezone.utc)
     name = deployment_name(config, config_path, options)
-    facts = look_up(name, instance_type, options, clients, expiry(now, options))
+    facts = look_up(name, instance_type, options, clients, expiry(now, options), pin_for_config(config))
     token = client_token or f"neuron-ssp-{uuid.uuid4().hex}"
     return plan_launch(config, config_path, options, facts, now=now, client_token=token)
 
 
 def look_up(
-    name: str, instance_type: str, options: LaunchOptions, clients: AwsClients, expires_at: datetime
+    name: str, instance_type: str, options: LaunchOptions, clients: AwsClients, expires_at: datetime,
+    pin: DlamiPin = PINNED,
 ) -> LaunchFacts:
     """Read-only calls, each stopping the launch as soon as it shows a problem: name, DLAMI, reservation, caller."""
     region = clients.region
@@ -80,7 +81,7 @@ def look_up(
                 "tear it down first or pass another --name",
             )
         )
-    ami = resolve_ami(options.ami, clients.ec2, clients.ssm, region)
+    ami = resolve_ami(options.ami, clients.ec2, clients.ssm, region, pin)
     reservation = None
     if options.capacity:
         reservation = describe_reservation(clients.ec2, options.capacity, region)

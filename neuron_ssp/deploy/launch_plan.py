@@ -18,7 +18,7 @@ import yaml
 
 from neuron_ssp.config import EMBEDDED_PREFIX, Config
 from neuron_ssp.deploy import tags
-from neuron_ssp.deploy.ami import Ami
+from neuron_ssp.deploy.ami import Ami, pin_for_config
 from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation, run_instances_fields
 from neuron_ssp.deploy.expiry import hours_problem
@@ -63,6 +63,7 @@ class LaunchPlan:
     warnings: tuple[str, ...]
     keep_on_failure: bool
     reservation: Reservation | None = None
+    software: str = ""  # the Neuron library, SDK, venv and their support status
 
     @property
     def client_token(self) -> str:
@@ -119,8 +120,10 @@ def plan_launch(
     instance_type, warnings = check_launch(config, options)
     expires_at = expiry(now, options)
     name = deployment_name(config, config_path, options)
+    pin = pin_for_config(config)
     if options.ami == "latest":
-        warnings.append("--ami latest follows the newest Neuron SDK, which may no longer ship transformers-neuronx")
+        warnings.append(f"--ami latest follows the newest Neuron SDK, which may no longer ship {pin.venv} "
+                        f"({config.neuron.library} is pinned to SDK {pin.sdk})")
     params = _base_params(options, instance_type, facts.ami, client_token)
     if options.capacity and facts.reservation:
         warnings += check_reservation(facts.reservation, options.capacity, instance_type, expires_at)
@@ -144,6 +147,7 @@ def plan_launch(
             package_spec=options.package_spec or default_package_spec(),
             weights_s3_uri=options.weights_s3_uri,
             hf_token=options.hf_token,
+            venv=pin.venv,
         )
     )
     if not options.instance_profile:
@@ -166,7 +170,9 @@ def plan_launch(
         tuple(warnings),
         options.keep_on_failure,
         facts.reservation,
+        pin.describe(config.neuron.library),
     )
+
 
 
 def default_name(config: Config, config_path: str | Path) -> str:

@@ -16,15 +16,15 @@ from neuron_ssp.engines.native import (
     GenerationResult,
     SpeculativeGenerator,
     StopCheck,
-    check_room,
     plain_generate,
     sampling_params,
 )
+from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, build_generator
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room
+from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
 @dataclass
@@ -57,14 +57,19 @@ class Pipeline:
     @property
     def extra_slots(self) -> int:
         """Cache slots the engine writes past our loop's last one (neuron_ssp.speculation.positions)."""
-        return extra_target_slots(self.config.speculation.engine, self.config.speculation.k)
+        spec = self.config.speculation
+        return extra_target_slots(spec.engine, spec.k, slot_library(self.config))
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         """The n_positions rules the engine enforces for target and draft, asked before a request is queued."""
-        prompt_len, spec = prompt_ids.shape[0], self.config.speculation
-        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", self.extra_slots)
+        prompt_len, spec, library = prompt_ids.shape[0], self.config.speculation, slot_library(self.config)
+        if prompt_len == 0:
+            raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
+        require_room(self.target.n_positions, target_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
+                     prompt_len, max_new_tokens, "target.n_positions")
         if self.draft is not None:
-            require_room(self.draft.n_positions, draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k),
+            require_room(self.draft.n_positions,
+                         draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
                          prompt_len, max_new_tokens, "draft.n_positions")
 
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,

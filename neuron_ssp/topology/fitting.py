@@ -12,7 +12,7 @@ from neuron_ssp.config import ModelConfig
 from neuron_ssp.topology.catalog import Instance
 from neuron_ssp.topology.memory import Footprint, footprint, usable_bytes_per_core
 from neuron_ssp.topology.models import Architecture
-from neuron_ssp.topology.parallelism import KV_PADDING, allowed_tp_degrees, tp_tested
+from neuron_ssp.topology.parallelism import KV_PADDING, allowed_tp_degrees, runs_on, tp_tested
 
 
 @dataclass(frozen=True)
@@ -21,14 +21,15 @@ class Placed:
 
     model: ModelConfig
     architecture: Architecture
-    kv_rule: str = KV_PADDING  # parallelism.KV_RULES
+    library: str = "transformers-neuronx"  # neuron.library: how heads are sharded
+    kv_rule: str = KV_PADDING  # transformers-neuronx's layout by version (parallelism.KV_RULES)
     windows: tuple[int, ...] = ()  # every k compiled into it (the target); () for a draft
 
     def footprint(self, tp_degree: int | None = None) -> Footprint:
         """Its device memory at `tp_degree` (default: the configured one)."""
         tp = self.model.tp_degree if tp_degree is None else tp_degree
         return footprint(self.architecture, self.model.dtype, tp, self.model.n_positions, self.model.batch_size,
-                         self.kv_rule, self.windows)
+                         self.library, self.kv_rule, self.windows)
 
 
 def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
@@ -38,6 +39,8 @@ def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
 
 def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:
     """Every tp degree the instance accepts at which the models fit together, smallest first."""
+    if not all(runs_on(p.library, instance.generation) for p in models):
+        return []
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
     return [
         tp for tp in allowed_tp_degrees(instance.generation, instance.neuron_cores)

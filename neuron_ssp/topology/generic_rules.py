@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig, greedy_acceptor_problem
 from neuron_ssp.errors import Problem
-from neuron_ssp.speculation.positions import draft_slots, slot_rule, target_slots
+from neuron_ssp.speculation.positions import draft_slots, slot_library, slot_rule, target_slots
 from neuron_ssp.topology.models import ARCHITECTURES, Architecture
 from neuron_ssp.topology.report import ValidationReport
 
@@ -31,7 +31,9 @@ def check_positions(config: Config, models: dict[str, ModelConfig], report: Vali
     prompt at run time, by the same rule."""
     generation, engine, k = config.generation, config.speculation.engine, config.speculation.k
     prompt, new = generation.max_prompt_tokens or 1, generation.max_new_tokens
-    needs = {"target": target_slots(prompt, new, engine, k), "draft": draft_slots(prompt, new, engine, k)}
+    library = slot_library(config)
+    needs = {"target": target_slots(prompt, new, engine, k, library),
+             "draft": draft_slots(prompt, new, engine, k, library)}
     prompt_text = (f"max_prompt_tokens ({prompt})" if generation.max_prompt_tokens
                    else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)")
     for role, model in models.items():
@@ -40,7 +42,7 @@ def check_positions(config: Config, models: dict[str, ModelConfig], report: Vali
             report.errors.append(Problem(
                 f"{role}.n_positions", model.n_positions,
                 f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes "
-                f"{slot_rule(engine, role)} = {needed} positions",
+                f"{slot_rule(engine, role, library)} = {needed} positions",
                 f"set {role}.n_positions to at least {needed}, or lower generation.max_new_tokens"))
 
 

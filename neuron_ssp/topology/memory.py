@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from neuron_ssp.topology.catalog import GIB
 from neuron_ssp.topology.models import Architecture
 from neuron_ssp.topology.networks import token_buckets
-from neuron_ssp.topology.parallelism import KV_PADDING, heads_on_device
+from neuron_ssp.topology.parallelism import KV_PADDING, device_heads
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -52,15 +52,17 @@ class Footprint:
 
 
 def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int, batch_size: int,
-              kv_rule: str = KV_PADDING, windows: Sequence[int] = ()) -> Footprint:
+              library: str = "transformers-neuronx", kv_rule: str = KV_PADDING,
+              windows: Sequence[int] = ()) -> Footprint:
     """Weights: params x bytes, split over tp, plus the attention weights that padding and replication
-    add (`heads_on_device`, by the library's `kv_rule`): 70B's 64 heads become 72 at tp 12 or 24. KV:
-    2 (k and v) x layers x kv heads x head dim x bytes per token, each core holding its share of the kv
-    heads on device. `windows`: every k compiled into the model, whose networks beyond the first k's
-    are counted too."""
+    add (`device_heads`: each library's rule, and transformers-neuronx's `kv_rule` by version): 70B's 64
+    heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv heads x head dim x bytes per token,
+    each core holding its share of the kv heads on device. `windows`: every k compiled into one
+    transformers-neuronx model, whose networks beyond the first k's are counted too (NxD Inference
+    compiles one k per target)."""
     width = DTYPE_BYTES[dtype]
     tokens = n_positions * batch_size
-    q_heads, kv_heads = heads_on_device(architecture.heads, architecture.kv_heads, tp_degree, kv_rule)
+    q_heads, kv_heads = device_heads(library, architecture.heads, architecture.kv_heads, tp_degree, kv_rule)
     added_heads = 2 * (q_heads - architecture.heads) + 2 * (kv_heads - architecture.kv_heads)  # q, o; k, v
     added_params = architecture.layers * architecture.hidden * architecture.head_dim * added_heads
     weights = architecture.params * width
@@ -72,7 +74,7 @@ def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_position
         kv_bytes_per_core=kv_row * math.ceil(kv_heads / tp_degree),
         q_heads_on_device=q_heads,
         kv_heads_on_device=kv_heads,
-        extra_networks=len(token_buckets(n_positions)) * max(len(set(windows)) - 1, 0),
+        extra_networks=0 if library == "nxdi" else len(token_buckets(n_positions)) * max(len(set(windows)) - 1, 0),
     )
 
 

@@ -24,7 +24,7 @@ from neuron_ssp.topology.memory import (
     usable_bytes_per_core,
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
-from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, allowed_tp_degrees, heads_on_device
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, allowed_tp_degrees, device_heads, runs_on
 from neuron_ssp.topology.placement import (
     CoreSet,
     busiest_core_bytes,
@@ -70,6 +70,7 @@ class DeploymentPlan:
     ms_per_token: float | None
     ms_per_token_source: str
     refusal: str | None = None  # why no tp fits on this instance; None when one does
+    library: str = "transformers-neuronx"  # neuron.library: whose head sharding the per-core figures follow
 
     @property
     def headroom_fraction(self) -> float:
@@ -113,6 +114,7 @@ class DeploymentPlan:
             "fitting_tp_degrees": self.fitting_tp_degrees,
             "recommended_tp": self.recommended_tp,
             "refusal": self.refusal,
+            "library": self.library,
             "cost_per_hour": self.cost_per_hour,
             "ms_per_token": self.ms_per_token,
             "ms_per_token_source": self.ms_per_token_source,
@@ -127,7 +129,8 @@ def plan_deployment(config: Config, instance_type: str | None = None, ms_per_tok
     there is no known instance or a model's architecture cannot be told. It plans what is asked even if
     it does not fit (`fits` says so); `validate_config` says what to change."""
     instance = _instance(instance_type or config.platform.instance_type)
-    placed = place_models(loaded_models(config), kv_rule, tuple(windows or (config.speculation.k,)))
+    placed = place_models(loaded_models(config), config.neuron.library, kv_rule,
+                          tuple(windows or (config.speculation.k,)))
     plans = {role: _model_plan(role, p, instance) for role, p in placed.items()}
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
@@ -154,13 +157,16 @@ def plan_deployment(config: Config, instance_type: str | None = None, ms_per_tok
         ms_per_token=ms_per_token,
         ms_per_token_source=source,
         refusal=None if fitting else refusal(list(placed.values()), instance),
+        library=config.neuron.library,
     )
 
 
 def refusal(models: list[Placed], instance: Instance) -> str:
     """Why no tp degree hosts `models` on `instance`: the library, the total memory, or the largest tp."""
-    if instance.generation == "trn2":
-        return "transformers-neuronx does not support trn2 (NxD Inference does)"
+    library = models[0].library
+    if not runs_on(library, instance.generation):
+        return (f"{library} does not support {instance.generation} (NxD Inference does: set neuron.library: nxdi, "
+                "with a DLAMI of SDK 2.29 or later)")
     need = sum(cores_needed(p.footprint(1), instance.hbm_per_core_bytes) for p in models)
     if need > instance.neuron_cores:
         return f"weights + KV cache fill {need:.1f} cores' usable HBM; it has {instance.neuron_cores} cores"
@@ -170,7 +176,7 @@ def refusal(models: list[Placed], instance: Instance) -> str:
               f"over the {gib(usable):.2f} GiB usable")
     padded = [f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
               for p in models
-              for q, kv in [heads_on_device(p.architecture.heads, p.architecture.kv_heads, tp, p.kv_rule)]
+              for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp, p.kv_rule)]
               if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)]
     return reason + (f" (padded and replicated, query/kv: {'; '.join(padded)})" if padded else "")
 
@@ -202,13 +208,14 @@ def _instance(instance_type: str | None) -> Instance:
     return instance
 
 
-def place_models(models: dict[str, ModelConfig], kv_rule: str, windows: tuple[int, ...]) -> dict[str, Placed]:
-    """Each model with its architecture (UsageError naming every one that cannot be told); the target holds
-    the speculation `windows`."""
+def place_models(models: dict[str, ModelConfig], library: str, kv_rule: str,
+                 windows: tuple[int, ...]) -> dict[str, Placed]:
+    """Each model with its architecture (UsageError naming every one that cannot be told), laid out as
+    `library` (and transformers-neuronx's `kv_rule`) does; the target holds the speculation `windows`."""
     problems, placed = [], {}
     for role, model in models.items():
         try:
-            placed[role] = Placed(model, resolve_architecture(model, role), kv_rule,
+            placed[role] = Placed(model, resolve_architecture(model, role), library, kv_rule,
                                   windows if role == "target" else ())
         except UsageError as exc:
             problems.extend(exc.problems)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from neuron_ssp.backends.imports import import_library
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
@@ -110,14 +111,9 @@ def bound_parallel_compile(model: Any, workers: int) -> None:
 
 def load_neuronx() -> NeuronxApi:
     """The installed library, or a RuntimeProblem that says what is missing and how to install it."""
-    try:
-        package = importlib.import_module("transformers_neuronx")
-        llama = importlib.import_module("transformers_neuronx.llama.model")
-        speculation = importlib.import_module("transformers_neuronx.speculation")
-    except ImportError as exc:
-        raise RuntimeProblem(
-            Problem("platform.backend", "neuron", f"transformers-neuronx does not import ({exc})", INSTALL)
-        ) from None
+    package, llama, speculation = import_library(
+        ("transformers_neuronx", "transformers_neuronx.llama.model", "transformers_neuronx.speculation"),
+        "platform.backend", "neuron", "transformers-neuronx", INSTALL)
     version = str(getattr(package, "__version__", "unknown"))
     llama_class = getattr(llama, "LlamaForSampling", None)
     missing = [name for name in REQUIRED_METHODS if not hasattr(llama_class, name)]

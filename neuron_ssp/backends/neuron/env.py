@@ -23,10 +23,11 @@ SYSFS_INSTANCE_TYPE = "/sys/devices/virtual/neuron_device/neuron0/info/architect
 NEURON_LS_FALLBACK = "/opt/aws/neuron/bin/neuron-ls"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"  # transformers-neuronx venv, SDK 2.24-2.25
 DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
-# The Neuron venv's own builds: installing neuron-ssp must not replace any of them, so the EC2 bootstrap
-# and the SageMaker Dockerfile pin exactly these as constraints, and `doctor` reports their versions.
-NEURON_STACK = ("torch", "torch-neuronx", "torch-xla", "transformers", "transformers-neuronx", "neuronx-cc",
-                "libneuronxla", "numpy")
+# The Neuron venv's own builds (transformers-neuronx or NxD Inference venvs): installing neuron-ssp must not
+# replace any of them, so the EC2 bootstrap and the SageMaker Dockerfile pin exactly these as constraints,
+# and `doctor` reports their versions.
+NEURON_STACK = ("torch", "torch-neuronx", "torch-xla", "transformers", "transformers-neuronx",
+                "neuronx-distributed", "neuronx-distributed-inference", "neuronx-cc", "libneuronxla", "numpy")
 # NeuronCore count -> instance, only where the count alone tells (2 cores: inf2.xlarge/8xlarge, trn1.2xlarge)
 INSTANCE_BY_CORES = {12: "inf2.24xlarge", 24: "inf2.48xlarge"}
 

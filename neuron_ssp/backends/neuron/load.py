@@ -19,13 +19,7 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, bound_parallel_compile, l
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
-from neuron_ssp.backends.neuron.selftest import (
-    SelfTestResult,
-    check_self_test,
-    run_self_test,
-    self_test_length,
-    self_test_tokens,
-)
+from neuron_ssp.backends.neuron.selftest import check_self_test, self_test
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -66,15 +60,6 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
     return backends["target"], backends.get("draft")
 
 
-def self_test(target: NeuronBackend, config: Config, library_version: str) -> SelfTestResult:
-    """The target's k-wide window against one-token calls, on a passage in its own tokenizer."""
-    assert target.speculation_length, "the self-test needs the speculation-enabled target"
-    length = self_test_length(target.n_positions, target.speculation_length)
-    model_dir = resolve_model_path(config.target.path, "target.path")
-    tokens, text = self_test_tokens(model_dir, target.vocab_size, length)
-    return run_self_test(target, tokens, library_version, text, config.neuron.self_test_min_agreement)
-
-
 def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
                             ) -> tuple[Any, Any]:
     """engine fused: both models with on-device embedding and generation, no speculation network of their
@@ -101,20 +86,26 @@ def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | N
     one_target = windows if windows and api.speculation_takes_k_list else None
     if api.kv_rule != KV_PADDING or one_target:  # 0.10 replicates kv heads further; more k, more networks
         validate_config(config, api.kv_rule, one_target).raise_if_invalid()
+    prepare_device(config, plan)
+    return api
+
+
+def prepare_device(config: Config, plan: DeploymentPlan) -> None:
+    """A Neuron device is here; the plan's cores and the compile cache are set before the runtime starts
+    (both libraries read them once, when the runtime starts)."""
     if not device_nodes():
         raise RuntimeProblem(
             Problem(
                 "platform.backend",
                 "neuron",
                 "no Neuron device on this machine (no /dev/neuron*)",
-                "run on an inf2 / trn1 instance with the Neuron driver (aws-neuronx-dkms), or use "
+                "run on an inf2 / trn1 / trn2 instance with the Neuron driver (aws-neuronx-dkms), or use "
                 "platform.backend: torch; `neuron-ssp doctor` shows what this machine has",
             )
         )
     set_visible_cores(plan.visible_cores)
     if config.neuron.compile_cache_url:
         os.environ[COMPILE_CACHE_ENV] = config.neuron.compile_cache_url
-    return api
 
 
 def set_visible_cores(cores: str) -> None:
@@ -137,7 +128,8 @@ def compile_estimate(config: Config, windows: list[int] | None = None,
                      process_bytes: int = PROCESS_BYTES) -> CompileEstimate:
     """Networks, parallel neuronx-cc processes, host memory and time of compiling `config`'s models (the
     target with `windows`, default speculation.k) on this host."""
-    placed = place_models(loaded_models(config), KV_PADDING, tuple(windows or (config.speculation.k,)))
+    placed = place_models(loaded_models(config), config.neuron.library, KV_PADDING,
+                          tuple(windows or (config.speculation.k,)))
     return estimate_compile(placed, host_memory_available(), process_bytes)
 
 

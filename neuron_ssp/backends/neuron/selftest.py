@@ -5,7 +5,8 @@ calls at the same cache positions would. A library build that gets this wrong pr
 garbage with no error: the snapshot 0623de2 (April 2024, inside 0.10.x) pads a window to the smallest
 context bucket and caps its cache_ids at that bucket - 1 (base.py lines 273-287
 `_prepare_for_par_ctx_rhs_padding` and 291-312 `_pad_cache_ids`, `torch.minimum(cache_ids_pad,
-estimate-1)`), so every window at cache position >= 64 reads and writes the wrong slots.
+estimate-1)`), so every window at cache position >= 64 reads and writes the wrong slots. NxD Inference
+loads run the same test on their speculation model (labelled with `library_label`).
 
 So after load we prefill 8 tokens of a natural-language passage, score the rest window by window up
 to MIN_PAST_EDGE positions past that bucket edge, each window once with `speculative_forward` and once
@@ -26,8 +27,8 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.neuron.api import NEURON_INDEX
-from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.window_check import (
     MIN_PAST_EDGE,
     WindowJudgement,
@@ -35,12 +36,15 @@ from neuron_ssp.backends.window_check import (
     passage_ids,
     score_both_ways,
 )
+from neuron_ssp.config import Config
+from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.networks import context_buckets
 
 PROMPT_TOKENS = 8
 PASSAGE = "the Gettysburg Address"
 FIXED_IDS = "fixed token ids (no tokenizer in the model directory)"
+NXDI = "neuronx-distributed-inference"  # the label NxDI loads pass as library_version
 
 
 def bucket_edge(n_positions: int) -> int:
@@ -76,11 +80,25 @@ class SelfTestResult:
         return {"library_version": self.library_version, "text": self.text, **self.judgement.to_dict()}
 
 
+def library_label(version: str) -> str:
+    """'neuronx-distributed-inference 0.9.0' as given; a bare version is transformers-neuronx's."""
+    return version if version.startswith(NXDI) else f"transformers-neuronx {version}"
+
+
+def self_test(target: ModelBackend, config: Config, library_version: str) -> SelfTestResult:
+    """The loaded target's k-wide window against one-token calls, on a passage in its own tokenizer."""
+    k = getattr(target, "speculation_length", None)
+    assert k, "the self-test needs the speculation-enabled target"
+    model_dir = resolve_model_path(config.target.path, "target.path")
+    tokens, text = self_test_tokens(model_dir, target.vocab_size, self_test_length(target.n_positions, k))
+    return run_self_test(target, tokens, library_version, text, config.neuron.self_test_min_agreement)
+
+
 @torch.inference_mode()
-def run_self_test(target: NeuronBackend, tokens: torch.Tensor, library_version: str, text: str,
+def run_self_test(target: ModelBackend, tokens: torch.Tensor, library_version: str, text: str,
                   min_agreement: float) -> SelfTestResult:
     """Score `tokens` both ways from slot PROMPT_TOKENS on and judge the regions before and from the edge."""
-    k = target.speculation_length
+    k = getattr(target, "speculation_length", None)
     if not k:
         raise ValueError("the self-test needs a speculation-enabled target")
     scores = score_both_ways(target, tokens[: self_test_length(target.n_positions, k)], k, PROMPT_TOKENS)
@@ -99,10 +117,9 @@ def check_self_test(result: SelfTestResult) -> None:
         raise RuntimeProblem(Problem(
             "neuron.self_test",
             "; ".join(judgement.failures),
-            f"transformers-neuronx {result.library_version}: the k={judgement.k} speculative_forward window "
-            f"scores {result.text} differently from one-token forward calls at the same cache positions "
-            f"({judgement.summary()})",
-            _cause(judgement),
+            f"{library_label(result.library_version)}: the k={judgement.k} window scores {result.text} "
+            f"differently from one-token calls at the same cache positions ({judgement.summary()})",
+            _cause(result),
         ))
     notes = []
     if judgement.short_of_edge:
@@ -117,7 +134,12 @@ def check_self_test(result: SelfTestResult) -> None:
         warnings.warn(f"Neuron self-test passed ({judgement.summary()}); " + "; ".join(notes), stacklevel=2)
 
 
-def _cause(judgement: WindowJudgement) -> str:
+def _cause(result: SelfTestResult) -> str:
+    judgement = result.judgement
+    if result.library_version.startswith(NXDI):
+        return ("reinstall neuronx-distributed-inference from the Neuron repository and recompile "
+                "(neuron-ssp compile --force); every engine on this target scores through the same "
+                "speculation model, so report the versions if it persists")
     if any(failure.startswith(judgement.past.name) for failure in judgement.failures):
         return ("windows from the first context bucket on disagree: the cache_ids capping of "
                 "transformers-neuronx snapshot 0623de2 (April 2024). Install another build: pip install -U "

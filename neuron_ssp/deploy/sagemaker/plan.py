@@ -15,10 +15,12 @@ from typing import Any, Literal
 
 from neuron_ssp.config import Config
 from neuron_ssp.deploy import tags
+from neuron_ssp.deploy.ami import DlamiPin, pin_for_config
 from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, ScalingMetric, ScalingPlan, target_for
 from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems, s3_under_isolation
 from neuron_ssp.deploy.sagemaker.errors import EXECUTION_ROLE_POLICY
+from neuron_ssp.deploy.sagemaker.image import image_tag
 from neuron_ssp.deploy.sagemaker.instances import (
     HostingPrice,
     catalog_instance,
@@ -27,7 +29,7 @@ from neuron_ssp.deploy.sagemaker.instances import (
     ml_type,
     volume_size_gb,
 )
-from neuron_ssp.deploy.sagemaker.lmi import lmi_image, lmi_options, lmi_refusals
+from neuron_ssp.deploy.sagemaker.lmi import LMI_IMAGE_TAG, lmi_image, lmi_options, lmi_refusals
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 
 Engine = Literal["neuron-ssp", "lmi"]
@@ -91,6 +93,7 @@ class EndpointPlan:
     scaling: ScalingPlan | None
     keep_on_failure: bool
     warnings: list[str] = field(default_factory=list)
+    software: str = ""  # the Neuron library and SDK the image runs, and their support status
 
     @property
     def max_instances(self) -> int:
@@ -160,7 +163,7 @@ def plan_endpoint(
         image = options.image_uri or lmi_image(region)
     else:
         environment = container_environment(config)
-        image = options.image_uri or default_image(identity.account, region)
+        image = options.image_uri or default_image(identity.account, region, pin_for_config(config))
     resource_tags = [
         {"Key": k, "Value": v}
         for k, v in {
@@ -243,16 +246,17 @@ def plan_endpoint(
         scaling,
         options.keep_on_failure,
         warnings,
+        _software(config, options),
     )
 
 
-def default_image(account: str, region: str) -> str:
-    """Where `neuron-ssp deploy image push` puts this version's image."""
+def default_image(account: str, region: str, pin: DlamiPin | None = None) -> str:
+    """Where `neuron-ssp deploy image push [--config CONFIG]` puts this version's image for the config's library."""
     try:
         tag = version("neuron-ssp")
     except PackageNotFoundError:
         tag = "latest"
-    return f"{account}.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPOSITORY}:{tag}"
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPOSITORY}:{image_tag(tag, pin)}"
 
 
 def _volume(config: Config, ml_instance_type: str) -> dict[str, int]:
@@ -413,3 +417,12 @@ def _config_for_instance(config: Config, options: EndpointOptions) -> tuple[Conf
     config = config.model_copy(update={"platform": config.platform.model_copy(update={"instance_type": instance.name})})
     report = validate_config(config)
     return config, list(report.errors), [str(w) for w in report.warnings]
+
+
+def _software(config: Config, options: EndpointOptions) -> str:
+    if options.engine == "lmi":
+        return f"transformers-neuronx in {LMI_IMAGE_TAG} (LMI's last Neuron release; out of support)"
+    pin = pin_for_config(config)
+    base = pin.dlc or "deploy/sagemaker/Dockerfile's BASE_IMAGE (pytorch-inference-neuronx 2.7.0, SDK 2.25)"
+    return f"{pin.describe(config.neuron.library)}; image FROM {base}"
+
