@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 TURN_MARKER = "neuron-ssp-turn-end"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
 
 
 def checkpoint_eos_ids(model_dir: Path) -> list[int]:
@@ -46,15 +47,22 @@ def turn_end_id(tokenizer: Any, eos_ids: Collection[int]) -> int | None:
     return next((i for i in tokenizer(after, add_special_tokens=False)["input_ids"] if i in eos_ids), None)
 
 
+def load_tokenizer(model_dir: Path) -> Any | None:
+    """The directory's tokenizer; None where it has no tokenizer files (a bare test checkpoint). Asked
+    without them, transformers raises OSError, ValueError, ImportError or AttributeError by version."""
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def stop_id(model_dir: Path, chat_template: bool) -> int | None:
     """The one id a loop that can stop at a single EOS should get: the end of a chat turn when prompts go
     through the chat template, else the tokenizer's EOS, else the checkpoint's first."""
-    from transformers import AutoTokenizer
-
     eos = checkpoint_eos_ids(model_dir)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError):  # no tokenizer files in the directory
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
         return eos[0] if eos else None
     own = tokenizer.eos_token_id if isinstance(tokenizer.eos_token_id, int) else None
     end = turn_end_id(tokenizer, {*eos, *([own] if own is not None else [])}) if chat_template else None

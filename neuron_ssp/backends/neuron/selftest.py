@@ -36,6 +36,7 @@ from neuron_ssp.backends.window_check import (
     passage_ids,
     score_both_ways,
 )
+from neuron_ssp.checkpoint import load_tokenizer
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -60,11 +61,8 @@ def self_test_length(n_positions: int, k: int) -> int:
 
 def self_test_tokens(model_dir: Path, vocab_size: int, length: int) -> tuple[torch.Tensor, str]:
     """(ids, what they are): the passage through the model's own tokenizer; fixed ids where it has none."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError):
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
         low = min(3, vocab_size - 1)  # avoid the lowest ids, often special tokens
         return low + (torch.arange(length, dtype=torch.long) * 7919) % (vocab_size - low), FIXED_IDS
     return passage_ids(tokenizer, length), PASSAGE
@@ -128,8 +126,8 @@ def check_self_test(result: SelfTestResult) -> None:
     if result.text == FIXED_IDS:
         notes.append("it scored fixed ids, not text: add the tokenizer to the model directory for a sharper test")
     if not judgement.exact:
-        notes.append("bf16 graphs are not bit-identical, so greedy speculative output equals plain greedy output "
-                     "only up to such near-ties")
+        notes.append("the k-wide and one-token graphs are not bit-identical (bf16 on a device), so greedy "
+                     "speculative output equals plain greedy output only up to such near-ties")
     if notes:
         warnings.warn(f"Neuron self-test passed ({judgement.summary()}); " + "; ".join(notes), stacklevel=2)
 
