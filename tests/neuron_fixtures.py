@@ -38,6 +38,8 @@ def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str) -
     dev.mkdir(exist_ok=True)
     (dev / "neuron0").touch()
     monkeypatch.setattr("neuron_ssp.backends.neuron.env.DEV_GLOB", str(dev / "neuron*"))
+    # host memory unknown: compiles keep the library's default parallelism unless a test sets MemAvailable
+    monkeypatch.setattr("neuron_ssp.backends.neuron.env.MEMINFO", str(tmp_path / "no-meminfo"))
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_COMPILE_CACHE_URL"):
         _unset_env(monkeypatch, name)
     monkeypatch.setattr("neuron_ssp.backends.neuron.artifacts.LOCAL_CACHE", tmp_path / "artifact-cache")

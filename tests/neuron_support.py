@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,25 @@ def save_tiny_llama(directory: Path, seed: int) -> Path:
     )
     LlamaForCausalLM(config).eval().save_pretrained(directory)
     return directory
+
+
+def with_tokenizer(model_dir: Path, tmp_path: Path, chat_template: str | None = None) -> Path:
+    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary ("w3" .. "w95")."""
+    target = tmp_path / model_dir.name
+    shutil.copytree(model_dir, target)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer.chat_template = chat_template
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def with_eos(model_dir: Path, eos: list[int]) -> Path:
+    """The checkpoint's generation_config.json declares these end-of-sequence ids."""
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    return model_dir
 
 
 def neuron_config(target: Path, draft: Path | None = None, /, **sections: Any) -> Config:
@@ -66,18 +86,6 @@ def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
 
     standin.reset()
     return standin
-
-
-def with_tokenizer(model_dir: Path, tmp_path: Path) -> Path:
-    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary."""
-    target = tmp_path / model_dir.name
-    shutil.copytree(model_dir, target)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(target)
-    return target
 
 
 def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:

@@ -21,7 +21,8 @@ from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, samp
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.speculation.policies import build_policy
-from neuron_ssp.topology import plan_deployment
+from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
 
@@ -148,6 +149,29 @@ def test_detects_the_api_generation(neuronx_any: ModuleType) -> None:
     api = load_neuronx()
     assert api.generation == neuronx_any.API
     assert api.speculation_takes_batch_sizes == (neuronx_any.API == "sdk_2_21")
+    # 0.10 has no utils.get_qkv_padding: it replicates kv heads up to the query heads
+    assert api.kv_rule == (KV_PADDING if neuronx_any.API == "sdk_2_21" else KV_REPLICATED_TO_HEADS)
+
+
+def test_a_gqa_target_that_fits_only_with_0_11_padding_is_refused_on_0_10(
+    neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """Llama-3-70B at tp 32: 0.11+ holds 32 kv heads (one per core), 0.10 holds 64 (two per core), so a
+    long cache that fits the first does not fit the second; the load says so before compiling."""
+    config = neuron_config(tiny_model_dirs["target"], target={"architecture": "llama-3-70b", "tp_degree": 32,
+                                                              "n_positions": 150_000, "dtype": "bf16"})
+    assert validate_config(config).ok
+    if neuronx_any.API == "sdk_2_21":
+        load_neuron_backends(config.model_copy(update={"neuron": config.neuron.model_copy(
+            update={"self_test": False})}), plan_deployment(config))
+        return
+    with pytest.raises(UsageError) as caught:
+        load_neuron_backends(config, plan_deployment(config))
+    (problem,) = caught.value.problems
+    assert problem.field == "target.tp_degree"
+    assert "8 kv heads replicated to 64 by transformers-neuronx 0.10" in problem.rule
+    assert "0.11+" in problem.fix
+    assert neuronx_any.RUNTIME.calls() == []  # nothing loaded
 
 
 # ---------------------------------------------------------------- scoring

@@ -110,7 +110,7 @@ def test_compile_prints_the_time_per_k(neuronx: ModuleType, tiny_model_dirs: dic
     ):
         assert label in result.output
     again = CliRunner().invoke(main, ["compile", str(config), "--k", "2,4", "--out", str(out), "--json"])
-    assert all(row["reused"] for row in json.loads(again.output[again.output.index("[") :]))
+    assert all(row["reused"] for row in json.loads(again.output[again.output.index("{\n") :])["results"])
 
 
 def test_doctor_self_test_passes_and_catches_the_0623de2_capping(
@@ -122,10 +122,13 @@ def test_doctor_self_test_passes_and_catches_the_0623de2_capping(
     passed = CliRunner().invoke(main, ["doctor", "--self-test", str(config), "--json"])
     assert passed.exit_code == 0, passed.output
     report = json.loads(passed.output[passed.output.index("{\n") :])
-    assert report["argmax_agreement"] == 1.0 and report["argmax_agreement_from_64"] == 1.0
+    before, past = report["regions"]
+    assert report["passed"] and before["argmax_agreement"] == past["argmax_agreement"] == 1.0
+    assert past["name"] == "from slot 64" and past["positions"] >= 32 and past["mean_kl"] == 0.0
     reimport_standin(monkeypatch, NEURONX_STANDIN_SNAPSHOT="0623de2")
     failed = CliRunner().invoke(main, ["doctor", "--self-test", str(config)])
     assert failed.exit_code != 0
+    assert "FAILED" in failed.output and "differs" in failed.output  # the per-position table
     assert "neuron.self_test" in failed.output and "0623de2" in " ".join(failed.output.split())
 
 

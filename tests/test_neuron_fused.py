@@ -7,7 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from neuron_support import STANDIN, neuron_config, prompt
+from neuron_support import STANDIN, neuron_config, prompt, with_eos, with_tokenizer
 
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.neuron.on_device import generation_settings
@@ -15,6 +15,8 @@ from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
+from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.positions import max_new_tokens_within
 from neuron_ssp.topology import plan_deployment, validate_config
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -73,6 +75,22 @@ def test_arguments_are_a_subset_of_the_real_signatures(neuronx: ModuleType, tiny
     assert all("neuron_config" in d for d in loaded)
 
 
+def test_device_sampling_says_what_seed_and_top_k_0_mean(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    """Documented under engine fused (issue 21 item 10): top_k 0 is a full-vocabulary top-k per position,
+    and sampling.seed does not reach the device's sampler."""
+    config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
+                          sampling={"temperature": 0.8, "top_k": 0, "seed": 7})
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    with pytest.warns(UserWarning) as caught:
+        FusedEngine.build(config, target, draft)
+    text = " ".join(str(w.message) for w in caught)
+    assert "sampling.seed has no effect" in text and "whole vocabulary" in text
+    assert target.model.neuron_config.on_device_generation.top_k == 96  # the vocabulary: nothing filtered
+    assert "seed" not in names("GenerationConfig.__init__")  # nothing to pass it to
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "neuron.md").read_text()
+    assert "**`top_k: 0`**" in docs and "**`sampling.seed` has no effect on device.**" in docs
+
+
 def test_models_that_generate_on_device_refuse_to_score(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
     config = fused_config(tiny_model_dirs)
     target, _ = load_neuron_backends(config, plan_deployment(config))
@@ -101,6 +119,7 @@ def test_the_older_library_is_refused_cleanly(neuronx_any: ModuleType, tiny_mode
         ({"sampling": {"temperature": 0.8}}, "speculation.acceptor"),  # greedy would ignore it
         ({"draft": {"tp_degree": 8}}, "draft.tp_degree"),
         ({"generation": {"max_new_tokens": 110, "max_prompt_tokens": 24}}, "target.n_positions"),
+        ({"draft": {"n_positions": 120}}, "draft.n_positions"),  # its cache is bound at the target's buckets
         ({"platform": {"backend": "torch"}}, "speculation.engine"),
     ],
 )
@@ -114,6 +133,47 @@ def test_what_the_fused_decoder_cannot_do_is_refused_with_field_rule_fix(
     assert all(p.rule and p.fix for p in mine)
     with pytest.raises(UsageError):
         validate_config(config).raise_if_invalid()
+
+
+def test_the_device_loop_stops_at_the_id_the_chat_ends_with_and_flags_work_past_other_eos(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Llama-3-Instruct: the checkpoint's EOS ids are [128001, 128009], turns end with 128009. The device
+    loop takes one id: the turn's end, not the first of the list."""
+    turn_end = 17
+    template = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} w17 {% endfor %}"
+    target = with_eos(with_tokenizer(tiny_model_dirs["target"], tmp_path, template), [2, turn_end])
+    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": "fused"})
+    loaded_target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, loaded_target, draft)
+    ((_, _, built),) = [e for e in neuronx.RUNTIME.events if e[1] == "FusedSpeculativeDecoder"]
+    assert built["eos_token_id"] == turn_end and engine.decoder.eos_token_id == turn_end
+
+    ids = prompt(7)
+    full = engine.generate(ids, 24)
+    assert full.stats.tokens_after_eos == 0
+    other = next(t for t in full.tokens[3:] if t != turn_end)  # an EOS the device loop was not given
+    cut = engine.generate(ids, 24, eos_token_ids={turn_end, other})
+    assert cut.tokens == full.tokens[: full.tokens.index(other) + 1]
+    assert cut.stats.tokens_after_eos == 24 - len(cut.tokens)  # the device ran on: flagged in the stats
+    assert cut.stats.to_dict()["tokens_after_eos"] == cut.stats.tokens_after_eos
+
+
+def test_the_servers_room_is_the_engines_room(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
+    """The largest max_tokens the server admits (Pipeline.check_room, its hint) runs; one more is refused
+    by both, before any call (it was refused mid-way by the engine, a 500, when the two rules differed)."""
+    config = fused_config(tiny_model_dirs)
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, target, draft)
+    pipeline = Pipeline(config, None, target, draft, engine, set())  # type: ignore[arg-type]
+    ids = prompt(7)
+    room = max_new_tokens_within(target.n_positions, len(ids), pipeline.extra_slots)
+    pipeline.check_room(ids, room)
+    assert len(engine.generate(ids, room).tokens) == room
+    with pytest.raises(UsageError):
+        pipeline.check_room(ids, room + 1)
+    with pytest.raises(UsageError):
+        engine.generate(ids, room + 1)
 
 
 def test_compile_refuses_the_fused_engine(

@@ -67,6 +67,35 @@ def test_every_eos_of_the_model_stops_the_library_loop(neuronx: ModuleType, tiny
     assert max(slot for w in windows for slot in w) < len(ids) + 12  # stopped near the EOS, not at 24 tokens
 
 
+def test_the_draft_needs_p_plus_n_plus_k_minus_1_positions(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """Measured on the port of the 0.13 loop: draft = target accepts every window, and after each full
+    window the draft is fed at cache_ids - 1, one slot past the window (speculation.py at 1ade6d7)."""
+    k, ids = 4, prompt(7)
+    new = 1 + 29 * k  # windows end exactly at the budget: the last one starts at P+N-1
+    needed = len(ids) + new + k - 1
+    model = {"n_positions": needed}
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"], speculation={"engine": "library"},
+                           target=model, draft=model)
+    engine, _ = engine_for(config, GreedyAcceptor())
+    neuronx.RUNTIME.events.clear()
+    assert len(engine.generate(ids, new).tokens) == new
+    draft_label = engine.draft.model.label
+    draft_slots = [slot for who, c, d in neuronx.RUNTIME.events if who == draft_label and c == "forward"
+                   for slot in d["cache_ids"] or []]
+    assert max(draft_slots) == needed - 1  # P+N+k-2: exactly the room asked for
+
+    short = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"], speculation={"engine": "library"},
+                          target=model, draft={"n_positions": needed - 1})
+    engine, _ = engine_for(short, GreedyAcceptor())
+    neuronx.RUNTIME.events.clear()
+    with pytest.raises(UsageError) as caught:  # refused before the first call, not half-way (StopIteration)
+        engine.generate(ids, new)
+    assert caught.value.problems[0].field == "draft.n_positions"
+    assert not [c for _, c, _ in neuronx.RUNTIME.events if c in ("forward", "speculative_forward")]
+
+
 def test_the_older_library_warns_that_it_finishes_greedily(
     neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:

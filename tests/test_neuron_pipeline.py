@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 
 import pytest
-from neuron_support import neuron_config, with_tokenizer
+from neuron_support import neuron_config, with_eos, with_tokenizer
 
 from neuron_ssp.pipeline.load import load_pipeline
 
@@ -63,3 +63,21 @@ def test_engine_fused_through_the_pipeline_equals_plain_greedy_of_native(
         fused.plain(prompt)
     native = load_pipeline(neuron_config(target, generation={"chat_template": False}))
     assert ssp.tokens == native.plain(prompt).tokens
+
+
+@pytest.mark.parametrize("engine", ["native", "library"])
+def test_extra_eos_ids_of_the_checkpoint_stop_a_neuron_generation(
+    neuronx: ModuleType, tiny_model_dirs, tmp_path, engine: str
+) -> None:
+    """generation_config.json's ids (Llama-3.1's 128008, Llama-3-Instruct's 128009) end a generation on
+    Neuron as on torch, though a transformers-neuronx model has no generation_config attribute."""
+    target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
+    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": engine},
+                           generation={"chat_template": False})
+    prompt = "w5 w9 w11 w5 w9 w40 w41"
+    plain = load_pipeline(config).plain(prompt).tokens
+    extra = next(t for t in plain[3:] if t != 2)  # a token the model generates, made an EOS of the checkpoint
+    with_eos(target, [2, extra])
+    pipeline = load_pipeline(config)
+    assert pipeline.eos_token_ids == {2, extra}
+    assert pipeline.speculative(prompt).tokens == plain[: plain.index(extra) + 1]

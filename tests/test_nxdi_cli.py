@@ -29,11 +29,13 @@ def test_compile_keeps_the_draft_once_and_the_target_per_k(nxdi: Any, tiny_model
     out = tmp_path / "compiled"
     result = CliRunner().invoke(main, ["compile", str(path), "--k", "3,4", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.output[result.output.index("["):])
+    report = json.loads(result.output[result.output.index("{\n"):])
+    rows = report["results"]
+    assert report["estimate"] is None  # transformers-neuronx's bucket estimate does not apply to NxDI
     assert [(r["role"], r["k"], r["reused"]) for r in rows] == [
         ("target", [3], False), ("target", [4], False), ("draft", None, False)]
     again = CliRunner().invoke(main, ["compile", str(path), "--k", "3,4", "--out", str(out), "--json"])
-    assert all(r["reused"] for r in json.loads(again.output[again.output.index("["):]))
+    assert all(r["reused"] for r in json.loads(again.output[again.output.index("{\n"):])["results"])
     compiles = [name for name, call, _ in nxdi.DEVICE_CALLS if call == "compile"]
     assert compiles == ["tiny-target", "tiny-target", "tiny-draft"]  # nothing compiled the second time
 
@@ -42,8 +44,8 @@ def test_doctor_self_test_on_nxdi(nxdi: Any, tiny_model_dirs, tmp_path) -> None:
     path = write(nxdi_config(tiny_model_dirs["target"]), tmp_path / "nxdi.yaml")
     result = CliRunner().invoke(main, ["doctor", "--self-test", str(path)], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
-    assert "self-test, neuronx-distributed-inference 0.9" in result.output
-    assert "argmax agreement 100.0%" in result.output
+    assert "self-test, neuronx-distributed-inference 0.9" in result.output and "passed" in result.output
+    assert "from slot 64: 36 positions, argmax agreement 100%" in " ".join(result.output.split())
 
 
 def test_doctor_reports_nxdi_its_sdk_and_dlami_venvs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,15 +90,15 @@ def test_tune_k_loads_one_nxdi_target_per_k_and_prices_padded_windows(nxdi: Any,
 
 def test_self_test_runs_on_nxdi_before_serving(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
     """The k-wide speculation call against one-token (padded) calls at the same slots, past slot 64."""
-    from neuron_ssp.backends.neuron.selftest import run_self_test
+    from neuron_ssp.backends.neuron.selftest import self_test
     from neuron_ssp.backends.nxdi.load import load_nxdi_backends
     from neuron_ssp.topology import plan_deployment
 
     config = nxdi_config(tiny_model_dirs["target"])
     target, _ = load_nxdi_backends(config, plan_deployment(config))  # the load-time self-test passed
-    result = run_self_test(target, "neuronx-distributed-inference 0.9.0")
-    assert result.agreement() == 1.0 and result.max_abs_diff < 1e-4
-    assert max(p.position for p in result.positions) >= 64
+    judgement = self_test(target, config, "neuronx-distributed-inference 0.9.0").judgement
+    assert judgement.passed and judgement.before.argmax_agreement == judgement.past.argmax_agreement == 1.0
+    assert max(row.relative_diff for row in judgement.rows) < 1e-4 and judgement.past.positions >= 32
 
 
 def test_a_window_that_scores_differently_fails_the_nxdi_self_test(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
@@ -124,5 +124,6 @@ def test_a_window_that_scores_differently_fails_the_nxdi_self_test(nxdi: Any, ti
         scoring.NxdiBackend._forward = real
     (problem,) = error.value.problems
     assert problem.field == "neuron.self_test" and problem.rule.startswith("neuronx-distributed-inference 0.9")
-    assert "below slot 64: 100%, from slot 64: 33%" in problem.rule
+    assert "before slot 64: 56 positions, argmax agreement 100%" in problem.rule
+    assert "from slot 64" in str(problem.value)
     assert "neuronx-distributed-inference" in problem.fix

@@ -13,7 +13,7 @@ from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, samp
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
-from neuron_ssp.speculation.positions import draft_slots, target_slots
+from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, max_new_tokens_within, target_slots
 from neuron_ssp.topology import validate_config
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
@@ -91,6 +91,19 @@ def test_validate_uses_the_same_exact_rule():
 
 
 def test_validate_adds_k_for_transformers_neuronx_s_own_loop():
-    """Its loop scores a full window from a slot that may reach sequence_length - 1."""
-    assert "target.n_positions" in _validate(149 + 4, 148, engine="library")
-    assert "target.n_positions" not in _validate(149 + 5, 148, engine="library")
+    """Its loop scores a full window from a slot that may reach sequence_length - 1, and refills the draft
+    at the window's last slot after a full acceptance: both need P+N+k-1 (speculation.py at 1ade6d7)."""
+    assert _validate(154, 154, engine="library") == set()  # 100 + 50 + 5 - 1
+    assert _validate(153, 154, engine="library") == {"target.n_positions"}
+    assert _validate(154, 153, engine="library") == {"draft.n_positions"}
+
+
+@pytest.mark.parametrize("engine", ["native", "library", "fused"])
+@pytest.mark.parametrize("k", [2, 5, 9])
+def test_the_largest_admitted_request_fills_the_cache_exactly(engine, k):
+    """What the server admits (max_new_tokens_within with the engine's extra slots) is what the engine's
+    own rule needs: one token more would not fit."""
+    n, prompt_len = 128, 10
+    room = max_new_tokens_within(n, prompt_len, extra_target_slots(engine, k))
+    assert target_slots(prompt_len, room, engine, k) == n
+    assert draft_slots(prompt_len, room, engine, k) <= n

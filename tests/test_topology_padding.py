@@ -7,6 +7,8 @@ get_qkv_padding pads query heads to a multiple of tp and says how far kv heads a
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 from topology_cases import neuron_pair
@@ -17,7 +19,7 @@ from neuron_ssp.topology import plan_all_instances, plan_deployment
 from neuron_ssp.topology.catalog import GIB
 from neuron_ssp.topology.memory import footprint
 from neuron_ssp.topology.models import ARCHITECTURES
-from neuron_ssp.topology.parallelism import heads_on_device
+from neuron_ssp.topology.parallelism import KV_REPLICATED_TO_HEADS, heads_on_device
 
 # (query heads, kv heads, tp) -> (query heads, kv heads) on device, all cores together
 HEADS = [
@@ -36,6 +38,45 @@ HEADS = [
 @pytest.mark.parametrize("shape, expected", HEADS)
 def test_heads_on_device(shape: tuple[int, int, int], expected: tuple[int, int]) -> None:
     assert heads_on_device(*shape) == expected
+
+
+# transformers-neuronx 0.10 (7a30b42, 0623de2): kv heads tp does not divide are repeated up to the query heads
+HEADS_0_10 = [
+    ((64, 8, 8), (64, 8)),  # tp divides them: split, as later
+    ((64, 8, 32), (64, 64)),  # 0.11+: 32
+    ((64, 8, 24), (72, 72)),  # 0.11+: 24
+    ((32, 8, 24), (48, 48)),  # Llama-3-8B; 0.11+: 24
+    ((32, 32, 24), (48, 48)),  # MHA: padded like the queries, as later
+]
+
+
+@pytest.mark.parametrize("shape, expected", HEADS_0_10)
+def test_heads_on_device_at_0_10(shape: tuple[int, int, int], expected: tuple[int, int]) -> None:
+    assert heads_on_device(*shape, KV_REPLICATED_TO_HEADS) == expected
+
+
+def test_a_70b_at_tp_32_on_0_10_costs_a_third_of_a_gib_more_weights_and_twice_the_kv_cache_per_core() -> None:
+    llama70 = ARCHITECTURES["llama-3-70b"]
+    later = footprint(llama70, "bf16", 32, 2048, 1)
+    early = footprint(llama70, "bf16", 32, 2048, 1, kv_rule=KV_REPLICATED_TO_HEADS)
+    assert (later.kv_heads_on_device, early.kv_heads_on_device) == (32, 64)
+    assert round((early.weight_bytes_per_core - later.weight_bytes_per_core) / GIB, 2) == 0.31
+    assert early.kv_bytes_per_core == 2 * later.kv_bytes_per_core
+
+
+def test_plan_and_validate_follow_the_library_version_asked(tmp_path) -> None:
+    import yaml
+
+    pair = neuron_pair(instance="trn1.32xlarge", tp=32)
+    pair["target"]["n_positions"] = pair["draft"]["n_positions"] = 90_000
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(pair))
+    assert CliRunner().invoke(main, ["validate", str(path)]).exit_code == 0
+    early = CliRunner().invoke(main, ["validate", str(path), "--neuronx-version", "0.10.0.21", "--json"])
+    (error,) = json.loads(early.output)["errors"]
+    assert early.exit_code == 1 and "replicated to 64 by transformers-neuronx 0.10" in error["rule"]
+    planned = CliRunner().invoke(main, ["plan", str(path), "--neuronx-version", "0.10", "--json"])
+    assert json.loads(planned.output)["kv_rule"] == KV_REPLICATED_TO_HEADS
 
 
 # architecture, tp -> weights per core, KV cache per core (GiB, bf16, 2048 positions, batch 1)

@@ -24,10 +24,20 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from neuron_ssp.backends.neuron.env import DLAMI_VENV, active_venv, compile_cache, package_versions, probe_devices
+from neuron_ssp.backends.neuron.env import (
+    DLAMI_VENV,
+    active_venv,
+    compile_cache,
+    package_versions,
+    probe_devices,
+    stack_warning,
+)
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.catalog import GIB
+from neuron_ssp.topology.compile_plan import PROCESS_BYTES
+from neuron_ssp.topology.parallelism import KV_PADDING
 
 NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc. need one only with backend neuron
 
@@ -43,8 +53,12 @@ NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc
 )
 @click.option("--out", help="Where to keep them: a directory or s3://bucket/prefix (default: neuron.compiled_dir).")
 @click.option("--force", is_flag=True, help="Compile again even where matching artifacts exist.")
+@click.option("--compile-process-gib", type=click.FloatRange(min=0, min_open=True), default=PROCESS_BYTES / GIB,
+              show_default=True, help="Host memory of one neuronx-cc process (an assumption until measured): "
+              "bounds how many run at once beside the checkpoint in the host's free memory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool, as_json: bool) -> None:
+def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool,
+                    compile_process_gib: float, as_json: bool) -> None:
     """Compile CONFIG's draft once and its target for every k, and keep each for reuse at load.
 
     transformers-neuronx: one target holds every k. NxD Inference (neuron.library: nxdi): one target per k
@@ -60,8 +74,13 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     config = load_config(config_path, {"neuron.compiled_dir": out})
     ks = parse_ks(ks_text, config.speculation.k)
     widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
-    compiler_class = NxdiCompiler if config.neuron.library == "nxdi" else Compiler
-    compiler = compiler_class(widest, plan_deployment(widest), ks, force)
+    nxdi = config.neuron.library == "nxdi"
+    compiler = (NxdiCompiler(widest, plan_deployment(widest), ks, force) if nxdi
+                else Compiler(widest, plan_deployment(widest), ks, force, int(compile_process_gib * GIB)))
+    estimate = None if isinstance(compiler, NxdiCompiler) else compiler.estimate  # transformers-neuronx's buckets
+    console = Console(stderr=as_json)
+    for line in estimate.lines() if estimate else []:
+        console.print(line, highlight=False)
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -70,7 +89,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
         TimeElapsedColumn(),
     )
     results = []
-    with Progress(*columns, console=Console(stderr=as_json)) as progress:
+    with Progress(*columns, console=console) as progress:
         task = progress.add_task("compiling", total=len(compiler.jobs))
         for job in compiler.jobs:
             progress.update(task, description=f"compiling {job.label}")
@@ -82,16 +101,19 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     if as_json:
         click.echo(
             json.dumps(
-                [
-                    {
-                        "role": r.job.role,
-                        "k": list(r.job.speculation_lengths or []) or None,
-                        "seconds": r.seconds,
-                        "reused": r.reused,
-                        "location": r.location,
-                    }
-                    for r in results
-                ],
+                {
+                    "estimate": estimate.to_dict() if estimate else None,
+                    "results": [
+                        {
+                            "role": r.job.role,
+                            "k": list(r.job.speculation_lengths or []) or None,
+                            "seconds": r.seconds,
+                            "reused": r.reused,
+                            "location": r.location,
+                        }
+                        for r in results
+                    ],
+                },
                 indent=2,
             )
         )
@@ -158,7 +180,7 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, sel
 
 def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     """`doctor --self-test CONFIG`: the load-time self-test on its own, with its per-position figures."""
-    from neuron_ssp.backends.neuron.selftest import BUCKET_EDGE, check_self_test, library_label, run_self_test
+    from neuron_ssp.backends.neuron.selftest import check_self_test, library_label, self_test
     from neuron_ssp.pipeline.load import load_neuron_models
 
     config = load_config(config_path)
@@ -166,22 +188,25 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
     target, _ = load_neuron_models(target_only, plan_deployment(target_only))
-    result = run_self_test(target, _library_version(config))
+    result = self_test(target, config, _library_version(config))
+    judgement = result.judgement
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         console = Console()
-        console.print(
-            f"self-test, {library_label(result.library_version)}, k={result.k}: argmax agreement "
-            f"{result.agreement():.1%} (below slot {BUCKET_EDGE}: {result.agreement(0, BUCKET_EDGE) or 0:.1%}, "
-            f"from slot {BUCKET_EDGE}: {result.agreement(BUCKET_EDGE) or 0:.1%}), max |logit diff| "
-            f"{result.max_abs_diff:.3g}"
-        )
-        table = Table("slot", "max |logit diff|", "argmax", title="per cache position", title_justify="left")
-        for row in result.positions:
-            table.add_row(str(row.position), f"{row.max_abs_diff:.3g}", "same" if row.argmax_agrees else "[red]differs")
+        verdict = "[green]passed[/green]" if judgement.passed else "[bold red]FAILED[/bold red]"
+        console.print(f"self-test, {library_label(result.library_version)}, k={judgement.k}, "
+                      f"{escape(result.text)}: {verdict}")
+        console.print(f"  {escape(judgement.summary())}")
+        for failure in judgement.failures:
+            console.print(f"  [red]{escape(failure)}[/red]")
+        table = Table("slot", "KL (nats)", "max |Δlogit| / std", "argmax", title="per cache position",
+                      title_justify="left")
+        for row in judgement.rows:
+            table.add_row(str(row.position), f"{row.kl:.3g}", f"{row.relative_diff:.3g}",
+                          "same" if row.argmax_agrees else "[red]differs")
         console.print(table)
-    check_self_test(result, config.neuron.self_test_min_agreement)
+    check_self_test(result)
     return 0
 
 
@@ -201,6 +226,8 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
     devices = probe_devices(instance_type)
     venv, is_dlami_venv = active_venv()
     cache = compile_cache()
+    library = _library_status()
+    versions = package_versions()
     return {
         "neuron_device_present": devices.present,
         "device_nodes": devices.device_nodes,
@@ -209,14 +236,15 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "neuron_cores": devices.cores,
         "instance_type": devices.instance_type,
         "instance_source": devices.instance_source,
-        "packages": package_versions(),
-        "transformers_neuronx": _library_status(),
+        "packages": versions,
+        "neuron_stack_warning": stack_warning(versions),
+        "transformers_neuronx": library,
         "nxdi": _nxdi_status(),
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
         "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
         "compile_cache": {"url": cache.url, "from_env": cache.from_env, "free_bytes": cache.free_bytes},
-        "configs": _config_fits(configs_dir, devices.instance_type),
+        "configs": _config_fits(configs_dir, devices.instance_type, library.get("kv_rule", KV_PADDING)),
         "works_here": usable_commands if not devices.present else usable_commands + sorted(NEEDS_NEURON),
     }
 
@@ -228,7 +256,7 @@ def _library_status() -> dict[str, Any]:
         api = load_neuronx()
     except NeuronSSPError as exc:
         return {"usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
-    return {"usable": True, "version": api.version, "api_generation": api.generation}
+    return {"usable": True, "version": api.version, "api_generation": api.generation, "kv_rule": api.kv_rule}
 
 
 def _nxdi_status() -> dict[str, Any]:
@@ -251,7 +279,8 @@ def _nxdi_status() -> dict[str, Any]:
     return {**status, "usable": True}
 
 
-def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str, Any]]:
+def _config_fits(configs_dir: Path, instance_type: str | None, kv_rule: str) -> list[dict[str, Any]]:
+    """Each config against this instance, as the installed transformers-neuronx lays out kv heads."""
     rows, loaded = [], {}
     for path in sorted(configs_dir.glob("*.yaml")) if configs_dir.is_dir() else []:
         try:
@@ -260,14 +289,14 @@ def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str,
             rows.append({"config": str(path), "status": "invalid", "detail": str(exc.problems[0])})
             continue
         loaded[str(path)] = config
-        rows.append({"config": str(path), **_fit(config, instance_type)})
+        rows.append({"config": str(path), **_fit(config, instance_type, kv_rule)})
     for row in rows:
         if row["status"].startswith("made for"):
             row["detail"] += _sibling_hint(loaded[row["config"]], loaded, instance_type)
     return rows
 
 
-def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
+def _fit(config: Config, instance_type: str | None, kv_rule: str) -> dict[str, str]:
     """A config made for another instance says so; it is not a config to rewrite with this one's rules."""
     if config.platform.backend == "torch":
         return {"status": "runs here", "detail": "torch reference backend: any machine"}
@@ -278,7 +307,7 @@ def _fit(config: Config, instance_type: str | None) -> dict[str, str]:
             "detail": f"made for {made_for}; pass --instance to check it against this machine",
         }
     platform = config.platform.model_copy(update={"instance_type": instance_type})
-    report = validate_config(config.model_copy(update={"platform": platform}))
+    report = validate_config(config.model_copy(update={"platform": platform}), kv_rule)
     elsewhere = made_for is not None and made_for != instance_type
     if report.ok:
         return {"status": "fits", "detail": f"valid on {instance_type}"
@@ -322,12 +351,15 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
     instance = report["instance_type"]
     console.print(f"instance type: {instance + ' (from ' + report['instance_source'] + ')' if instance else 'unknown'}")
 
-    table = Table(title="packages", title_justify="left")
+    table = Table(title="versions in use (pinned when neuron-ssp is installed into a Neuron venv)",
+                  title_justify="left")
     table.add_column("package")
     table.add_column("version")
     for name, version in report["packages"].items():
         table.add_row(name, version or "[dim]not installed[/dim]")
     console.print(table)
+    if report["neuron_stack_warning"]:
+        console.print(f"[yellow]{escape(report['neuron_stack_warning'])}[/yellow]")
     library = report["transformers_neuronx"]
     if library["usable"]:
         console.print(f"transformers-neuronx {library['version']} usable (API {library['api_generation']})")

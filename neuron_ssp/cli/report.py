@@ -30,6 +30,9 @@ def stats_table(stats: GenerationStats, title: str = "speculative sampling") -> 
         ("time draft / target / overhead",
          f"{stats.time_draft_s:.3f} / {stats.time_target_s:.3f} / {stats.time_overhead_s:.3f} s"),
     ]
+    if stats.tokens_after_eos:
+        rows.append(("generated past EOS", f"{stats.tokens_after_eos} tokens, cut on the host: included in the "
+                                           "time and acceptance figures above"))
     for name, value in rows:
         table.add_row(name, value)
     return table

@@ -26,7 +26,13 @@ from neuron_ssp.topology import (
     validate_config,
 )
 from neuron_ssp.topology.memory import gib
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, kv_rule_for_version
 from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
+
+NEURONX_VERSION = click.option(
+    "--neuronx-version", "neuronx_version", metavar="VERSION",
+    help="transformers-neuronx version to plan for: 0.10 (SDK 2.18) replicates kv heads up to the query heads, "
+         "0.11+ only up to tp. Default: 0.11+ (a Neuron host checks the installed one at load).")
 
 
 @click.command("validate")
@@ -34,8 +40,9 @@ from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
 @click.option("--json", "as_json", is_flag=True,
               help='One config: {"valid", "errors", "warnings", "load_order"}; several: an object '
                    "mapping each path to that shape.")
+@NEURONX_VERSION
 @click.pass_context
-def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool) -> None:
+def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuronx_version: str | None) -> None:
     """Check CONFIG files against the Trn1/Inf2 rules before anything loads.
 
     Rules: tp degree per platform and instance, NeuronCore placement of draft and target, device
@@ -44,7 +51,7 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool) -> No
     batch 1 on Neuron, one vocabulary for draft and target. Every problem is printed with its fix.
     Exit code 0 when every config is valid, 1 otherwise.
     """
-    reports = {str(path): _validate_file(path) for path in configs}
+    reports = {str(path): _validate_file(path, _kv_rule(neuronx_version)) for path in configs}
     if as_json:
         dicts = {path: report.to_dict() for path, report in reports.items()}
         click.echo(_json(next(iter(dicts.values())) if len(dicts) == 1 else dicts))
@@ -69,24 +76,26 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool) -> No
 @click.option("--draft-ms-per-token", type=click.FloatRange(min=0, min_open=True),
               help="The draft's plain ms/token for --engine, where none is published.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@NEURONX_VERSION
 @click.pass_context
 def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_instances: bool,
          ms_per_token: float | None, engine: str | None, alpha: float, draft_ms_per_token: float | None,
-         as_json: bool) -> None:
+         as_json: bool, neuronx_version: str | None) -> None:
     """Device memory, NeuronCores, load order and cost of CONFIG's models on an instance.
 
     Exit code 0 when the config is valid there and the models fit, 1 otherwise.
     """
     config = load_config(config_path)
+    kv_rule = _kv_rule(neuronx_version)
     if all_instances:
-        plans = plan_all_instances(config, ms_per_token)
+        plans = plan_all_instances(config, ms_per_token, kv_rule)
         if as_json:
             click.echo(_json([_option_dict(p) for p in plans]))
         else:
             _print_instances(Console(), config, plans)
         ctx.exit(0 if any(_hosts(p) for p in plans) else 1)
-    deployment = plan_deployment(config, instance_type, ms_per_token)
-    report = validate_config(_on_neuron(config, deployment.instance.name))
+    deployment = plan_deployment(config, instance_type, ms_per_token, kv_rule)
+    report = validate_config(_on_neuron(config, deployment.instance.name), kv_rule)
     projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token)
     if as_json:
         extra = {"projection": projection.to_dict()} if projection else {}
@@ -111,12 +120,16 @@ def _projection(config: Config, deployment: DeploymentPlan, engine: str | None, 
                    target_ms, draft_ms)
 
 
-def _validate_file(path: Path) -> ValidationReport:
+def _kv_rule(neuronx_version: str | None) -> str:
+    return kv_rule_for_version(neuronx_version) if neuronx_version else KV_PADDING
+
+
+def _validate_file(path: Path, kv_rule: str) -> ValidationReport:
     try:
         config = load_config(path)
     except UsageError as exc:
         return ValidationReport(errors=list(exc.problems))
-    return validate_config(config)
+    return validate_config(config, kv_rule)
 
 
 def _on_neuron(config: Config, instance_type: str) -> Config:
@@ -193,9 +206,11 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     console.print(f"load order: {' -> '.join(deployment.load_order)}; "
                   f"NEURON_RT_VISIBLE_CORES={deployment.visible_cores}")
     console.print(_cost_line(deployment))
+    kv = (f"kv heads replicated as {KV_RULES[deployment.kv_rule]}" if deployment.library == "transformers-neuronx"
+          else "kv heads replicated as its GQA sharding does")
     console.print(f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
-                  "multiple of tp, kv heads replicated. Cores needed = (weights + KV cache) / usable HBM per "
-                  "core, before rounding up to a tp the platform accepts (smallest tp alone).")
+                  f"multiple of tp, {kv}. Cores needed = (weights + KV cache) / usable HBM per core, before "
+                  "rounding up to a tp the platform accepts (smallest tp alone).")
 
 
 def _cost_line(deployment: DeploymentPlan) -> str:

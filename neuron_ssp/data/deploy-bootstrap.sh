@@ -80,7 +80,7 @@ set -u
 # 3. This package. The venv's Neuron stack stays exactly as the DLAMI ships it (constraints file).
 step install
 pip list --format=freeze --exclude-editable \
-  | { grep -iE '^(torch|torch-neuronx|torch-xla|transformers|transformers-neuronx|neuronx-cc|libneuronxla|numpy)==' || true; } \
+  | { grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|transformers|transformers[-_]neuronx|neuronx[-_]distributed|neuronx[-_]distributed[-_]inference|neuronx[-_]cc|libneuronxla|numpy)==' || true; } \
   > {{HOME_DIR}}/neuron-constraints.txt
 PACKAGE={{PACKAGE_SPEC}}
 case "$PACKAGE" in

@@ -9,6 +9,8 @@ ours in ways that matter, so they are handled or refused here, not discovered la
   accepted token id 0 would be miscounted: we stop with a message instead of returning a wrong text;
 - it always drafts k-1 tokens (policy 'fixed' only) and returns the tokens at the end (`on_tokens` is
   called once);
+- it scores a full window from a slot that may reach sequence_length - 1 and refills the draft one slot
+  past it: target and draft each need P+N+k-1 positions (neuron_ssp.speculation.positions);
 - `sample(eos_token_id=...)` takes ONE id (it compares tensors element-wise). Models such as Llama-3
   have several, so our acceptor adapter rewrites any other EOS it accepts into that one, which stops
   the library's loop there, and the engine puts the real id back;
@@ -31,6 +33,7 @@ from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room
 from neuron_ssp.speculation.stats import GenerationStats
 
 Acceptor = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -131,7 +134,9 @@ class LibraryEngine:
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         prompt_len = prompt_ids.shape[0]
-        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_slots=self.k)
+        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_target_slots("library", self.k))
+        require_room(self.draft.n_positions, draft_slots(prompt_len, max_new_tokens, "library", self.k), prompt_len,
+                     max_new_tokens, "draft.n_positions")
         if self.rng is not None:
             self.rng.manual_seed(self.sampling.seed)
         stats = GenerationStats(k=self.k)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
+from neuron_ssp.speculation.positions import NXDI, extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
 
 PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:1650)
@@ -43,7 +44,8 @@ class NxdiFusedEngine:
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: TokenCallback | None = None) -> GenerationResult:
         prompt_len = prompt_ids.shape[0]
-        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_slots=self.k - 1)
+        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions",
+                   extra_target_slots("fused", self.k, NXDI))
         eos, stats, tokens = set(eos_token_ids), GenerationStats(k=self.k), []
         start = time.perf_counter()
         row = self._call(prompt_ids.view(1, -1), torch.arange(prompt_len).view(1, -1), prompt_len)

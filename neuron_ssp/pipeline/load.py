@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.backends.checkpoint import checkpoint_eos_ids
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.native import sampling_params
@@ -24,17 +25,18 @@ def load_pipeline(config: Config) -> Pipeline:
     validate_config(config).raise_if_invalid()
     build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), None)  # fail before loading
     transformers_logging.disable_progress_bar()
+    target_dir = resolve_model_path(config.target.path, "target.path")
     if config.platform.backend == "neuron":
         from neuron_ssp.topology import plan_deployment
 
         target, draft = load_neuron_models(config, plan_deployment(config))
-        tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(config.target.path, "target.path")))
+        tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     else:
         from neuron_ssp.backends.torch.load import load_torch_backends
 
         target, draft, tokenizer = load_torch_backends(config)
-    generation_config = getattr(getattr(target, "model", None), "generation_config", None)
-    eos = stop_token_ids(tokenizer, config.generation.stop_tokens, getattr(generation_config, "eos_token_id", None))
+    # extra EOS ids from the checkpoint's directory, for every backend: a Neuron model has no generation_config
+    eos = stop_token_ids(tokenizer, config.generation.stop_tokens, checkpoint_eos_ids(target_dir))
     return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft), eos)
 
 

@@ -18,13 +18,13 @@ from neuron_ssp.engines.native import (
     LogitsCallback,
     SpeculativeGenerator,
     StopCheck,
-    check_room,
     plain_generate,
 )
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, build_generator, refuse_unhonoured
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
+from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
 @dataclass
@@ -56,14 +56,21 @@ class Pipeline:
 
     @property
     def extra_slots(self) -> int:
-        """Cache slots an engine writes past our loop's last one: transformers-neuronx's SpeculativeGenerator
-        up to k more, the fused decoder k-1 more (see neuron_ssp.speculation.positions)."""
+        """Cache slots the engine writes past our loop's last one (neuron_ssp.speculation.positions)."""
         spec = self.config.speculation
-        return {"library": spec.k, "fused": spec.k - 1}.get(spec.engine, 0)
+        return extra_target_slots(spec.engine, spec.k, slot_library(self.config))
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """The n_positions rule `generate` enforces, asked before a request is queued."""
-        check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions", self.extra_slots)
+        """The n_positions rules the engine enforces for target and draft, asked before a request is queued."""
+        prompt_len, spec, library = prompt_ids.shape[0], self.config.speculation, slot_library(self.config)
+        if prompt_len == 0:
+            raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
+        require_room(self.target.n_positions, target_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
+                     prompt_len, max_new_tokens, "target.n_positions")
+        if self.draft is not None:
+            require_room(self.draft.n_positions,
+                         draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
+                         prompt_len, max_new_tokens, "draft.n_positions")
 
     def request_sampling(self, temperature: float | None = None, top_p: float | None = None,
                          top_k: int | None = None, seed: int | None = None) -> SamplingConfig:

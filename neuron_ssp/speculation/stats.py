@@ -13,7 +13,9 @@
   overhead = wall - draft - target (acceptor, sampling, bookkeeping)
 
 Draft tokens the acceptor kept after an end-of-sequence token are not committed, so they count as
-neither accepted nor proposed.
+neither accepted nor proposed. An engine that cannot stop at every EOS (transformers-neuronx's fused
+decoder stops at one id) counts what it generated past the EOS in `tokens_after_eos`: when that is
+not 0, wall time, tokens/s and its acceptance counts include that work.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class GenerationStats:
     time_draft_s: float = 0.0
     time_target_s: float = 0.0
     wall_s: float = 0.0
+    tokens_after_eos: int = 0  # generated past an EOS the engine could not stop at (cut on the host)
 
     def __post_init__(self) -> None:
         self.proposed_at = self.proposed_at or [0] * max(self.k - 1, 0)
@@ -110,4 +113,5 @@ class GenerationStats:
             "time_draft_s": self.time_draft_s,
             "time_target_s": self.time_target_s,
             "time_overhead_s": self.time_overhead_s,
+            "tokens_after_eos": self.tokens_after_eos,
         }

@@ -21,6 +21,7 @@ def merge_stats(runs: Sequence[GenerationStats]) -> GenerationStats:
         total.time_draft_s += run.time_draft_s
         total.time_target_s += run.time_target_s
         total.wall_s += run.wall_s
+        total.tokens_after_eos += run.tokens_after_eos
         for i, (proposed, accepted) in enumerate(zip(run.proposed_at, run.accepted_at, strict=True)):
             total.proposed_at[i] += proposed
             total.accepted_at[i] += accepted

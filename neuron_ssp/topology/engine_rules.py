@@ -3,7 +3,9 @@
 fused (FusedSpeculativeDecoder, fused_speculation.py at 1ade6d74): the draft loop, acceptance and sampling
 run on device, so only what its GenerationConfig expresses is possible; its constructor asserts the same
 tp degree and vocabulary for both models; `sample` asserts sequence_length <= max_position - k (its k =
-our k - 1) and counts committed tokens in a 10-column histogram (our k <= 9).
+our k - 1; the slot rule is in neuron_ssp.speculation.positions) and counts committed tokens in a
+10-column histogram (our k <= 9); its graph binds the draft's cache at the target's buckets, so the
+draft needs the target's n_positions at least.
 library (SpeculativeGenerator, speculation.py): from SDK 2.21 it counts accepted tokens with
 count_nonzero, so an accepted token id 0 is dropped; where id 0 is an ordinary token (Llama-3: "!")
 the engine stops with an error rather than return a wrong text, which a user should learn up front.
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from neuron_ssp.config import BUILTIN_ACCEPTORS, Config, ModelConfig
 from neuron_ssp.errors import Problem
+from neuron_ssp.speculation.positions import FUSED_DRAFT_RULE
 from neuron_ssp.topology.models import Architecture
 from neuron_ssp.topology.report import ValidationReport
 
@@ -75,15 +78,12 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
                                 f"engine fused needs the same tp_degree for draft and target ({target.tp_degree}); "
                                 "FusedSpeculativeDecoder asserts it",
                                 f"set draft.tp_degree: {target.tp_degree}"))
-    prompt = config.generation.max_prompt_tokens or 1
-    sequence = prompt + config.generation.max_new_tokens
-    for role, model in models.items():
-        if sequence > model.n_positions - (spec.k - 1):
-            problems.append(Problem(f"{role}.n_positions", model.n_positions,
-                                    f"engine fused needs sequence_length ({prompt} prompt + "
-                                    f"{config.generation.max_new_tokens} new = {sequence}) <= n_positions - (k-1) "
-                                    "(sample() asserts sequence_length <= max_position - k, its k = ours - 1)",
-                                    f"set {role}.n_positions to at least {sequence + spec.k - 1}"))
+    # the slots a generation writes (P+N+k-1) are checked for every engine by generic_rules.check_positions
+    if draft is not None and draft.n_positions < target.n_positions:
+        problems.append(Problem("draft.n_positions", draft.n_positions,
+                                f"engine fused needs the draft's n_positions >= the target's ({target.n_positions}): "
+                                f"{FUSED_DRAFT_RULE}",
+                                f"set draft.n_positions: {target.n_positions}"))
     return problems
 
 

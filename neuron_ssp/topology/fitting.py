@@ -10,27 +10,31 @@ from dataclasses import dataclass
 
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.topology.catalog import Instance
-from neuron_ssp.topology.memory import footprint, usable_bytes_per_core
+from neuron_ssp.topology.memory import Footprint, footprint, usable_bytes_per_core
 from neuron_ssp.topology.models import Architecture
-from neuron_ssp.topology.parallelism import allowed_tp_degrees, runs_on, tp_tested
+from neuron_ssp.topology.parallelism import KV_PADDING, allowed_tp_degrees, runs_on, tp_tested
 
 
 @dataclass(frozen=True)
 class Placed:
-    """A configured model together with its resolved architecture."""
+    """A configured model with its resolved architecture, as the library version planned for lays it out."""
 
     model: ModelConfig
     architecture: Architecture
     library: str = "transformers-neuronx"  # neuron.library: how heads are sharded
+    kv_rule: str = KV_PADDING  # transformers-neuronx's layout by version (parallelism.KV_RULES)
+    windows: tuple[int, ...] = ()  # every k compiled into it (the target); () for a draft
+
+    def footprint(self, tp_degree: int | None = None) -> Footprint:
+        """Its device memory at `tp_degree` (default: the configured one)."""
+        tp = self.model.tp_degree if tp_degree is None else tp_degree
+        return footprint(self.architecture, self.model.dtype, tp, self.model.n_positions, self.model.batch_size,
+                         self.library, self.kv_rule, self.windows)
 
 
 def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
     """Device memory per core when every model uses the same `tp_degree` cores."""
-    return sum(
-        footprint(p.architecture, p.model.dtype, tp_degree, p.model.n_positions, p.model.batch_size, p.library)
-        .bytes_per_core
-        for p in models
-    )
+    return sum(p.footprint(tp_degree).bytes_per_core for p in models)
 
 
 def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:

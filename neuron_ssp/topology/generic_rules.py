@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig, greedy_acceptor_problem
 from neuron_ssp.errors import Problem
-from neuron_ssp.speculation.positions import draft_slots, library_target_slots, padded_window_slots, target_slots
+from neuron_ssp.speculation.positions import draft_slots, slot_library, slot_rule, target_slots
 from neuron_ssp.topology.models import ARCHITECTURES, Architecture
 from neuron_ssp.topology.report import ValidationReport
 
@@ -29,26 +29,20 @@ def check_positions(config: Config, models: dict[str, ModelConfig], report: Vali
 
     Without `generation.max_prompt_tokens` a one-token prompt is assumed; the engine checks the real
     prompt at run time, by the same rule."""
-    generation, k = config.generation, config.speculation.k
+    generation, engine, k = config.generation, config.speculation.engine, config.speculation.k
     prompt, new = generation.max_prompt_tokens or 1, generation.max_new_tokens
-    library = config.speculation.engine == "library"
-    nxdi = config.platform.backend == "neuron" and config.neuron.library == "nxdi"
-    fused_nxdi = nxdi and config.speculation.engine == "fused"
-    needs = {"target": (padded_window_slots(prompt, new, k) if nxdi else library_target_slots(prompt, new, k)
-                        if library else target_slots(prompt, new)),
-             "draft": padded_window_slots(prompt, new, k) if fused_nxdi else draft_slots(prompt, new)}
+    library = slot_library(config)
+    needs = {"target": target_slots(prompt, new, engine, k, library),
+             "draft": draft_slots(prompt, new, engine, k, library)}
     prompt_text = (f"max_prompt_tokens ({prompt})" if generation.max_prompt_tokens
                    else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)")
-    windows = "prompt + max_new_tokens - 2 + k (NxD Inference scores every window k wide)"
-    how = {"target": windows if nxdi else f"prompt + max_new_tokens - 1{' + k (engine: library)' if library else ''}",
-           "draft": windows if fused_nxdi else "prompt + max_new_tokens - 2 (the prompt's at least)"}
     for role, model in models.items():
         needed = needs[role]
         if model.n_positions < needed:
             report.errors.append(Problem(
                 f"{role}.n_positions", model.n_positions,
-                f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes {how[role]} "
-                f"= {needed} positions",
+                f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes "
+                f"{slot_rule(engine, role, library)} = {needed} positions",
                 f"set {role}.n_positions to at least {needed}, or lower generation.max_new_tokens"))
 
 

@@ -7,11 +7,13 @@ says so up front and says which tp degree would fit.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from neuron_ssp.topology.catalog import GIB
 from neuron_ssp.topology.models import Architecture
-from neuron_ssp.topology.parallelism import device_heads
+from neuron_ssp.topology.networks import token_buckets
+from neuron_ssp.topology.parallelism import KV_PADDING, device_heads
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -20,6 +22,12 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # speculation window), I/O and collective-communication buffers. The AWS Machine Learning Blog post
 # of 2024-08-05 says keep 20-30 %; we take the middle, so a 16 GiB core offers 12 GiB to weights and KV cache.
 HEADROOM_FRACTION = 0.25
+
+# ASSUMED, not measured here: device memory one more compiled network takes on each core (its code, DMA
+# rings and I/O buffers; weights and KV cache are shared by all networks of a model). The headroom covers
+# the networks of a model compiled for one window k; every further k (`compile --k 2..8`) adds one network
+# per token bucket (topology.networks), charged at this size. Replace it with neuron-top's figure.
+NETWORK_BYTES_PER_CORE = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -32,20 +40,29 @@ class Footprint:
     kv_bytes_per_core: int  # kv heads replicated when tp exceeds them
     q_heads_on_device: int  # query heads after padding to a multiple of tp
     kv_heads_on_device: int  # key/value heads after replication and padding, all cores together
+    extra_networks: int = 0  # speculation networks beyond one window's, each NETWORK_BYTES_PER_CORE per core
+
+    @property
+    def network_bytes_per_core(self) -> int:
+        return self.extra_networks * NETWORK_BYTES_PER_CORE
 
     @property
     def bytes_per_core(self) -> int:
-        return self.weight_bytes_per_core + self.kv_bytes_per_core
+        return self.weight_bytes_per_core + self.kv_bytes_per_core + self.network_bytes_per_core
 
 
-def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int,
-              batch_size: int, library: str = "transformers-neuronx") -> Footprint:
+def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int, batch_size: int,
+              library: str = "transformers-neuronx", kv_rule: str = KV_PADDING,
+              windows: Sequence[int] = ()) -> Footprint:
     """Weights: params x bytes, split over tp, plus the attention weights that padding and replication
-    add (`device_heads`: each library's rule): 70B's 64 heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv
-    heads x head dim x bytes per token, each core holding its share of the kv heads on device."""
+    add (`device_heads`: each library's rule, and transformers-neuronx's `kv_rule` by version): 70B's 64
+    heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv heads x head dim x bytes per token,
+    each core holding its share of the kv heads on device. `windows`: every k compiled into one
+    transformers-neuronx model, whose networks beyond the first k's are counted too (NxD Inference
+    compiles one k per target)."""
     width = DTYPE_BYTES[dtype]
     tokens = n_positions * batch_size
-    q_heads, kv_heads = device_heads(library, architecture.heads, architecture.kv_heads, tp_degree)
+    q_heads, kv_heads = device_heads(library, architecture.heads, architecture.kv_heads, tp_degree, kv_rule)
     added_heads = 2 * (q_heads - architecture.heads) + 2 * (kv_heads - architecture.kv_heads)  # q, o; k, v
     added_params = architecture.layers * architecture.hidden * architecture.head_dim * added_heads
     weights = architecture.params * width
@@ -57,6 +74,7 @@ def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_position
         kv_bytes_per_core=kv_row * math.ceil(kv_heads / tp_degree),
         q_heads_on_device=q_heads,
         kv_heads_on_device=kv_heads,
+        extra_networks=0 if library == "nxdi" else len(token_buckets(n_positions)) * max(len(set(windows)) - 1, 0),
     )
 
 

@@ -10,11 +10,13 @@ from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem
 from neuron_ssp.topology.catalog import INSTANCES, Instance, find_instance, similar_instances
 from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees
-from neuron_ssp.topology.memory import HEADROOM_FRACTION, footprint, gib, usable_bytes_per_core
+from neuron_ssp.topology.memory import HEADROOM_FRACTION, gib, usable_bytes_per_core
 from neuron_ssp.topology.models import Architecture
 from neuron_ssp.topology.parallelism import (
+    KV_REPLICATED_TO_HEADS,
     TESTED_TP,
     TP_RULE,
+    heads_on_device,
     nearest_allowed,
     padded_heads,
     tp_allowed,
@@ -147,11 +149,7 @@ def _same_tp_fix(target_tp: int, report: ValidationReport) -> str:
 def check_memory(placed: dict[str, Placed], instance: Instance, report: ValidationReport) -> None:
     """Weights/tp + KV cache of every model on a core must fit its HBM minus the headroom."""
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
-    per_core = {
-        role: footprint(p.architecture, p.model.dtype, p.model.tp_degree, p.model.n_positions,
-                        p.model.batch_size, p.library).bytes_per_core
-        for role, p in placed.items()
-    }
+    per_core = {role: p.footprint().bytes_per_core for role, p in placed.items()}
     limit = (f"more than the {gib(usable):.2f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "
              f"per core ({HEADROOM_FRACTION:.0%} kept as headroom)")
     models = list(placed.values())
@@ -160,7 +158,7 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
             report.errors.append(Problem(
                 f"{role}.tp_degree", p.model.tp_degree,
                 f"{p.architecture.name} in {p.model.dtype} needs {gib(per_core[role]):.2f} GiB per core "
-                f"at tp_degree {p.model.tp_degree}, {limit}", _memory_fix(models, instance)))
+                f"at tp_degree {p.model.tp_degree}{_layout(p)}, {limit}", _memory_fix(models, instance)))
     if any(per_core[role] > usable for role in placed):
         return
     sets = {role: core_set(p.model) for role, p in placed.items()}
@@ -168,15 +166,34 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
     if busiest > usable:
         report.errors.append(Problem(
             "target.tp_degree", placed["target"].model.tp_degree,
-            f"target and draft share cores and need {gib(busiest):.2f} GiB on a core together, {limit}",
+            f"target and draft share cores and need {gib(busiest):.2f} GiB on a core together"
+            f"{''.join(f'; {role}{_layout(p)}' for role, p in placed.items() if _layout(p))}, {limit}",
             _memory_fix(models, instance)))
+
+
+def _layout(p: Placed) -> str:
+    """What the planned library version and compiled windows add, when they add anything."""
+    usage = p.footprint()
+    notes = []
+    if p.kv_rule == KV_REPLICATED_TO_HEADS and usage.kv_heads_on_device > heads_on_device(
+            p.architecture.heads, p.architecture.kv_heads, p.model.tp_degree)[1]:
+        notes.append(f"its {p.architecture.kv_heads} kv heads replicated to {usage.kv_heads_on_device} by "
+                     "transformers-neuronx 0.10")
+    if usage.extra_networks:
+        notes.append(f"{usage.extra_networks} more speculation networks for k in {list(p.windows)} "
+                     f"({gib(usage.network_bytes_per_core):.2f} GiB, assumed)")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _memory_fix(models: list[Placed], instance: Instance) -> str:
     fitting = fitting_tp_degrees(models, instance)
     roles = "target and draft" if len(models) > 1 else "the target"
+    newer = (", or install transformers-neuronx 0.11+ (SDK 2.19+), which replicates kv heads only up to tp"
+             if any(p.kv_rule == KV_REPLICATED_TO_HEADS for p in models) else "")
+    fewer = (", or compile fewer k at once" if any(p.footprint().extra_networks for p in models) else "")
     if fitting:
         return (f"set tp_degree to {fitting[0]} for {roles} (the smallest degree {instance.name} "
-                "accepts at which they fit), or lower n_positions")
+                f"accepts at which they fit), or lower n_positions{newer}{fewer}")
     return (f"nothing fits on {instance.name} at any tp_degree: use a larger instance "
-            "(see `neuron-ssp plan CONFIG --all-instances`), bf16 instead of fp32, or a smaller n_positions")
+            "(see `neuron-ssp plan CONFIG --all-instances`), bf16 instead of fp32, or a smaller n_positions"
+            f"{newer}{fewer}")

@@ -62,21 +62,41 @@ def padded_heads(heads: int, tp_degree: int) -> int:
     return math.ceil(heads / tp_degree) * tp_degree
 
 
-def heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int]:
+# How transformers-neuronx lays out key/value heads that tp does not divide, by library generation.
+KV_PADDING = "padding"  # from c8d6bdc (June 2024, pip 0.11 / SDK 2.19) on: utils.get_qkv_padding
+KV_REPLICATED_TO_HEADS = "replicated-to-heads"  # 0.10 (SDK 2.18; 7a30b42, 0623de2)
+KV_RULES = {
+    KV_PADDING: "transformers-neuronx 0.11+ (utils.get_qkv_padding): kv heads replicated only up to tp where "
+                "that maps each core's query heads onto one kv head",
+    KV_REPLICATED_TO_HEADS: "transformers-neuronx 0.10 (decoder.py to_neuron at 7a30b42/0623de2): every kv head "
+                            "repeated up to the query heads (GQA.REPLICATED_HEADS)",
+}
+
+
+def kv_rule_for_version(version: str) -> str:
+    """The kv-head rule of a transformers-neuronx version string ('0.10.0.21' -> replicated to heads)."""
+    parts = version.split(".")
+    return KV_REPLICATED_TO_HEADS if parts[:2] == ["0", "10"] else KV_PADDING
+
+
+def heads_on_device(heads: int, kv_heads: int, tp_degree: int, kv_rule: str = KV_PADDING) -> tuple[int, int]:
     """(query heads, key/value heads) that transformers-neuronx places over all cores when no
     `group_query_attention` is configured, so that both divide evenly by tp.
 
     Query heads are padded to a multiple of tp (the output projection with them). Key/value heads:
     with as many as query heads (MHA) they are padded alike; with fewer (GQA) they are split when tp
-    divides them, and otherwise replicated (GQA.REPLICATED_HEADS): up to tp when that maps each
-    core's query heads onto one kv head, else up to the padded query heads. Source:
-    aws-neuron/transformers-neuronx `decoder.py` (check_gqa_fallback, padding in
-    init_context_decoder) and `utils.py` (get_qkv_padding), as of commit 1ade6d7."""
+    divides them, and otherwise replicated (GQA.REPLICATED_HEADS). From c8d6bdc on (`KV_PADDING`):
+    up to tp when that maps each core's query heads onto one kv head, else up to the padded query
+    heads (`decoder.py` check_gqa_fallback and `utils.py` get_qkv_padding at 1ade6d7). In 0.10
+    (`KV_REPLICATED_TO_HEADS`, decoder.py lines 89-159 and 969-996 at 7a30b42): always up to the
+    query heads, then padded with them, so a 70B at tp 32 holds 64 kv heads, not 32."""
     q_heads = padded_heads(heads, tp_degree)
     if kv_heads == heads:
         return q_heads, q_heads
     if kv_heads % tp_degree == 0:
         return q_heads, kv_heads  # GQA.SHARD_OVER_HEADS
+    if kv_rule == KV_REPLICATED_TO_HEADS:
+        return q_heads, q_heads
     extra = q_heads - heads
     if kv_heads < tp_degree and tp_degree % kv_heads == 0 and (heads % tp_degree == 0 or
                                                               (extra > 0 and extra % kv_heads == 0)):
@@ -105,7 +125,9 @@ def nxdi_heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int
     return q_heads, q_heads
 
 
-def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int]:
-    """The head counts on device under the library that shards them."""
-    shard = nxdi_heads_on_device if library == "nxdi" else heads_on_device
-    return shard(heads, kv_heads, tp_degree)
+def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int,
+                 kv_rule: str = KV_PADDING) -> tuple[int, int]:
+    """The head counts on device under the library that shards them (transformers-neuronx: by version)."""
+    if library == "nxdi":
+        return nxdi_heads_on_device(heads, kv_heads, tp_degree)
+    return heads_on_device(heads, kv_heads, tp_degree, kv_rule)

@@ -6,6 +6,7 @@ from the plan; `neuron-ssp plan` prints it so a user sees the numbers before ren
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,14 +17,14 @@ from neuron_ssp.topology.costs import cost_per_million_tokens, published_latency
 from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees, recommended_tp, shared_bytes_per_core
 from neuron_ssp.topology.memory import (
     HEADROOM_FRACTION,
+    NETWORK_BYTES_PER_CORE,
     Footprint,
     cores_needed,
-    footprint,
     gib,
     usable_bytes_per_core,
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
-from neuron_ssp.topology.parallelism import allowed_tp_degrees, device_heads, runs_on
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, allowed_tp_degrees, device_heads, runs_on
 from neuron_ssp.topology.placement import (
     CoreSet,
     busiest_core_bytes,
@@ -57,6 +58,7 @@ class DeploymentPlan:
     """Everything needed to place the models, and what the placement costs."""
 
     config_name: str
+    kv_rule: str  # how the planned library version lays out kv heads (parallelism.KV_RULES)
     instance: Instance
     models: dict[str, ModelPlan]
     load_order: list[str]
@@ -97,6 +99,9 @@ class DeploymentPlan:
         """JSON form for `neuron-ssp plan --json`."""
         return {
             "config": self.config_name,
+            "kv_rule": self.kv_rule,
+            "kv_rule_source": KV_RULES[self.kv_rule],
+            "network_bytes_per_core_assumed": NETWORK_BYTES_PER_CORE,
             "instance": asdict(self.instance),
             "models": {role: _model_dict(m) for role, m in self.models.items()},
             "load_order": self.load_order,
@@ -117,13 +122,15 @@ class DeploymentPlan:
         }
 
 
-def plan_deployment(config: Config, instance_type: str | None = None,
-                    ms_per_token: float | None = None) -> DeploymentPlan:
-    """The plan of `config` on `instance_type` (default: the config's). UsageError when there is no
-    known instance or a model's architecture cannot be told. It plans what is asked even if it does
-    not fit (`fits` says so); `validate_config` says what to change."""
+def plan_deployment(config: Config, instance_type: str | None = None, ms_per_token: float | None = None,
+                    kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None) -> DeploymentPlan:
+    """The plan of `config` on `instance_type` (default: the config's), for the transformers-neuronx
+    generation `kv_rule` and a target compiled for `windows` (default: speculation.k). UsageError when
+    there is no known instance or a model's architecture cannot be told. It plans what is asked even if
+    it does not fit (`fits` says so); `validate_config` says what to change."""
     instance = _instance(instance_type or config.platform.instance_type)
-    placed = _placed(loaded_models(config), config.neuron.library)
+    placed = place_models(loaded_models(config), config.neuron.library, kv_rule,
+                          tuple(windows or (config.speculation.k,)))
     plans = {role: _model_plan(role, p, instance) for role, p in placed.items()}
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
@@ -138,6 +145,7 @@ def plan_deployment(config: Config, instance_type: str | None = None,
         source = "no published latency for this model and instance: pass --ms-per-token"
     return DeploymentPlan(
         config_name=config.name,
+        kv_rule=kv_rule,
         instance=instance,
         models=plans,
         load_order=load_order(sets),
@@ -159,8 +167,7 @@ def refusal(models: list[Placed], instance: Instance) -> str:
     if not runs_on(library, instance.generation):
         return (f"{library} does not support {instance.generation} (NxD Inference does: set neuron.library: nxdi, "
                 "with a DLAMI of SDK 2.29 or later)")
-    need = sum(cores_needed(footprint(p.architecture, p.model.dtype, 1, p.model.n_positions, p.model.batch_size,
-                                      p.library), instance.hbm_per_core_bytes) for p in models)
+    need = sum(cores_needed(p.footprint(1), instance.hbm_per_core_bytes) for p in models)
     if need > instance.neuron_cores:
         return f"weights + KV cache fill {need:.1f} cores' usable HBM; it has {instance.neuron_cores} cores"
     tp = max(allowed_tp_degrees(instance.generation, instance.neuron_cores))
@@ -169,20 +176,21 @@ def refusal(models: list[Placed], instance: Instance) -> str:
               f"over the {gib(usable):.2f} GiB usable")
     padded = [f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
               for p in models
-              for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp)]
+              for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp, p.kv_rule)]
               if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)]
     return reason + (f" (padded and replicated, query/kv: {'; '.join(padded)})" if padded else "")
 
 
-def plan_all_instances(config: Config, ms_per_token: float | None = None) -> list[DeploymentPlan]:
+def plan_all_instances(config: Config, ms_per_token: float | None = None,
+                       kv_rule: str = KV_PADDING) -> list[DeploymentPlan]:
     """The config on every catalog instance, each at its recommended tp for all models (first core
     0), or as configured where nothing fits, so `fits` and the costs compare across instances."""
     plans = []
     for instance in INSTANCES.values():
-        as_configured = plan_deployment(config, instance.name, ms_per_token)
+        as_configured = plan_deployment(config, instance.name, ms_per_token, kv_rule)
         tp = as_configured.recommended_tp
         if tp is not None:
-            as_configured = plan_deployment(_with_tp(config, tp), instance.name, ms_per_token)
+            as_configured = plan_deployment(_with_tp(config, tp), instance.name, ms_per_token, kv_rule)
         plans.append(as_configured)
     return plans
 
@@ -200,11 +208,15 @@ def _instance(instance_type: str | None) -> Instance:
     return instance
 
 
-def _placed(models: dict[str, ModelConfig], library: str) -> dict[str, Placed]:
+def place_models(models: dict[str, ModelConfig], library: str, kv_rule: str,
+                 windows: tuple[int, ...]) -> dict[str, Placed]:
+    """Each model with its architecture (UsageError naming every one that cannot be told), laid out as
+    `library` (and transformers-neuronx's `kv_rule`) does; the target holds the speculation `windows`."""
     problems, placed = [], {}
     for role, model in models.items():
         try:
-            placed[role] = Placed(model, resolve_architecture(model, role), library)
+            placed[role] = Placed(model, resolve_architecture(model, role), library, kv_rule,
+                                  windows if role == "target" else ())
         except UsageError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -214,7 +226,7 @@ def _placed(models: dict[str, ModelConfig], library: str) -> dict[str, Placed]:
 
 def _model_plan(role: str, placed: Placed, instance: Instance) -> ModelPlan:
     model, architecture = placed.model, placed.architecture
-    usage = footprint(architecture, model.dtype, model.tp_degree, model.n_positions, model.batch_size, placed.library)
+    usage = placed.footprint()
     alone = fitting_tp_degrees([placed], instance)
     return ModelPlan(
         role=role, path=model.path, architecture=architecture, dtype=model.dtype,
@@ -241,6 +253,7 @@ def _model_dict(plan: ModelPlan) -> dict[str, Any]:
         "n_positions": plan.n_positions, "batch_size": plan.batch_size,
         "weight_bytes": usage.weight_bytes, "kv_bytes": usage.kv_bytes,
         "weight_bytes_per_core": usage.weight_bytes_per_core, "kv_bytes_per_core": usage.kv_bytes_per_core,
+        "extra_networks": usage.extra_networks, "network_bytes_per_core": usage.network_bytes_per_core,
         "bytes_per_core": usage.bytes_per_core, "cores_needed": plan.cores_needed,
         "smallest_fitting_tp": plan.smallest_fitting_tp,
     }

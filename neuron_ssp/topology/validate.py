@@ -6,6 +6,8 @@ a mistake otherwise shows up minutes later as a compile error or a load failure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology.engine_rules import check_engine
@@ -19,12 +21,15 @@ from neuron_ssp.topology.neuron_rules import (
     check_placement,
     check_tp,
 )
+from neuron_ssp.topology.parallelism import KV_PADDING
 from neuron_ssp.topology.placement import core_set, load_order, loaded_models
 from neuron_ssp.topology.report import ValidationReport
 
 
-def validate_config(config: Config) -> ValidationReport:
-    """All errors and warnings of `config`, plus the load order its placement implies."""
+def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None
+                    ) -> ValidationReport:
+    """All errors and warnings of `config`, plus the load order its placement implies, for the
+    transformers-neuronx generation `kv_rule` and a target compiled for `windows` (default: speculation.k)."""
     report = ValidationReport()
     models = loaded_models(config)
     on_neuron = config.platform.backend == "neuron"
@@ -37,12 +42,12 @@ def validate_config(config: Config) -> ValidationReport:
     check_engine(config, models, architectures, report)
     check_acceptor(config, report)
     if on_neuron:
-        _check_neuron(config, models, architectures, report)
+        _check_neuron(config, models, architectures, report, kv_rule, tuple(windows or (config.speculation.k,)))
     return report
 
 
 def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
-                  report: ValidationReport) -> None:
+                  report: ValidationReport, kv_rule: str, windows: tuple[int, ...]) -> None:
     check_batch(models, report)
     instance = check_instance(config.platform.instance_type, report, config.neuron.library)
     if instance is None:
@@ -50,7 +55,8 @@ def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures:
     for role, model in models.items():
         check_tp(role, model, architectures.get(role), instance, report)
     if len(architectures) == len(models):
-        placed = {role: Placed(model, architectures[role], config.neuron.library) for role, model in models.items()}
+        placed = {role: Placed(model, architectures[role], config.neuron.library, kv_rule,
+                               windows if role == "target" else ()) for role, model in models.items()}
         check_memory(placed, instance, report)
     check_placement(models, instance, report, config.neuron.library)
 

@@ -17,6 +17,8 @@ class declares every name in it.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import re
 import warnings
@@ -27,6 +29,7 @@ from typing import Any
 from neuron_ssp.backends.imports import import_library
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
 SUPPORTED = "transformers-neuronx 0.10.x to 0.13.x (Neuron SDK 2.18 to 2.25)"
 SUPPORTED_MINORS = range(10, 14)
@@ -58,6 +61,9 @@ class NeuronxApi:
     speculation_takes_batch_sizes: bool  # enable_speculative_decoder(k, batch_sizes=...)
     batched_acceptor: bool  # acceptor shapes (bs, k-1, V) -> zero-padded (bs, k)
     speculation_takes_k_list: bool = True  # enable_speculative_decoder([2, ..., 8]): one model, every k
+    kv_rule: str = KV_PADDING  # how it lays out kv heads tp does not divide (topology.parallelism.KV_RULES)
+    neuron_config_class: type | None = None  # transformers_neuronx.config.NeuronConfig
+    worker_count_in_config: bool = False  # NeuronConfig(compilation_worker_count=) (1ade6d7 config.py line 239)
 
     @property
     def generation(self) -> str:
@@ -96,6 +102,13 @@ class NeuronxApi:
             model.enable_speculative_decoder(lengths)
 
 
+def bound_parallel_compile(model: Any, workers: int) -> None:
+    """Builds without compilation_worker_count (0.10-0.12): their `to_neuron()` calls `self.compile()`,
+    which runs one neuronx-cc process per network unless given `parallel_degree` (base.py `compile`,
+    line 45 at 7a30b42). The model's own compile is given the bound."""
+    model.compile = functools.partial(type(model).compile, model, parallel_degree=workers)
+
+
 def load_neuronx() -> NeuronxApi:
     """The installed library, or a RuntimeProblem that says what is missing and how to install it."""
     package, llama, speculation = import_library(
@@ -121,6 +134,7 @@ def load_neuronx() -> NeuronxApi:
             )
         )
     _warn_if_unknown_version(version)
+    neuron_config_class = getattr(_optional_module("transformers_neuronx.config"), "NeuronConfig", None)
     return NeuronxApi(
         version=version,
         llama_class=llama_class,
@@ -128,7 +142,25 @@ def load_neuronx() -> NeuronxApi:
         speculation_takes_batch_sizes="batch_sizes" in _parameters(llama_class.enable_speculative_decoder),
         batched_acceptor="pad_token_id" in _parameters(speculation.SpeculativeGenerator.sample),
         speculation_takes_k_list=takes_k_list(llama_class.enable_speculative_decoder),
+        kv_rule=installed_kv_rule(),
+        neuron_config_class=neuron_config_class,
+        worker_count_in_config=neuron_config_class is not None
+        and "compilation_worker_count" in _parameters(neuron_config_class.__init__),
     )
+
+
+def _optional_module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def installed_kv_rule() -> str:
+    """0.10 (7a30b42, 0623de2) replicates kv heads up to the query heads; `utils.get_qkv_padding`, which
+    replicates them only up to tp where it can, ships from c8d6bdc on."""
+    utils = _optional_module("transformers_neuronx.utils")
+    return KV_PADDING if hasattr(utils, "get_qkv_padding") else KV_REPLICATED_TO_HEADS
 
 
 def takes_k_list(enable_speculative_decoder: Any) -> bool:

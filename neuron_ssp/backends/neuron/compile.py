@@ -5,7 +5,9 @@ A compile of a 70B target takes many minutes, so `neuron-ssp compile --k 2..8` b
 draft; loading reuses them and picks k at run time, so `tune-k` loads once and sweeps. Only a library
 build whose `enable_speculative_decoder` takes a single k gets one target per k (detected from its
 signature, see api.py). neuronx-cc's own cache (NEURON_COMPILE_CACHE_URL) still makes a repeated
-compile of the same graph fast.
+compile of the same graph fast. Before the first compile the device memory is checked with the networks
+of every k, and the neuronx-cc processes that run at once are bounded by the host's free memory
+(topology/compile_plan.py: the estimate and its basis, printed by `neuron-ssp compile`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import time
 from dataclasses import dataclass
 
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
-from neuron_ssp.backends.neuron.load import build_model, model_config, prepare_runtime
+from neuron_ssp.backends.neuron.load import build_model, compile_estimate, model_config, prepare_runtime
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
+from neuron_ssp.topology.compile_plan import PROCESS_BYTES
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def compile_jobs(plan: DeploymentPlan, ks: list[int], one_k_per_model: bool = Fa
 class Compiler:
     """Checks everything before the first compile (so errors come before a progress bar), then runs jobs."""
 
-    def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
+    def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False,
+                 process_bytes: int = PROCESS_BYTES):
         if config.speculation.engine == "fused":
             raise UsageError(
                 Problem(
@@ -81,9 +85,10 @@ class Compiler:
             )
         self.config = config
         self.force = force
-        self.api = prepare_runtime(config, plan)
+        self.api = prepare_runtime(config, plan, ks)  # device memory with the networks of every k
         self.store = ArtifactStore(config.neuron.compiled_dir)
         self.jobs = compile_jobs(plan, ks, one_k_per_model=not self.api.speculation_takes_k_list)
+        self.estimate = compile_estimate(config, ks if self.api.speculation_takes_k_list else None, process_bytes)
 
     def run(self, job: CompileJob) -> CompileResult:
         model_cfg = model_config(self.config, job.role)
@@ -100,7 +105,7 @@ class Compiler:
         if not self.force and self.store.find(spec):
             return CompileResult(job, self.store.describe(spec), 0.0, reused=True)
         start = time.perf_counter()
-        model = build_model(self.api, model_dir, model_cfg, windows, artifacts=None)
+        model = build_model(self.api, model_dir, model_cfg, windows, artifacts=None, workers=self.estimate.bound)
         model.save(str(self.store.staging_dir(spec)))
         seconds = time.perf_counter() - start
         del model

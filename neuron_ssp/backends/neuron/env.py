@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEV_GLOB = "/dev/neuron*"
+MEMINFO = "/proc/meminfo"
 SYSFS_INSTANCE_TYPE = "/sys/devices/virtual/neuron_device/neuron0/info/architecture/instance_type"
 NEURON_LS_FALLBACK = "/opt/aws/neuron/bin/neuron-ls"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"  # transformers-neuronx venv, SDK 2.24-2.25
 DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
-PACKAGES = ("transformers-neuronx", "neuronx-distributed-inference", "neuronx-distributed", "torch-neuronx",
-            "neuronx-cc", "libneuronxla", "torch", "transformers")
+# The Neuron venv's own builds (transformers-neuronx or NxD Inference venvs): installing neuron-ssp must not
+# replace any of them, so the EC2 bootstrap and the SageMaker Dockerfile pin exactly these as constraints,
+# and `doctor` reports their versions.
+NEURON_STACK = ("torch", "torch-neuronx", "torch-xla", "transformers", "transformers-neuronx",
+                "neuronx-distributed", "neuronx-distributed-inference", "neuronx-cc", "libneuronxla", "numpy")
 # NeuronCore count -> instance, only where the count alone tells (2 cores: inf2.xlarge/8xlarge, trn1.2xlarge)
 INSTANCE_BY_CORES = {12: "inf2.24xlarge", 24: "inf2.48xlarge"}
 
@@ -95,14 +99,35 @@ def _instance_type(override: str | None, listed: str | None, cores: int | None) 
     return None, ""
 
 
+def host_memory_available() -> int | None:
+    """MemAvailable of the host in bytes (what new processes can take without swapping); None where unreadable."""
+    try:
+        for line in Path(MEMINFO).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def package_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
-    for name in PACKAGES:
+    for name in NEURON_STACK:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def stack_warning(versions: dict[str, str | None]) -> str | None:
+    """A combination nobody has run: transformers 5 beside transformers-neuronx (the DLAMI venvs carry 4.x)."""
+    transformers = versions.get("transformers")
+    if versions.get("transformers-neuronx") and transformers and not transformers.startswith("4."):
+        return (f"transformers {transformers} beside transformers-neuronx {versions['transformers-neuronx']}: the "
+                "Neuron venvs ship 4.x and nobody has run this pair; reinstall neuron-ssp with the venv's own "
+                "versions as constraints (docs/neuron.md, 'Install on a Neuron DLAMI')")
+    return None
 
 
 def active_venv() -> tuple[str, bool]:

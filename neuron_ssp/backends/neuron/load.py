@@ -15,15 +15,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
+from neuron_ssp.backends.neuron.api import NeuronxApi, bound_parallel_compile, load_neuronx
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
-from neuron_ssp.backends.neuron.env import device_nodes
+from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
-from neuron_ssp.backends.neuron.selftest import check_self_test, run_self_test
+from neuron_ssp.backends.neuron.selftest import check_self_test, self_test
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.topology import DeploymentPlan, validate_config
+from neuron_ssp.topology.compile_plan import PROCESS_BYTES, CompileEstimate, estimate_compile
+from neuron_ssp.topology.parallelism import KV_PADDING
+from neuron_ssp.topology.placement import loaded_models
+from neuron_ssp.topology.plan import place_models
 
 VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
@@ -32,8 +36,9 @@ COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
     """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'."""
     api = prepare_runtime(config, plan)
+    workers = compile_estimate(config).bound  # a model without saved artifacts compiles now
     if config.speculation.engine == "fused":
-        return load_on_device_backends(api, config, plan)
+        return load_on_device_backends(api, config, plan, workers)
     store = ArtifactStore(config.neuron.compiled_dir) if config.neuron.compiled_dir else None
     backends: dict[str, NeuronBackend] = {}
     for role in plan.load_order:
@@ -48,18 +53,19 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
                 artifacts = store.find(spec)
             elif found := store.find_for_window(spec, k):
                 artifacts, windows = found
-        model = build_model(api, model_dir, model_cfg, windows, artifacts)
+        model = build_model(api, model_dir, model_cfg, windows, artifacts, workers=workers)
         backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k, windows)
     if config.neuron.self_test:
-        check_self_test(run_self_test(backends["target"], api.version), config.neuron.self_test_min_agreement)
+        check_self_test(self_test(backends["target"], config, api.version))
     return backends["target"], backends.get("draft")
 
 
-def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
+def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
+                            ) -> tuple[Any, Any]:
     """engine fused: both models with on-device embedding and generation, no speculation network of their
     own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
-    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, on_device_neuron_config
+    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, on_device_options
 
     if config.neuron.compiled_dir:
         warnings.warn("engine fused compiles at every load: neuron.compiled_dir is not used", stacklevel=3)
@@ -67,15 +73,19 @@ def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPla
     for role in plan.load_order:
         model_cfg = model_config(config, role)
         model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
-        model = build_model(api, model_dir, model_cfg, None, None, on_device_neuron_config(config, model_dir))
+        model = build_model(api, model_dir, model_cfg, None, None, on_device_options(config, model_dir), workers)
         backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
     return backends["target"], backends.get("draft")
 
 
-def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:
-    """Everything that must hold before the first model touches the Neuron runtime."""
+def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | None = None) -> NeuronxApi:
+    """Everything that must hold before the first model touches the Neuron runtime, checked for the
+    installed library (its kv-head layout) and `windows`, every k one target will hold (default: k)."""
     validate_config(config).raise_if_invalid()
     api = load_neuronx()
+    one_target = windows if windows and api.speculation_takes_k_list else None
+    if api.kv_rule != KV_PADDING or one_target:  # 0.10 replicates kv heads further; more k, more networks
+        validate_config(config, api.kv_rule, one_target).raise_if_invalid()
     prepare_device(config, plan)
     return api
 
@@ -114,17 +124,34 @@ def set_visible_cores(cores: str) -> None:
     os.environ[VISIBLE_CORES_ENV] = cores
 
 
+def compile_estimate(config: Config, windows: list[int] | None = None,
+                     process_bytes: int = PROCESS_BYTES) -> CompileEstimate:
+    """Networks, parallel neuronx-cc processes, host memory and time of compiling `config`'s models (the
+    target with `windows`, default speculation.k) on this host."""
+    placed = place_models(loaded_models(config), config.neuron.library, KV_PADDING,
+                          tuple(windows or (config.speculation.k,)))
+    return estimate_compile(placed, host_memory_available(), process_bytes)
+
+
 def build_model(
     api: NeuronxApi,
     model_dir: Path,
     model_cfg: ModelConfig,
     speculation_lengths: list[int] | None,
     artifacts: Path | None,
-    neuron_config: Any = None,
+    neuron_options: dict[str, Any] | None = None,
+    workers: int | None = None,
 ) -> Any:
-    """One LlamaForSampling on the device: compiled now, or loaded from `artifacts` when given."""
-    extra = {} if neuron_config is None else {"neuron_config": neuron_config}
+    """One LlamaForSampling on the device: compiled now with at most `workers` neuronx-cc processes at
+    once, or loaded from `artifacts` when given. `neuron_options`: NeuronConfig keywords."""
+    options = dict(neuron_options or {})
+    bound = workers if artifacts is None else None
+    if bound and api.worker_count_in_config:
+        options["compilation_worker_count"] = bound
+    extra = {"neuron_config": api.neuron_config_class(**options)} if options and api.neuron_config_class else {}
     model = api.llama_class.from_pretrained(str(model_dir), **api.constructor_kwargs(model_cfg), **extra)
+    if bound and not api.worker_count_in_config:
+        bound_parallel_compile(model, bound)
     if speculation_lengths:
         api.enable_speculation(model, speculation_lengths)
     if artifacts is not None:

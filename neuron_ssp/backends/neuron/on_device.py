@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.checkpoint import checkpoint_eos_ids
 from neuron_ssp.backends.neuron.api import NEURON_INDEX
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -63,27 +64,14 @@ def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], voca
     }
 
 
-def on_device_neuron_config(config: Config, model_dir: Path) -> Any:
-    """The `neuron_config=` both models of the fused decoder are built with."""
+def on_device_options(config: Config, model_dir: Path) -> dict[str, Any]:
+    """The NeuronConfig keywords both models of the fused decoder are built with."""
     _, config_module = load_fused_modules()
     vocab_size = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    settings = generation_settings(config.sampling, model_eos_ids(model_dir, config), vocab_size)
-    return config_module.NeuronConfig(on_device_embedding=True,
-                                      on_device_generation=config_module.GenerationConfig(**settings))
-
-
-def model_eos_ids(model_dir: Path, config: Config) -> list[int]:
-    """EOS ids of the checkpoint (generation_config.json, else config.json) plus integer stop tokens."""
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        try:
-            eos = json.loads((model_dir / name).read_text()).get("eos_token_id")
-        except (OSError, json.JSONDecodeError):
-            continue
-        ids = [eos] if isinstance(eos, int) else list(eos or [])
-        if ids:
-            break
-    return [*ids, *(t for t in config.generation.stop_tokens if isinstance(t, int) and t not in ids)]
+    ints = [t for t in config.generation.stop_tokens if isinstance(t, int)]
+    eos = [*dict.fromkeys([*checkpoint_eos_ids(model_dir), *ints])]
+    settings = generation_settings(config.sampling, eos, vocab_size)
+    return {"on_device_embedding": True, "on_device_generation": config_module.GenerationConfig(**settings)}
 
 
 class OnDeviceBackend:

@@ -92,10 +92,9 @@ def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBacken
         models.load(role, app, directory)
         backends[role] = NxdiBackend(app, role, vocab_size(app), model_config(config, role).n_positions, k or None)
     if config.neuron.self_test:
-        from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, run_self_test
+        from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, self_test
 
-        result = run_self_test(backends["target"], f"{NXDI} {api.version}")
-        check_self_test(result, config.neuron.self_test_min_agreement)
+        check_self_test(self_test(backends["target"], config, f"{NXDI} {api.version}"))
     return backends["target"], backends.get("draft")
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.speculation.positions import NXDI, extra_target_slots
 
 SEQ_IDS = torch.tensor([0], dtype=torch.int32)
 
@@ -40,7 +41,8 @@ class NxdiBackend:
         self.speculation_length = speculation_length
         self.compiled_windows = [speculation_length] if speculation_length else []
         self.max_score_width: int | None = speculation_length or 1
-        self.padding_slots = speculation_length - 1 if speculation_length else 0  # see engines.native.check_room
+        # every call is k wide (speculation.positions' NxDI rule), which engines.native.check_room adds
+        self.padding_slots = extra_target_slots("native", speculation_length, NXDI) if speculation_length else 0
 
     def with_window(self, k: int) -> NxdiBackend:
         """NxDI compiles one speculation model of one width per target (speculation_length is one int)."""

@@ -81,3 +81,41 @@ def reset() -> None:
     """A fresh process: nothing started, nothing recorded."""
     global RUNTIME
     RUNTIME = Runtime()
+
+
+class PrefixScorer:
+    """Logits after a prefix of token ids, as a function of that prefix alone.
+
+    Every prefix is fed one token per step over a KV cache of the last sequence scored; a prefix that
+    differs from it is recomputed from the first token that differs. Because each step always feeds one
+    token onto the cache of the same tokens, the logits of a prefix never depend on the order in which
+    prefixes are asked for (a window and one-token calls at the same slots agree bit for bit), and
+    re-reading a known prefix costs nothing.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.tokens: list[int] = []
+        self.rows: list = []
+        self.cache = None
+
+    def logits_after(self, prefix: list[int]):
+        same = 0
+        for known, token in zip(self.tokens, prefix, strict=False):  # the prefix may be longer or shorter
+            if known != token:
+                break
+            same += 1
+        if same == 0 or self.cache is None:
+            from transformers import DynamicCache
+
+            self.tokens, self.rows, self.cache = [], [], DynamicCache()
+        elif same < len(self.tokens):
+            self.cache.crop(same - len(self.tokens))  # a negative count drops that many (transformers 4 and 5)
+            self.tokens, self.rows = self.tokens[:same], self.rows[:same]
+        import torch
+
+        for token in prefix[len(self.tokens):]:
+            out = self.model(input_ids=torch.tensor([[token]]), past_key_values=self.cache, use_cache=True)
+            self.tokens.append(token)
+            self.rows.append(out.logits[0, -1])
+        return self.rows[len(prefix) - 1]

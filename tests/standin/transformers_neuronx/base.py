@@ -46,15 +46,17 @@ class NeuronModelBase(PretrainedModel):
         self._compiled_artifacts_directory = directory
 
     def compile(self, parallel_degree=None):
-        _standin.RUNTIME.record(self.label, "compile")
+        _standin.RUNTIME.record(self.label, "compile", parallel_degree=parallel_degree)
         self.compiled = True
 
     def to_neuron(self):
         _standin.RUNTIME.record(self.label, "to_neuron")
         self.cores = _standin.RUNTIME.claim(self.tp_degree)
         directory = getattr(self, "_compiled_artifacts_directory", None)
-        if directory is None:
-            self.compile()
+        if directory is None and _standin.API == "sdk_2_18":
+            self.compile()  # 7a30b42: one neuronx-cc process per network
+        elif directory is None:
+            self.compile(parallel_degree=self.neuron_config.compilation_worker_count)  # 1ade6d7 base.py line 88
         else:
             self._load_compiled_artifacts(directory)
         self.on_neuron = True

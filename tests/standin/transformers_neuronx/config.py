@@ -3,11 +3,14 @@
 Same keyword-only parameters and defaults as the real classes (see neuronx_signatures.json,
 "sdk_2_21_fused"), the same refusal of unknown NeuronConfig keywords; only the fields the fused
 decoder and on-device generation read do anything here. SDK 2.18 builds (7a30b42) have a
-NeuronConfig too, but no on-device generation for the fused decoder: the stand-in keeps this module
-for both generations and leaves fused_speculation out of the older one.
+NeuronConfig too (`__init__(self, **kargs)`, without compilation_worker_count), but no on-device
+generation for the fused decoder: the stand-in keeps this module for both generations, takes away
+compilation_worker_count in the older one and leaves fused_speculation out of it.
 """
 
 import enum
+
+from transformers_neuronx import _standin
 
 
 class Layout(enum.Enum):
@@ -101,7 +104,17 @@ class NeuronConfig:
         self.shard_over_sequence = shard_over_sequence
         self.is_sequence_parallel = False
         self.lhs_aligned = padding_side == "right"
+        self.compilation_worker_count = compilation_worker_count
 
     @property
     def use_2d_cache_ids(self):
         return self.lhs_aligned
+
+
+if _standin.API == "sdk_2_18":
+    _NeuronConfig = NeuronConfig
+
+    class NeuronConfig(_NeuronConfig):  # noqa: F811 (7a30b42's takes **kargs, and no compilation_worker_count)
+        def __init__(self, **kargs):
+            assert "compilation_worker_count" not in kargs, f"unexpected arguments: {kargs}"
+            super().__init__(**kargs)

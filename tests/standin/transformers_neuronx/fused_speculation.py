@@ -63,7 +63,7 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         self.speculator = None
 
     def to_neuron(self, workers=None):
-        _standin.RUNTIME.record("fused", "to_neuron")
+        _standin.RUNTIME.record("fused", "to_neuron", workers=workers)
         for model in (self.draft, self.target):
             model._require_device()
         self.speculator = True

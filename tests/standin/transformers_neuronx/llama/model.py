@@ -2,8 +2,9 @@
 
 The KV cache is position-addressed like Neuron's: `cache_ids` name the slots the inputs are written
 to, and a position reads every slot before it, whatever was written there last. The stand-in stores
-the token of each slot and recomputes each position from its prefix (exact, and cheap for tiny
-models); reading a slot never written raises, since on a device it would silently read garbage.
+the token of each slot and computes each position from its prefix (`_standin.PrefixScorer`: exact, and
+cheap enough for the embedded 135M model); reading a slot never written raises, since on a device it
+would silently read garbage.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ class LlamaForSampling(NeuronModelBase):
             raise RuntimeError(
                 f"position {prefix.index(None)} is read but was never written (on a device this reads garbage)"
             )
-        # one forward per position over exactly its prefix: bit-identical to decoding it alone
-        rows = [self.chkpt_model(input_ids=torch.tensor([prefix[: slot + 1]])).logits[0, -1] for slot in read]
-        return torch.stack(rows).float()
+        if getattr(self, "_scorer", None) is None:
+            self._scorer = _standin.PrefixScorer(self.chkpt_model)
+        # each position's logits are a function of its prefix alone: a window scores bit-identically to
+        # one-token calls at the same slots, and a wrong slot shows in every position that reads it
+        return torch.stack([self._scorer.logits_after(prefix[: slot + 1]) for slot in read]).float()
