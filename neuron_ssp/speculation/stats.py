@@ -14,11 +14,15 @@
 
 Draft tokens the acceptor kept after an end-of-sequence token are not committed, so they count as
 neither accepted nor proposed.
+
+Totals over many generations (`merge_stats`) are ratios of sums, as Spec-Bench and vLLM report them,
+never means of per-prompt ratios, so a 10-token answer weighs less than a 128-token one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -111,3 +115,22 @@ class GenerationStats:
             "time_target_s": self.time_target_s,
             "time_overhead_s": self.time_overhead_s,
         }
+
+
+def merge_stats(runs: Sequence[GenerationStats]) -> GenerationStats:
+    """One GenerationStats holding the sums of `runs` (all of the same window k): every counter and
+    time is summed, the per-position lists position by position."""
+    total = GenerationStats(k=max((r.k for r in runs), default=1))
+    for run in runs:
+        for name in (f.name for f in fields(GenerationStats) if f.name != "k"):
+            mine, theirs = getattr(total, name), getattr(run, name)
+            if isinstance(mine, list):
+                setattr(total, name, [a + b for a, b in zip(mine, theirs, strict=True)])
+            else:
+                setattr(total, name, mine + theirs)
+    return total
+
+
+def throughput_ratio(faster: GenerationStats, baseline: GenerationStats) -> float:
+    """tokens/s of `faster` over tokens/s of `baseline` (0 when the baseline made nothing)."""
+    return faster.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
