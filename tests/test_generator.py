@@ -244,12 +244,14 @@ def test_time_split_matches_model_time_measured_outside_the_stats(slow_loop):
         assert stats.time_overhead_s >= 0.004 * stats.num_drafts
 
 
-def test_stats_time_split_adds_up(tiny_pair):
+def test_model_times_fit_inside_the_wall_time(tiny_pair):
+    """Overhead is wall - draft - target clamped at 0, so a second clock around the same call (or the
+    draft's time counted as the target's too) would hide in the clamp: draft + target must fit in wall."""
     target_model, draft_model = tiny_pair
     stats = make(backend(target_model), backend(draft_model)).generate(PROMPT, 30).stats
     assert stats.time_draft_s > 0 and stats.time_target_s > 0
-    assert abs(stats.time_draft_s + stats.time_target_s + stats.time_overhead_s - stats.wall_s) < 1e-6
-    assert stats.tokens_per_s == pytest.approx(30 / stats.wall_s)
+    assert stats.time_draft_s + stats.time_target_s <= stats.wall_s
+    assert stats.new_tokens == 30
 
 
 # ---------------------------------------------------------------- stats after EOS (item 7)

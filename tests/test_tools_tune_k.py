@@ -2,30 +2,72 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import yaml
 from tools_support import PROMPT_ROWS, tiny_config, tiny_pipeline
 
+import neuron_ssp.tools.tune_k as tune_k_module
 from neuron_ssp.config import load_config
+from neuron_ssp.engines.native import GenerationResult
 from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.config_edit import edit_k_text, write_k
-from neuron_ssp.tools.per_k import KSetup, shared_target_groups, with_k
+from neuron_ssp.tools.per_k import KGroup, KSetup, shared_target_groups, with_k
 from neuron_ssp.tools.prompt_set import BenchPrompt
 from neuron_ssp.tools.tune_k import KRow, TuneKResult, k_row, tune_k
 
 PROMPTS = [BenchPrompt(c, p) for c, p in PROMPT_ROWS]
 
 
-def test_one_row_per_k_with_consistent_numbers():
+MEASURED_TOKENS = 12  # the warm-up runs generate WARMUP_TOKENS (8): told apart by their length
+
+
+def record_measured_runs(monkeypatch: pytest.MonkeyPatch, group: KGroup) -> list[tuple[int, GenerationStats]]:
+    """(window, stats) of every measured run in call order, window 0 for plain decoding."""
+    runs: list[tuple[int, GenerationStats]] = []
+
+    def recording(key: int, generate: Callable[..., GenerationResult],
+                  budget_at: int) -> Callable[..., GenerationResult]:
+        def run(*args: Any) -> GenerationResult:
+            result = generate(*args)
+            if args[budget_at] == MEASURED_TOKENS:
+                runs.append((key, result.stats))
+            return result
+        return run
+
+    # plain_generate(target, ids, max_new_tokens, ...); generator.generate(ids, max_new_tokens, eos)
+    monkeypatch.setattr(tune_k_module, "plain_generate", recording(0, tune_k_module.plain_generate, 2))
+    for k, generator in group.generators.items():
+        monkeypatch.setattr(generator, "generate", recording(k, generator.generate, 1))
+    return runs
+
+
+def test_each_row_is_the_ratio_of_sums_over_that_windows_measured_runs(monkeypatch):
+    group = next(shared_target_groups(tiny_pipeline(), [2, 3, 5]))
+    runs = record_measured_runs(monkeypatch, group)
     steps = []
-    result = tune_k(shared_target_groups(tiny_pipeline(), [2, 3, 5]), PROMPTS, 12, steps.append)
+    result = tune_k([group], PROMPTS, MEASURED_TOKENS, steps.append)
     assert [row.k for row in result.rows] == [2, 3, 5] and len(steps) == 3 * len(PROMPTS)
+    # plain once and each k once per prompt, the first run rotating so no window always runs first
+    assert [key for key, _ in runs] == [0, 2, 3, 5, 2, 3, 5, 0, 3, 5, 0, 2, 5, 0, 2, 3]
+    plain = [stats for key, stats in runs if key == 0]
+    plain_tok_s = sum(s.new_tokens for s in plain) / sum(s.wall_s for s in plain)
     for row in result.rows:
-        assert 0.0 <= row.alpha <= 1.0 and row.c >= 0.0
-        assert 1.0 <= row.mean_accepted_length <= row.k
-        assert len(row.per_position_acceptance) == row.k - 1
-        assert row.speedup_measured > 0 and row.speedup_predicted >= 1.0
-    assert result.recommended_k in (2, 3, 5)
+        ssp = [stats for key, stats in runs if key == row.k]
+        drafted, accepted = sum(s.draft_tokens for s in ssp), sum(s.accepted_tokens for s in ssp)
+        assert drafted > 0  # the repetitive prompts draft: otherwise the figures below would prove little
+        assert row.alpha == pytest.approx(accepted / drafted)
+        assert row.mean_accepted_length == pytest.approx(sum(s.loop_tokens for s in ssp)
+                                                         / sum(s.target_calls for s in ssp))
+        assert row.per_position_acceptance == pytest.approx([
+            sum(s.accepted_at[i] for s in ssp) / sum(s.proposed_at[i] for s in ssp)
+            if sum(s.proposed_at[i] for s in ssp) else None for i in range(row.k - 1)])
+        ssp_tok_s = sum(s.new_tokens for s in ssp) / sum(s.wall_s for s in ssp)
+        assert row.speedup_measured == pytest.approx(ssp_tok_s / plain_tok_s)
+        assert row.ms_per_token == pytest.approx(1000.0 / ssp_tok_s)
+        assert row.c == pytest.approx(sum(s.time_draft_s for s in ssp) / drafted * plain_tok_s)
 
 
 def test_row_assembly_from_known_stats():
