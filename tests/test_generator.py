@@ -133,7 +133,7 @@ def test_plain_decoding_through_a_different_model_diverges(tiny_pair):
     assert draft_model is not target_model
 
 
-# ---------------------------------------------------------------- issue 14: non-finite logits (item 1)
+# ---------------------------------------------------------------- non-finite logits stop generation
 
 
 class NanAt(TableBackend):
@@ -170,7 +170,7 @@ def test_plain_decoding_refuses_non_finite_logits_too():
         plain_generate(NanAt(bad_slot=12), PROMPT, 10, GREEDY)
 
 
-# ---------------------------------------------------------------- the time split can fail (item 4)
+# ---------------------------------------------------------------- the time split, measured apart
 
 
 class Timed:
@@ -254,7 +254,7 @@ def test_model_times_fit_inside_the_wall_time(tiny_pair):
     assert stats.new_tokens == 30
 
 
-# ---------------------------------------------------------------- stats after EOS (item 7)
+# ---------------------------------------------------------------- stats after EOS
 
 
 class FixedDraft:
@@ -289,7 +289,7 @@ def test_draft_tokens_accepted_after_eos_do_not_count():
     assert stats.mean_accepted_length == 2.0 and stats.vllm_mean_acceptance_length == 3.0
 
 
-# ---------------------------------------------------------------- the drafter interface (item 13)
+# ---------------------------------------------------------------- the drafter interface
 
 
 class NarrowDrafter:

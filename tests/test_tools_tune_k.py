@@ -1,4 +1,4 @@
-"""tune-k: rows from measured runs, the recommendation, and writing k back into a config."""
+"""tune-k: rows from measured runs, the width and Leviathan predictions, the recommendation."""
 
 from __future__ import annotations
 
@@ -6,14 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-import yaml
 from tools_support import PROMPT_ROWS, tiny_config, tiny_pipeline
 
 import neuron_ssp.tools.tune_k as tune_k_module
-from neuron_ssp.config import load_config
 from neuron_ssp.engines.native import GenerationResult
 from neuron_ssp.speculation.stats import GenerationStats
-from neuron_ssp.tools.config_edit import edit_k_text, write_k
 from neuron_ssp.tools.per_k import KGroup, KSetup, shared_target_groups, with_k
 from neuron_ssp.tools.prompt_set import BenchPrompt
 from neuron_ssp.tools.tune_k import KRow, TuneKResult, k_row, tune_k
@@ -100,46 +97,6 @@ def test_recommendation_prefers_the_smaller_k_within_noise():
 def test_with_k_keeps_k_min_valid():
     config = tiny_config(speculation={"policy": "adaptive", "k": 6, "k_min": 4})
     assert with_k(config, 3).speculation.k == 3 and with_k(config, 3).speculation.k_min == 3
-
-
-CONFIG_TEXT = """# my tuned config
-target:
-  path: embedded:smollm2-135m-instruct
-speculation:
-  drafter: ngram   # prompt lookup
-  k: 4             # the window
-  policy: fixed
-sampling:
-  temperature: 0.0
-"""
-
-
-def test_k_is_edited_in_place_and_comments_stay(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(CONFIG_TEXT)
-    assert write_k(path, 7, tiny_config()) == "edited in place (comments kept)"
-    text = path.read_text()
-    assert "  k: 7             # the window\n" in text and "# my tuned config" in text
-    assert text.replace("k: 7", "k: 4") == CONFIG_TEXT
-    assert load_config(path).speculation.k == 7
-
-
-def test_missing_k_line_or_section_is_added():
-    without_k = CONFIG_TEXT.replace("  k: 4             # the window\n", "")
-    assert yaml.safe_load(edit_k_text(without_k, 5))["speculation"]["k"] == 5
-    no_section = "target:\n  path: x\n"
-    assert yaml.safe_load(edit_k_text(no_section, 5)) == {"target": {"path": "x"}, "speculation": {"k": 5}}
-    assert edit_k_text("speculation: {k: 4}\n", 5) is None
-
-
-def test_flow_style_is_rewritten_and_a_missing_file_created(tmp_path):
-    flow = tmp_path / "flow.yaml"
-    flow.write_text("speculation: {k: 4, drafter: ngram}\n")
-    assert write_k(flow, 6, tiny_config()) == "rewritten (comments could not be kept)"
-    assert load_config(flow).speculation.k == 6
-    new = tmp_path / "new.yaml"
-    assert write_k(new, 3, tiny_config()) == "created"
-    assert load_config(new).speculation.k == 3
 
 
 def _stats(tokens: int, calls: int, wall_ms: float, target_ms: float) -> GenerationStats:
