@@ -116,8 +116,12 @@ class GenerationConfig(_Strict):
 
 
 class NeuronSettings(_Strict):
-    """Neuron only: where compiled models are kept (`neuron-ssp compile`) and the compiler's cache."""
+    """Neuron only: which AWS library runs the models, where compiled models are kept (`neuron-ssp compile`)
+    and the compiler's cache."""
 
+    # transformers-neuronx: Neuron SDK <= 2.25, trn1/inf2; nxdi: NxD Inference (neuronx-distributed-inference),
+    # the supported successor, trn1/inf2/trn2 (docs/neuron.md, "Which library")
+    library: Literal["transformers-neuronx", "nxdi"] = "transformers-neuronx"
     compiled_dir: str | None = None  # local dir or s3://bucket/prefix; None = compile at every load
     compile_cache_url: str | None = None  # sets NEURON_COMPILE_CACHE_URL (else /var/tmp/neuron-compile-cache)
     # after load, before the first request: a k-wide window against k one-token calls (backends/neuron/selftest.py)

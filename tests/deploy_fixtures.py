@@ -2,7 +2,9 @@
 
 `aws_sandbox` (autouse in every deploy test module that takes it in) sets fake credentials, points
 the AWS config files at nothing and makes any botocore HTTP request to a non-loopback host fail the
-test. Two ways to answer the requests:
+test. It also holds every request any client builds against the service model's enums, patterns and
+maxima (`service_model_check`, what botocore's ParamValidator skips), moto and Stubber alike. Two ways
+to answer the requests:
 
 * `moto`: a ThreadedMotoServer on 127.0.0.1 (random port) for the end-to-end flow. What moto 5 lacks
   is supplied explicitly here: the Neuron DLAMIs are seeded into moto's public-AMI catalog (moto ships
@@ -28,10 +30,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
+import botocore.session
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.httpsession import URLLib3Session
 from botocore.stub import Stubber
+from service_model_check import request_problems
 
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.userdata import STATUS_FILE
@@ -67,6 +71,21 @@ def aws_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         return original_send(self, request)
 
     monkeypatch.setattr(URLLib3Session, "send", loopback_only)
+    original_create_client = botocore.session.Session.create_client
+
+    def checked_client(self: botocore.session.Session, *args: Any, **kwargs: Any) -> Any:
+        client = original_create_client(self, *args, **kwargs)
+        client.meta.events.register("provide-client-params", refuse_what_aws_would_refuse)  # before a Stubber looks
+        return client
+
+    monkeypatch.setattr(botocore.session.Session, "create_client", checked_client)
+
+
+def refuse_what_aws_would_refuse(params: dict[str, Any], model: Any, **_: Any) -> None:
+    """Fail the test on a request that breaks its operation's enums, patterns or maxima."""
+    problems = request_problems(model, params)
+    if problems:
+        pytest.fail(f"{model.name} request AWS would refuse: " + "; ".join(problems))
 
 
 # ---------------------------------------------------------------- moto server
@@ -143,6 +162,7 @@ class FakeSsmAgent:
     sent: list[dict[str, Any]] = field(default_factory=list)
     outputs: dict[str, tuple[str, int]] = field(default_factory=dict)
     actions: set[str] = field(default_factory=set)  # IAM actions the deploy code needed, e.g. ec2:RunInstances
+    requests: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (service, operation, params)
     s3: Any = None  # the agent's own client, for uploading command output
 
     def reset(self) -> None:
@@ -150,6 +170,7 @@ class FakeSsmAgent:
         self.sent.clear()
         self.outputs.clear()
         self.actions.clear()
+        self.requests.clear()
 
     def attach(self, session: Any) -> None:
         session.events.register("before-parameter-build.*.*", self.record_action)
@@ -157,9 +178,10 @@ class FakeSsmAgent:
         session.events.register("after-call.ssm.SendCommand", self.on_send_command)
         session.events.register("after-call.ssm.GetCommandInvocation", self.on_get_invocation)
 
-    def record_action(self, model: Any, **_: Any) -> None:
+    def record_action(self, model: Any, params: dict[str, Any], **_: Any) -> None:
         action = {"ListObjectsV2": "ListBucket"}.get(model.name, model.name)
         self.actions.add(f"{model.service_model.signing_name}:{action}")
+        self.requests.append((model.service_model.service_name, model.name, copy.deepcopy(params)))
 
     def describe_instance_information(self, params: dict[str, Any], **_: Any) -> tuple[AWSResponse, dict]:
         request = json.loads(params["body"])  # before-call sees the serialized request
@@ -303,7 +325,7 @@ def dlami_images() -> dict[str, Any]:
 
 
 def queue_plan(stubs: StubbedAws, name: str, *, reservation: dict[str, Any] | None = None) -> None:
-    """The read-only calls of plan_launch, in order: name check, DLAMI, [reservation], caller identity."""
+    """The read-only calls of prepare_launch, in order: name check, DLAMI, [reservation], caller identity."""
     from botocore.stub import ANY
 
     stubs.ec2.add_response("describe_instances", reservations(), {"Filters": ANY})

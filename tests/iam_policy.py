@@ -1,9 +1,11 @@
 """Just enough IAM policy evaluation to test our policies by the requests they must allow and refuse.
 
 Supported: Allow/Deny statements (an explicit Deny wins), `Action`/`Resource` with `*`/`?` wildcards,
-and the condition operators StringEquals/ArnEquals, StringLike/ArnLike and Bool (a missing key fails
-the condition, as in IAM). Anything else (NotAction, other operators, ...IfExists) raises, so a policy that outgrows
-this evaluator fails its tests instead of passing unexamined.
+the condition operators StringEquals/ArnEquals, StringLike/ArnLike and Bool (a missing key fails
+the condition, as in IAM), and ForAllValues:StringLike over a multi-valued key (every value must match;
+a missing key passes, as in IAM, which is why a policy should not rely on it alone). Anything else
+(NotAction, other operators, ...IfExists) raises, so a policy that outgrows this evaluator fails its
+tests instead of passing unexamined.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-_OPERATORS = {"StringEquals", "StringLike", "ArnEquals", "ArnLike", "Bool"}
+_OPERATORS = {"StringEquals", "StringLike", "ArnEquals", "ArnLike", "Bool", "ForAllValues:StringLike"}
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    statements = json.loads(path.read_text())["Statement"]
+def load(path: Path, placeholders: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The policy's statements, with its REPLACE-WITH-... placeholders filled in as a user would."""
+    text = path.read_text()
+    for placeholder, value in (placeholders or {}).items():
+        text = text.replace(placeholder, value)
+    statements = json.loads(text)["Statement"]
     for statement in statements:
         unknown = set(statement) - {"Sid", "Effect", "Action", "Resource", "Condition"}
         if unknown:
@@ -55,9 +61,13 @@ def _conditions_hold(conditions: dict[str, dict[str, Any]], context: dict[str, A
             raise ValueError(f"condition operator {operator} is beyond this evaluator")
         for key, expected in block.items():
             actual = by_key.get(key.lower())
+            wanted = _listed(expected)
+            if operator == "ForAllValues:StringLike":
+                if not all(any(_wildcard(w, str(v)) for w in wanted) for v in _listed(actual or [])):
+                    return False
+                continue
             if actual is None:
                 return False
-            wanted = _listed(expected)
             if operator in ("StringEquals", "ArnEquals") and str(actual) not in wanted:
                 return False
             if operator in ("StringLike", "ArnLike") and not any(_wildcard(w, str(actual)) for w in wanted):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from neuron_ssp.config import Config, config_from_dict
 
@@ -64,3 +66,41 @@ def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
 
     standin.reset()
     return standin
+
+
+def with_tokenizer(model_dir: Path, tmp_path: Path) -> Path:
+    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary."""
+    target = tmp_path / model_dir.name
+    shutil.copytree(model_dir, target)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(target)
+    return target
+
+
+def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:
+    """Our loop over Neuron backends: the model drafter when there is a draft, else prompt lookup."""
+    from neuron_ssp.drafters import ModelDrafter, NgramDrafter
+    from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+    from neuron_ssp.speculation.policies import build_policy
+
+    rng = torch.Generator()
+    drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
+        else NgramDrafter(target.vocab_size)
+    return SpeculativeGenerator(
+        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k, rng
+    )
+
+
+def check_self_draft_accepts_everything(config: Config, target: Any, draft: Any) -> None:
+    """The target as its own draft: every greedy draft accepted, output equal to plain greedy decoding."""
+    from neuron_ssp.engines.native import plain_generate
+    from neuron_ssp.speculation.acceptors import GreedyAcceptor
+
+    ids = prompt(7)
+    ssp = speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24)
+    assert ssp.tokens == plain_generate(target, ids, 24, config.sampling).tokens
+    assert ssp.stats.acceptance_rate == 1.0
+

@@ -7,7 +7,6 @@ request shapes and for the failure paths moto cannot play.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,6 +17,7 @@ import pytest
 from botocore.stub import Stubber
 from botocore.validate import ParamValidator
 from deploy_fixtures import REGION, FakeClock
+from service_model_check import request_problems
 
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.plan import EndpointOptions, Identity, plan_endpoint
@@ -60,21 +60,12 @@ def endpoint_plan(config_path: Path = INF2_CONFIG, **options: Any):  # type: ign
 
 
 def assert_valid_request(client: Any, operation: str, params: dict[str, Any]) -> None:
-    """botocore's own ParamValidator against the service model (types, required members, ranges)."""
+    """botocore's own ParamValidator (types, required members, minimums), then what it skips: enums,
+    patterns and maxima from the same service model."""
     model = client.meta.service_model.operation_model(operation)
     report = ParamValidator().validate(params, model.input_shape)
     assert not report.has_errors(), report.generate_report()
-
-
-def granted_actions(policy_path: Path) -> set[str]:
-    policy = json.loads(policy_path.read_text())
-    out: set[str] = set()
-    for statement in policy["Statement"]:
-        if statement["Effect"] != "Allow":
-            continue
-        actions = statement["Action"]
-        out.update([actions] if isinstance(actions, str) else actions)
-    return out
+    assert request_problems(model, params) == []
 
 
 @dataclass

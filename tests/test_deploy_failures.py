@@ -28,7 +28,6 @@ from deploy_fixtures import (
     queue_terminate,
     reservations,
 )
-from rich.console import Console
 
 from neuron_ssp.cli import deploy as deploy_cli
 from neuron_ssp.cli import main
@@ -36,12 +35,14 @@ from neuron_ssp.config import load_config
 from neuron_ssp.deploy import launch
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.errors import translate
-from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
+from neuron_ssp.deploy.launch import check_permissions, execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions, LaunchPlan
+from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.waiting import Pacing
 from neuron_ssp.errors import RuntimeProblem, UsageError
 
 NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
-QUIET = Console(quiet=True)
+QUIET = Silent()
 
 # fixtures of this module (assigned, not imported, so test parameters may share their names)
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -52,7 +53,7 @@ stubbed = deploy_fixtures.stubbed
 def planned(stubbed: StubbedAws, **options: object) -> LaunchPlan:
     queue_plan(stubbed, "trn1")
     opts = LaunchOptions(region=REGION, name="trn1", instance_profile="neuron-ssp-instance", **options)  # type: ignore[arg-type]
-    return plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, opts, stubbed.clients, now=NOW, client_token="tok-1")
+    return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, opts, stubbed.clients, now=NOW, client_token="tok-1")
 
 
 def interrupting_pacing() -> Pacing:
@@ -74,7 +75,7 @@ def test_insufficient_capacity_suggests_another_az_or_a_capacity_block(stubbed: 
     stubbed.ec2.add_client_error("run_instances", "InsufficientInstanceCapacity",
                                  "We currently do not have sufficient trn1.32xlarge capacity in us-east-1a.")
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     (problem,) = raised.value.problems
     assert problem.field == "instance_type" and problem.value == "trn1.32xlarge"
     assert "Availability Zone" in problem.fix and "--capacity-block-id" in problem.fix
@@ -88,7 +89,7 @@ def test_unauthorized_names_the_permission_and_the_policy_file(stubbed: StubbedA
                                  "You are not authorized to perform this operation. Encoded authorization "
                                  "failure message: abc123")
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     (problem,) = raised.value.problems
     assert problem.field == "permissions" and problem.value == "ec2:RunInstances"
     assert "iam:PassRole" in problem.rule and "ec2:CreateTags" in problem.rule
@@ -109,7 +110,7 @@ def test_aws_error_codes_become_problems(stubbed: StubbedAws, code: str, kind: t
     plan = planned(stubbed)
     stubbed.ec2.add_client_error("run_instances", code, "message from AWS")
     with pytest.raises(kind) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     assert fields(raised.value) == [field]
 
 
@@ -133,7 +134,7 @@ def test_failure_half_way_terminates_the_instance(stubbed: StubbedAws) -> None:
     queue_terminate(stubbed)
 
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
 
     timeout, cleanup = raised.value.problems
     assert "online in SSM" in timeout.field and "AmazonSSMManagedInstanceCore" in timeout.fix
@@ -150,7 +151,7 @@ def test_instance_not_yet_visible_is_waited_for(stubbed: StubbedAws) -> None:
     queue_ping(stubbed)
     queue_running(stubbed)
     queue_bootstrap(stubbed, "ready")
-    assert execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET).state == "running"
+    assert execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET).state == "running"
     stubbed.assert_done()
 
 
@@ -161,7 +162,7 @@ def test_instance_dying_while_starting_reports_the_reason(stubbed: StubbedAws) -
                   StateReason={"Code": "Server.InsufficientInstanceCapacity", "Message": "Insufficient capacity."})
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     assert "Insufficient capacity." in raised.value.problems[0].rule
     stubbed.assert_done()
 
@@ -192,7 +193,7 @@ def test_a_failed_bootstrap_is_shown_with_its_log_tail_and_torn_down(stubbed: St
     queue_failed_bootstrap(stubbed)
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     failed, cleanup = raised.value.problems
     assert failed.field == "bootstrap" and failed.value == "weights"
     assert LOG_LINE in failed.rule and "/var/log/neuron-ssp-bootstrap.log" in failed.rule
@@ -204,9 +205,10 @@ def test_a_failed_bootstrap_kept_for_debugging_says_when_it_terminates_itself(st
     plan = planned(stubbed, keep_on_failure=True)
     queue_failed_bootstrap(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     kept = raised.value.problems[-1]
     assert "still running" in kept.rule and "15 min after a failed bootstrap" in kept.rule
+    assert "at the latest at 2025-08-01 16:00 UTC" in kept.rule and "deploy extend trn1 --hours N" in kept.rule
     stubbed.assert_done()  # and no terminate_instances was sent
 
 
@@ -217,7 +219,7 @@ def test_keep_on_failure_says_exactly_what_is_still_costing(stubbed: StubbedAws)
                                  expected_params={"InstanceIds": [INSTANCE_ID]})
 
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
 
     kept = raised.value.problems[-1]
     assert kept.value == INSTANCE_ID
@@ -232,7 +234,7 @@ def test_ctrl_c_while_waiting_terminates_the_instance(stubbed: StubbedAws) -> No
     queue_running(stubbed, state="pending")
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=interrupting_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=interrupting_pacing(), progress=QUIET)
     interrupted, cleanup = raised.value.problems
     assert interrupted.value == "Ctrl-C" and "terminated" in cleanup.rule
     stubbed.assert_done()
@@ -254,7 +256,7 @@ def test_ctrl_c_during_run_instances_finds_the_instance_by_client_token(stubbed:
                              {"Filters": [{"Name": "client-token", "Values": ["tok-1"]}]})
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     assert raised.value.problems[-1].value == INSTANCE_ID and "terminated" in raised.value.problems[-1].rule
     stubbed.assert_done()
 
@@ -268,7 +270,7 @@ def test_ctrl_c_when_aws_created_nothing_says_so(stubbed: StubbedAws) -> None:
     for _ in launch.CLIENT_TOKEN_BACKOFF_S:  # EC2 is eventually consistent: every lookup runs before "none"
         stubbed.ec2.add_response("describe_instances", reservations(), TOKEN_FILTER)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     assert "no instance with client token tok-1" in raised.value.problems[-1].rule
     stubbed.assert_done()
 
@@ -283,7 +285,7 @@ def test_client_token_lookup_is_retried_with_backoff_until_it_answers(stubbed: S
     queue_terminate(stubbed)
     clock = FakeClock()
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(clock), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(clock), progress=QUIET)
     assert raised.value.problems[-1].value == INSTANCE_ID and "terminated" in raised.value.problems[-1].rule
     assert clock.sleeps == [0.0, 2.0, 4.0]  # backoff between the lookups
     stubbed.assert_done()
@@ -296,7 +298,7 @@ def test_a_failed_client_token_lookup_says_could_not_check_and_what_to_run(stubb
         stubbed.ec2.add_client_error("describe_instances", "RequestLimitExceeded", "slow down",
                                      expected_params=TOKEN_FILTER)
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     unknown = raised.value.problems[-1]
     assert "could not check" in unknown.rule and "no instance" not in unknown.rule
     assert "aws ec2 describe-instances --region us-east-1 --filters Name=client-token,Values=tok-1" in unknown.fix
@@ -310,7 +312,7 @@ def test_failed_cleanup_prints_the_command_that_stops_the_bill(stubbed: StubbedA
     queue_running(stubbed, state="pending")
     stubbed.ec2.add_client_error("terminate_instances", "UnauthorizedOperation", "no")
     with pytest.raises(RuntimeProblem) as raised:
-        execute_launch(plan, stubbed.clients, pacing=interrupting_pacing(), console=QUIET)
+        execute_launch(plan, stubbed.clients, pacing=interrupting_pacing(), progress=QUIET)
     left = raised.value.problems[-1]
     assert "could NOT be terminated" in left.rule and "$21.50/h" in left.rule
     assert f"aws ec2 terminate-instances --region us-east-1 --instance-ids {INSTANCE_ID}" in left.fix

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import deploy_fixtures
+import iam_policy
 import pytest
+from aws_authorization import authorizations
 from click.testing import CliRunner
 from deploy_fixtures import (
     PINNED_PICK,
@@ -100,6 +103,15 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     script = sent["Parameters"]["commands"][0]
     assert shlex.join(["neuron-ssp", "bench", "--config", "/opt/neuron-ssp/config.yaml"]) in shlex.split(script)[-1]
 
+    code, out = cli("extend", "it-trn1", "--region", REGION, "--hours", "10")
+    assert code == 0 and "now terminates itself at" in out, out
+    tags = {t["Key"]: t["Value"] for t in ec2.describe_instances(InstanceIds=[inst["InstanceId"]])
+            ["Reservations"][0]["Instances"][0]["Tags"]}
+    expires = datetime.strptime(tags["neuron-ssp:expires-at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    assert timedelta(hours=9.9) < expires - datetime.now(timezone.utc) <= timedelta(hours=10)
+    assert tags["Project"] == "neuron-ssp"  # only the expiry was retagged
+    assert cli("extend", "it-trn1", "--region", REGION, "--hours", "200")[0] == 2
+
     code, out = cli("logs", "it-trn1", "--region", REGION, "--lines", "50")
     assert code == 0 and "[neuron-ssp] ready" in out
     assert cli("logs", "it-trn1", "--region", REGION, "--console")[0] == 0
@@ -117,17 +129,25 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     assert state["Name"] == "terminated"
     assert json.loads(cli("list", "--region", REGION, "--json")[1]) == []
 
-    # every call made above is granted by the least-privilege policy the error messages point at
-    granted = allowed_actions(Path(__file__).resolve().parents[1] / "deploy" / "iam" / "operator-policy.json")
-    assert {"ec2:RunInstances", "ec2:DescribeImages", "ssm:SendCommand", "s3:GetObject",
+    # every request sent above is allowed, on its resources and under its conditions, by the least-privilege
+    # policy the error messages point at (its bucket placeholder filled in as the README says)
+    assert {"ec2:RunInstances", "ec2:DescribeImages", "ssm:SendCommand", "s3:GetObject", "ec2:CreateTags",
             "ec2:TerminateInstances"} <= moto.actions
-    assert moto.actions - granted == {"sts:GetCallerIdentity"}  # needs no permission
+    assert_policy_allows_every_request(moto, {"REPLACE-WITH-OUTPUT-BUCKET": OUT_BUCKET})
 
 
-def allowed_actions(policy: Path) -> set[str]:
-    statements = json.loads(policy.read_text())["Statement"]
-    return {a for s in statements if s["Effect"] == "Allow" for a in ([s["Action"]] if isinstance(s["Action"], str)
-                                                                       else s["Action"])}
+def assert_policy_allows_every_request(agent: FakeSsmAgent, placeholders: dict[str, str]) -> None:
+    policy = iam_policy.load(Path(__file__).resolve().parents[1] / "deploy" / "iam" / "operator-policy.json",
+                             placeholders)
+    ec2 = moto_client("ec2")
+
+    def tags_of(instance_arn: str) -> dict[str, str]:
+        found = ec2.describe_tags(Filters=[{"Name": "resource-id", "Values": [instance_arn.rsplit("/", 1)[1]]}])
+        return {t["Key"]: t["Value"] for t in found["Tags"]}
+
+    for service, operation, params in agent.requests:
+        for action, resource, context in authorizations(service, operation, params, tags_of=tags_of):
+            assert iam_policy.allows(policy, action, resource, context), (operation, action, resource, context)
 
 
 def test_run_reports_a_failed_remote_command(moto: FakeSsmAgent) -> None:
@@ -144,6 +164,7 @@ def test_run_reports_a_failed_remote_command(moto: FakeSsmAgent) -> None:
 def test_dry_run_uses_ec2_dryrun_and_creates_nothing(moto: FakeSsmAgent) -> None:
     create_instance_profile()
     code, out = cli(*launch_args("it-dry", "--dry-run"))
+    assert_policy_allows_every_request(moto, {})
     assert code == 0, out
     assert "allowed" in out and "nothing was created" in out
     assert moto_client("ec2").describe_instances()["Reservations"] == []

@@ -1,7 +1,7 @@
 """deploy/iam/operator-policy.json judged by the requests it must allow and the ones it must refuse.
 
 RunInstances is authorized per resource it touches (instance, volume, image, subnet, ...), each with
-its own condition keys. `launch_requests` derives those from the exact request `plan_launch` builds,
+its own condition keys. `launch_requests` derives those from the exact request `prepare_launch` builds,
 using only keys that EC2 evaluates for that resource (SUPPORTED_KEYS, from the AWS Service Authorization
 Reference), so the policy is tested against what AWS will really check, not against action names.
 """
@@ -17,12 +17,15 @@ import botocore.session
 import deploy_fixtures
 import iam_policy
 import pytest
+from aws_authorization import ec2_arn as arn
+from aws_authorization import run_instances as launch_requests
 from botocore import xform_name
 from deploy_fixtures import REGION, TRN1_CONFIG, StubbedAws, queue_plan
 
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.capacity import CapacityTarget
-from neuron_ssp.deploy.launch import LaunchOptions, plan_launch
+from neuron_ssp.deploy.launch import prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = iam_policy.load(ROOT / "deploy" / "iam" / "operator-policy.json")
@@ -42,7 +45,7 @@ SUPPORTED_KEYS = {
     ("ec2:RunInstances", "security-group"): set(),
     ("ec2:RunInstances", "key-pair"): set(),
     ("ec2:RunInstances", "capacity-reservation"): set(),
-    ("ec2:CreateTags", "instance"): {"ec2:CreateAction", "aws:RequestTag/"},
+    ("ec2:CreateTags", "instance"): {"ec2:CreateAction", "aws:RequestTag/", "aws:ResourceTag/", "aws:TagKeys"},
     ("ec2:CreateTags", "volume"): {"ec2:CreateAction", "aws:RequestTag/"},
     ("ec2:TerminateInstances", "instance"): {"aws:ResourceTag/"},
     ("ec2:GetConsoleOutput", "instance"): {"aws:ResourceTag/"},
@@ -65,43 +68,7 @@ def planned_params(stubbed: StubbedAws) -> dict[str, Any]:
     options = LaunchOptions(region=REGION, name="trn1", instance_profile="neuron-ssp-instance", key_name="me",
                             subnet_id="subnet-0abc", security_group_ids=("sg-01",),
                             capacity=CapacityTarget("cr-0123456789abcdef0", is_block=True))
-    return plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
-
-
-def arn(resource: str, account: str = ACCOUNT) -> str:
-    return f"arn:aws:ec2:{REGION}:{account}:{resource}"
-
-
-def launch_requests(params: dict[str, Any], image_owner: str = "amazon") -> list[tuple[str, str, dict[str, Any]]]:
-    """(action, resource ARN, condition keys) for each authorization RunInstances with `params` needs."""
-    tags = {spec["ResourceType"]: {t["Key"]: t["Value"] for t in spec["Tags"]} for spec in params["TagSpecifications"]}
-
-    def request_tags(kind: str) -> dict[str, str]:
-        return {f"aws:RequestTag/{k}": v for k, v in tags.get(kind, {}).items()}
-
-    ebs = params["BlockDeviceMappings"][0]["Ebs"]
-    market = params.get("InstanceMarketOptions", {}).get("MarketType", "on-demand")
-    requests = [
-        ("ec2:RunInstances", arn("instance/*"), {
-            **request_tags("instance"), "ec2:InstanceType": params["InstanceType"],
-            "ec2:MetadataHttpTokens": params["MetadataOptions"]["HttpTokens"], "ec2:InstanceMarketType": market}),
-        ("ec2:RunInstances", arn("volume/*"), {
-            **request_tags("volume"), "ec2:Encrypted": str(ebs["Encrypted"]).lower(),
-            "ec2:VolumeType": ebs["VolumeType"]}),
-        ("ec2:RunInstances", arn(f"image/{params['ImageId']}", account=""), {"ec2:Owner": image_owner}),
-        ("ec2:RunInstances", arn(f"subnet/{params['SubnetId']}"), {}),
-        ("ec2:RunInstances", arn("network-interface/*"), {}),
-        *[("ec2:RunInstances", arn(f"security-group/{sg}"), {}) for sg in params["SecurityGroupIds"]],
-        ("ec2:RunInstances", arn(f"key-pair/{params['KeyName']}"), {}),
-        ("ec2:RunInstances", arn("capacity-reservation/" + params["CapacityReservationSpecification"]
-                                 ["CapacityReservationTarget"]["CapacityReservationId"]), {}),
-        *[("ec2:CreateTags", arn(f"{kind}/*"), {**request_tags(kind), "ec2:CreateAction": "RunInstances"})
-          for kind in tags],
-    ]
-    if "IamInstanceProfile" in params:
-        requests.append(("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
-                         {"iam:PassedToService": "ec2.amazonaws.com"}))
-    return requests
+    return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
 
 
 def resource_type(resource_arn: str) -> str:
@@ -162,6 +129,13 @@ def test_the_policy_refuses_launches_outside_its_conditions(stubbed: StubbedAws,
     ("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunPowerShellScript", {}, False),
     ("ec2:CreateTags", arn("instance/i-1"), {"ec2:CreateAction": "RunInstances"}, True),
     ("ec2:CreateTags", arn("instance/i-1"), {}, False),  # retagging an existing instance
+    # `deploy extend`: only the expiry of this tool's instances may be retagged
+    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp",
+                                             "aws:TagKeys": ["neuron-ssp:expires-at"]}, True),
+    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp",
+                                             "aws:TagKeys": ["neuron-ssp:expires-at", "Project"]}, False),
+    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db",
+                                             "aws:TagKeys": ["neuron-ssp:expires-at"]}, False),
     ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance", {"iam:PassedToService": "ec2.amazonaws.com"},
      True),
     ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin", {"iam:PassedToService": "ec2.amazonaws.com"}, False),
@@ -179,8 +153,7 @@ def test_tag_scoped_actions_check_resource_and_conditions(action: str, resource:
 
 _AWS_COMMAND = re.compile(r"\baws (ec2|ssm|sts) ([a-z][a-z0-9-]+)")
 HINT_SOURCES = [ROOT / "deploy" / "README.md", ROOT / "neuron_ssp" / "cli" / "deploy.py",
-                *[ROOT / "neuron_ssp" / "deploy" / f"{name}.py"
-                  for name in ("errors", "capacity", "launch", "ssm_run", "inventory", "bootstrap_wait")]]
+                *sorted((ROOT / "neuron_ssp" / "deploy").glob("*.py"))]
 
 
 def operator_commands() -> set[tuple[str, str]]:
@@ -194,10 +167,17 @@ def iam_action(service: str, command: str) -> str:
     return f"{service}:{by_command[command]}"
 
 
-def test_the_policy_grants_every_call_the_walkthrough_and_hints_suggest() -> None:
+PURCHASE = iam_policy.load(ROOT / "deploy" / "iam" / "capacity-block-purchase-policy.json")
+
+
+def test_the_policy_grants_every_call_the_walkthrough_and_hints_suggest_but_buying() -> None:
     commands = operator_commands()
     # the walkthrough buys a Capacity Block; capacity errors point at other AZs; denials at decoding
     assert {("ec2", "describe-capacity-block-offerings"), ("ec2", "purchase-capacity-block"),
             ("ec2", "describe-instance-type-offerings"), ("sts", "decode-authorization-message")} <= commands
     missing = sorted(a for a in (iam_action(*c) for c in commands) if not iam_policy.grants_action(POLICY, a))
-    assert missing == []
+    # a non-refundable purchase the code never makes: only the separate opt-in policy grants it
+    assert missing == ["ec2:PurchaseCapacityBlock"]
+    block = arn("capacity-reservation/cr-0123456789abcdef0")
+    assert iam_policy.allows(PURCHASE, "ec2:PurchaseCapacityBlock", block, {})
+    assert iam_policy.actions(PURCHASE) == ["ec2:PurchaseCapacityBlock"]

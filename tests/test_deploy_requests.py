@@ -34,13 +34,14 @@ from deploy_fixtures import (
     queue_run_instances,
     queue_running,
 )
-from rich.console import Console
 
 from neuron_ssp.config import config_from_dict, load_config
 from neuron_ssp.deploy import ami
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation
 from neuron_ssp.deploy.inventory import Deployment
-from neuron_ssp.deploy.launch import LaunchOptions, execute_launch, plan_launch
+from neuron_ssp.deploy.launch import execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions
+from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.ssm_run import S3Location, bash_commands, run_remote
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
 from neuron_ssp.errors import RuntimeProblem, UsageError
@@ -48,7 +49,7 @@ from neuron_ssp.errors import RuntimeProblem, UsageError
 NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
 TOKEN = "neuron-ssp-0123456789abcdef"
 BLOCK = "cr-0123456789abcdef0"
-QUIET = Console(quiet=True)
+QUIET = Silent()
 
 # fixtures of this module (assigned, not imported, so test parameters may share their names)
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -82,7 +83,7 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
         "BlockDeviceMappings": [{"DeviceName": "/dev/sda1",
                                  "Ebs": {"VolumeSize": 512, "VolumeType": "gp3", "Iops": 4000, "Throughput": 1000,
                                          "Encrypted": True, "DeleteOnTermination": True}}],
-        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "InstanceMetadataTags": "enabled"},
         "IamInstanceProfile": {"Name": "neuron-ssp-instance"},
         "CapacityReservationSpecification": {"CapacityReservationTarget": {"CapacityReservationId": BLOCK}},
         "InstanceMarketOptions": {"MarketType": "capacity-block"},
@@ -97,8 +98,8 @@ def test_capacity_block_launch_sends_the_exact_run_instances_request(stubbed: St
     queue_running(stubbed)
     queue_bootstrap(stubbed, "weights", "ready")  # launch returns only once the bootstrap says ready
 
-    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
-    deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), console=QUIET)
+    plan = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW, client_token=TOKEN)
+    deployment = execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
 
     assert deployment.instance_id == INSTANCE_ID and deployment.hourly_usd == 21.50
     assert plan.in_capacity_block and plan.max_cost_usd is None  # prepaid: no on-demand worst case
@@ -110,7 +111,7 @@ def test_on_demand_request_uses_the_given_network_and_no_market_options(stubbed:
                             key_name="me", instance_profile="arn:aws:iam::123456789012:instance-profile/p",
                             volume_gb=300, ttl_hours=2.5)
     queue_plan(stubbed, "llama2-70b-7b-inf2-bf16")
-    plan = plan_launch(load_config(INF2_CONFIG), INF2_CONFIG, options, stubbed.clients, now=NOW)
+    plan = prepare_launch(load_config(INF2_CONFIG), INF2_CONFIG, options, stubbed.clients, now=NOW)
 
     params = plan.params
     assert plan.name == "llama2-70b-7b-inf2-bf16" and params["InstanceType"] == "inf2.48xlarge"
@@ -131,7 +132,7 @@ def test_root_volume_is_encrypted_with_the_given_kms_key_and_fast_enough_for_the
     key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
     queue_plan(stubbed, "x")
     options = LaunchOptions(region=REGION, kms_key=key)
-    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    params = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
     (root,) = params["BlockDeviceMappings"]
     assert root["Ebs"]["Encrypted"] is True and root["Ebs"]["KmsKeyId"] == key
     assert root["Ebs"]["VolumeSize"] >= 512 and root["Ebs"]["Throughput"] == 1000 and root["Ebs"]["Iops"] == 4000
@@ -150,7 +151,7 @@ def test_root_volume_is_encrypted_with_the_given_kms_key_and_fast_enough_for_the
 def test_too_small_trn1_volume_and_bad_kms_key_are_refused(stubbed: StubbedAws, options: dict, field: str,
                                                             rule: str) -> None:
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, LaunchOptions(region=REGION, **options), stubbed.clients)
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, LaunchOptions(region=REGION, **options), stubbed.clients)
     assert [(p.field, rule in p.rule) for p in raised.value.problems] == [(field, True)]
     stubbed.assert_done()  # refused before any AWS call
 
@@ -160,7 +161,7 @@ def test_capacity_reservation_targets_it_without_capacity_block_market(stubbed: 
     options = LaunchOptions(region=REGION, subnet_id="subnet-0abc",
                             capacity=CapacityTarget(BLOCK, is_block=False))
     queue_plan(stubbed, "x", reservation=reservation)
-    params = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
+    params = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
     assert params["CapacityReservationSpecification"] == {
         "CapacityReservationTarget": {"CapacityReservationId": BLOCK}}
     assert "InstanceMarketOptions" not in params and "Placement" not in params
@@ -178,14 +179,14 @@ def test_unusable_reservations_are_refused_before_launch(stubbed: StubbedAws, ov
     stubbed.sts.deactivate()  # planning stops at the reservation
     options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=is_block))
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
     assert any(rule in p.rule for p in raised.value.problems)
 
 
 def test_block_ending_before_the_ttl_is_a_warning(stubbed: StubbedAws) -> None:
     queue_plan(stubbed, "x", reservation=block_reservation(EndDate=NOW + timedelta(hours=1)))
     options = LaunchOptions(region=REGION, capacity=CapacityTarget(BLOCK, is_block=True))
-    plan = plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
+    plan = prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW)
     assert any("before the TTL" in w for w in plan.warnings)
 
 
@@ -274,7 +275,7 @@ def test_invalid_configs_are_refused_before_any_aws_call(stubbed: StubbedAws, tm
                                                          sections: dict, field: str) -> None:
     path = write_config(tmp_path, **sections)
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(path), path, LaunchOptions(region=REGION), stubbed.clients)
+        prepare_launch(load_config(path), path, LaunchOptions(region=REGION), stubbed.clients)
     assert any(p.field.startswith(field) for p in raised.value.problems)
     stubbed.assert_done()  # nothing was queued and nothing was called
 
@@ -284,7 +285,7 @@ def test_bad_flags_are_all_reported_at_once(stubbed: StubbedAws, tmp_path: Path)
     options = LaunchOptions(region=REGION, ttl_hours=0, volume_gb=20, weights_s3_uri="bucket/models",
                             output_s3_uri="s3://out-bucket/runs")
     with pytest.raises(UsageError) as raised:
-        plan_launch(load_config(path), path, options, stubbed.clients)
+        prepare_launch(load_config(path), path, options, stubbed.clients)
     fields = [p.field for p in raised.value.problems]
     assert fields == ["--ttl-hours", "--volume-gb", "--weights-s3-uri", "--output-s3-uri"]
 
@@ -296,7 +297,8 @@ def spec(**overrides: object) -> BootstrapSpec:
     config = load_config(TRN1_CONFIG)
     values = {"deployment": "trn1-test", "region": REGION,
               "config_yaml": yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
-              "model_paths": ("/opt/models/Llama-2-70b-hf", "/opt/models/Llama-2-7b-hf"), "ttl_hours": 4.0,
+              "model_paths": ("/opt/models/Llama-2-70b-hf", "/opt/models/Llama-2-7b-hf"),
+              "expires_at": NOW + timedelta(hours=4),
               "package_spec": "neuron-ssp==0.1.0", "weights_s3_uri": "s3://weights/models/",
               "hf_token": HfTokenSource("secretsmanager", "neuron-ssp/hf-token"), **overrides}
     return BootstrapSpec(**values)  # type: ignore[arg-type]
@@ -305,8 +307,9 @@ def spec(**overrides: object) -> BootstrapSpec:
 def test_user_data_is_valid_bash_with_ttl_venv_weights_and_no_secret() -> None:
     script = render(spec())
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    assert "shutdown -h +240" in script
-    assert script.index("shutdown -h") < script.index("source /opt/aws_neuronx_venv_pytorch_2_7_transformers")
+    assert "echo 2025-08-01T16:00:00Z > /var/lib/neuron-ssp/expires-at" in script
+    expiry = script.index("systemctl enable --now neuron-ssp-expiry.timer")
+    assert expiry < script.index("source /opt/aws_neuronx_venv_pytorch_2_7_transformers")  # before it can fail
     assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-70b-hf/ /opt/models/Llama-2-70b-hf" in script
     assert "aws s3 sync --only-show-errors s3://weights/models/Llama-2-7b-hf/ /opt/models/Llama-2-7b-hf" in script
     assert "secretsmanager get-secret-value --secret-id neuron-ssp/hf-token" in script
@@ -329,6 +332,7 @@ def test_user_data_with_ssm_token_and_without_weights() -> None:
 
 
 HF_TOKEN = "hf_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd6Pf1Hs5Jy0Ga4Ue"  # the shape of a real token, valid for nothing
+GITHUB_TOKEN = "ghp_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd6Pf1Hs5Jy0Ga4UeXy"  # likewise: 36 characters after ghp_
 
 
 def decoded_user_data(script: str) -> str:
@@ -348,7 +352,7 @@ def test_a_real_token_in_the_environment_never_reaches_user_data(stubbed: Stubbe
     options = LaunchOptions(region=REGION, instance_profile="p",
                             hf_token=HfTokenSource("secretsmanager", "neuron-ssp/hf"))
     user_data = decoded_user_data(
-        plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params["UserData"])
+        prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params["UserData"])
     assert "--secret-id neuron-ssp/hf" in user_data  # the token's source went through the render path ...
     assert HF_TOKEN not in user_data and HF_TOKEN[3:] not in user_data  # ... the token itself did not
 
@@ -357,6 +361,12 @@ def test_a_real_token_in_the_environment_never_reaches_user_data(stubbed: Stubbe
     ({"config_yaml": f"name: team-{HF_TOKEN}\n"}, "config"),
     ({"config_yaml": "neuron:\n  compile_cache_url: https://bob:s3cr3t@cache.example.com/neuron\n"}, "config"),
     ({"package_spec": f"git+https://x-token:{HF_TOKEN}@github.com/me/neuron-ssp"}, "--package-spec"),
+    # a token alone as the URL's user name: no password part, still a credential
+    ({"package_spec": f"git+https://{GITHUB_TOKEN}@github.com/me/neuron-ssp"}, "--package-spec"),
+    ({"package_spec": "git+https://deploy-bot@github.com/me/neuron-ssp"}, "--package-spec"),
+    ({"config_yaml": f"name: t\n# {GITHUB_TOKEN}\n"}, "config"),
+    ({"config_yaml": "name: t\n# github_pat_11ABCDEFG0123456789abcdef_0123456789ABCDEFabcdef\n"}, "config"),
+    ({"weights_s3_uri": "s3://weights/glpat-Zq7Lm2Xv9Rt4Wb8Nc3Kd/"}, "--weights-s3-uri"),
 ])
 def test_a_credential_in_what_goes_into_user_data_is_refused_without_echoing_it(overrides: dict,
                                                                                   field: str) -> None:
@@ -364,6 +374,12 @@ def test_a_credential_in_what_goes_into_user_data_is_refused_without_echoing_it(
         render(spec(**overrides))
     assert field in [p.field for p in raised.value.problems]
     assert HF_TOKEN not in str(raised.value) and "s3cr3t" not in str(raised.value)
+    assert GITHUB_TOKEN not in str(raised.value)
+
+
+def test_plain_urls_and_s3_uris_are_not_taken_for_credentials() -> None:
+    script = render(spec(package_spec="git+https://github.com/me/neuron-ssp@v0.1.0", weights_s3_uri="s3://w/m/"))
+    assert "github.com/me/neuron-ssp@v0.1.0" in script
 
 
 def test_oversized_user_data_is_a_usage_error() -> None:
@@ -399,7 +415,7 @@ def test_cancelling_is_waited_through_until_the_command_is_cancelled(stubbed: St
         stubbed.ssm.add_response("get_command_invocation", {"Status": status, "ResponseCode": -1},
                                  {"CommandId": command_id, "InstanceId": INSTANCE_ID})
     result = run_remote(stubbed.clients.ssm, stubbed.clients.s3, deployment, bash_commands(["true"]), output=None,
-                        timeout_s=60, pacing=instant_pacing(), console=QUIET, what="run")
+                        timeout_s=60, pacing=instant_pacing(), progress=QUIET, what="run")
     assert result.status == "Cancelled"
     stubbed.assert_done()
 
@@ -446,3 +462,28 @@ def test_the_cli_imports_without_boto3() -> None:
     modules = "neuron_ssp.cli.deploy, neuron_ssp.deploy.launch, neuron_ssp.deploy.ssm_run, neuron_ssp.deploy.teardown"
     code = f"import sys; sys.modules['boto3'] = sys.modules['botocore'] = None; import {modules}"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_deploy_library_imports_without_rich() -> None:
+    """Printing is the CLI's job: every module of neuron_ssp.deploy reports progress through a callback."""
+    import pkgutil
+
+    import neuron_ssp.deploy
+
+    names = [m.name for m in pkgutil.walk_packages(neuron_ssp.deploy.__path__, "neuron_ssp.deploy.")]
+    assert "neuron_ssp.deploy.launch" in names and "neuron_ssp.deploy.sagemaker.create" in names
+    code = f"import sys; sys.modules['rich'] = None; import {', '.join(names)}"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_planning_is_pure_given_the_looked_up_facts() -> None:
+    """The same facts give the same request, with no AWS client in reach."""
+    from neuron_ssp.deploy.ami import Ami
+    from neuron_ssp.deploy.launch_plan import LaunchFacts, plan_launch
+
+    facts = LaunchFacts(REGION, Ami(PINNED_PICK, "DLAMI", "2025-10-20", "/dev/sda1", "pinned"), OWNER_ARN)
+    options = LaunchOptions(region=REGION, name="pure", instance_profile="p")
+    plans = [plan_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, facts, now=NOW, client_token=TOKEN)
+             for _ in range(2)]
+    assert plans[0] == plans[1] and plans[0].params["ImageId"] == PINNED_PICK
+    assert plans[0].expires_at == NOW + timedelta(hours=4) and plans[0].client_token == TOKEN

@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 from conftest import TableBackend
-from scipy import stats
+from lossless_support import chi_square_p_value
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
@@ -41,18 +41,6 @@ def models() -> tuple[TableBackend, TableBackend]:
     """A target and a draft that differ (see the last test) yet agree often enough to reach the bonus."""
     target = TableBackend(VOCAB, seed=0)
     return target, target.perturbed(1.2, seed=1)
-
-
-def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Pearson chi-square goodness of fit; cells with an expected count < 5 pooled into one."""
-    n = float(observed.sum())
-    expected = expected_probs * n
-    keep = expected >= 5
-    obs = torch.cat([observed[keep], observed[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    nonzero = exp > 0
-    obs, exp = obs[nonzero], exp[nonzero]
-    return float(stats.chisquare(obs.numpy(), exp.numpy() * (obs.sum() / exp.sum()).item()).pvalue)
 
 
 def exact_pair_distributions(target: TableBackend, params: SamplingParams) -> list[torch.Tensor]:

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from neuron_support import VOCAB, neuron_config, prompt
+from neuron_support import VOCAB, check_self_draft_accepts_everything, neuron_config, prompt, speculative
 from transformers import LlamaForCausalLM
 
 from neuron_ssp.backends.base import ModelBackend
@@ -16,7 +16,7 @@ from neuron_ssp.backends.neuron.api import SUPPORTED, load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.torch.load import dtype_kwarg
 from neuron_ssp.config import Config
-from neuron_ssp.drafters import ModelDrafter, NgramDrafter
+from neuron_ssp.drafters import ModelDrafter
 from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
@@ -228,15 +228,6 @@ def test_scoring_past_the_compiled_positions_is_refused(neuronx: ModuleType, tin
 # ---------------------------------------------------------------- the generator on Neuron backends
 
 
-def speculative(config: Config, target, draft, acceptor) -> SpeculativeGenerator:
-    rng = torch.Generator()
-    drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
-        else NgramDrafter(target.vocab_size)
-    return SpeculativeGenerator(
-        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k, rng
-    )
-
-
 @pytest.mark.parametrize("policy", ["fixed", "adaptive", "draft-confidence"])
 def test_greedy_speculative_output_equals_plain_greedy(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path], policy: str
@@ -255,10 +246,7 @@ def test_greedy_speculative_output_equals_plain_greedy(
 def test_draft_equal_to_target_accepts_every_draft(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
     config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"])
     target, draft = load(config)
-    ids = prompt(7)
-    ssp = speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24)
-    assert ssp.tokens == plain_generate(target, ids, 24, config.sampling).tokens
-    assert ssp.stats.acceptance_rate == 1.0
+    check_self_draft_accepts_everything(config, target, draft)
 
 
 def test_cache_ids_sent_at_every_step(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:

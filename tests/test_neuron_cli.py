@@ -36,7 +36,7 @@ def test_doctor_says_no_neuron_device_and_what_still_works(no_neuron_here: None)
     assert "No Neuron device on this machine" in text
     assert "Still works here:" in text and "torch reference backend" in text
     assert all(name in text for name in ("generate", "validate", "plan"))
-    assert "Needs an inf2/trn1 instance: compile, and any config with platform.backend: neuron" in text
+    assert "Needs an inf2/trn1/trn2 instance: compile, and any config with platform.backend: neuron" in text
     assert "transformers-neuronx does not import" in text and "pip.repos.neuron.amazonaws.com" in text
 
 
@@ -50,7 +50,8 @@ def test_doctor_json_checks_configs_against_a_given_instance(no_neuron_here: Non
     status = {Path(row["config"]).name: row["status"] for row in report["configs"]}
     assert status["default.yaml"] == "runs here"
     neuron_rows = [s for name, s in status.items() if name != "default.yaml"]
-    assert neuron_rows and set(neuron_rows) <= {"fits", "not valid here", "made for trn1.32xlarge"}
+    made_for = {"made for trn1.32xlarge", "made for trn2.48xlarge"}
+    assert neuron_rows and set(neuron_rows) <= {"fits", "not valid here", *made_for}
     if "llama2-70b-7b-inf2-bf16.yaml" in status:
         assert status["llama2-70b-7b-inf2-bf16.yaml"] == "fits"
 

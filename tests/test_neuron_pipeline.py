@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-from neuron_support import VOCAB, neuron_config
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from neuron_support import neuron_config, with_tokenizer
 
 from neuron_ssp.pipeline.load import load_pipeline
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
-
-
-def with_tokenizer(model_dir: Path, tmp_path: Path) -> Path:
-    """A copy of a tiny model dir plus a word-level tokenizer over its vocabulary."""
-    target = tmp_path / model_dir.name
-    shutil.copytree(model_dir, target)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(target)
-    return target
 
 
 @pytest.mark.parametrize("engine", ["native", "library"])

@@ -61,12 +61,22 @@ def queue_name_free(stubs: StubbedSageMaker, exists: str | None = None) -> None:
         if operation == exists:
             stubs.sagemaker.add_response(operation, described(NAME, "InService"), {key: NAME})
             continue
-        stubs.sagemaker.add_client_error(
-            operation,
-            service_error_code="ValidationException",
-            service_message=f"Could not find {key} '{NAME}'.",
-            expected_params={key: NAME},
-        )
+        queue_not_found(stubs, operation, key)
+
+
+def queue_not_found(stubs: StubbedSageMaker, operation: str, key: str) -> None:
+    stubs.sagemaker.add_client_error(
+        operation,
+        service_error_code="ValidationException",
+        service_message=f"Could not find {key} '{NAME}'.",
+        expected_params={key: NAME},
+    )
+
+
+def refuse_create_endpoint(stubs: StubbedSageMaker, code: str, message: str, status: int = 400) -> None:
+    """Model and endpoint config are created; CreateEndpoint gets `code` back."""
+    queue_created(stubs, upto="config")
+    client_error(stubs.sagemaker, "create_endpoint", code, message, status)
 
 
 def create(*extra: str) -> tuple[int, str]:
@@ -172,15 +182,25 @@ def test_keep_on_failure_deletes_nothing_and_says_what_bills(stubs: StubbedSageM
     stubs.assert_done()  # no delete_* was queued, so none was called
 
 
-def test_ctrl_c_while_waiting_deletes_what_was_created(
-    stubs: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def interrupt(_: float) -> None:
-        raise KeyboardInterrupt
+def interrupt(*_: object, **__: object) -> None:
+    raise KeyboardInterrupt
 
+
+def ctrl_c_while_waiting(stubs: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(endpoint_cli, "PACING", endpoint_cli.Pacing(interval_s=30, sleep=interrupt))
     queue_created(stubs)
     stubs.sagemaker.add_response("describe_endpoint", described(NAME, "Creating"), {"EndpointName": NAME})
+
+
+def ctrl_c_during_create_endpoint(stubs: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After SageMaker took the request, before its answer was read: the endpoint exists, unconfirmed."""
+    queue_created(stubs)
+    stubs.clients.sagemaker.meta.events.register("after-call.sagemaker.CreateEndpoint", interrupt)
+
+
+@pytest.mark.parametrize("ctrl_c", [ctrl_c_while_waiting, ctrl_c_during_create_endpoint])
+def test_ctrl_c_deletes_what_was_created(stubs: StubbedSageMaker, monkeypatch: pytest.MonkeyPatch, ctrl_c) -> None:
+    ctrl_c(stubs, monkeypatch)
     queue_cleanup(stubs)
     code, out = create()
     assert code == 1, out
@@ -197,6 +217,7 @@ def test_access_denied_names_the_action_and_the_policy_file(stubs: StubbedSageMa
         f"User: arn:aws:iam::{ACCOUNT}:user/alice is not authorized to perform: sagemaker:CreateModel",
         403,
     )
+    queue_not_found(stubs, "describe_model", "ModelName")  # the request was sent: cleanup looks it up
     code, out = create()
     assert code == 1, out
     assert "sagemaker:CreateModel" in out and "deploy/iam/sagemaker-operator-policy.json" in out
@@ -205,15 +226,14 @@ def test_access_denied_names_the_action_and_the_policy_file(stubs: StubbedSageMa
 
 
 def test_quota_exceeded_names_the_quota_to_request_and_cleans_up(stubs: StubbedSageMaker) -> None:
-    queue_created(stubs, upto="config")
-    client_error(
-        stubs.sagemaker,
-        "create_endpoint",
+    refuse_create_endpoint(
+        stubs,
         "ResourceLimitExceeded",
         "The account-level service limit 'ml.inf2.48xlarge for endpoint usage' is 0 Instances, with current "
         "utilization of 0 Instances and a request delta of 1 Instances. Please use AWS Service Quotas to "
         "request an increase for this quota.",
     )
+    queue_not_found(stubs, "describe_endpoint", "EndpointName")
     queue_cleanup(stubs, endpoint=False)
     code, out = create()
     assert code == 1, out
@@ -276,3 +296,27 @@ def test_a_name_in_use_is_refused_before_anything_is_created(patched: StubbedSag
     assert code == 2, out
     assert "already in use in us-east-1: endpoint (InService)" in out and f"deploy endpoint delete {NAME}" in out
     patched.assert_done()  # no create_* was queued, so none was called
+
+
+def test_an_endpoint_whose_create_answer_was_lost_is_found_and_deleted(stubs: StubbedSageMaker) -> None:
+    """botocore's retry of a timed-out CreateEndpoint is told "already existing": the first one went through."""
+    refuse_create_endpoint(
+        stubs,
+        "ValidationException",
+        f'Cannot create already existing endpoint "arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{NAME}".',
+    )
+    queue_cleanup(stubs)  # the endpoint is looked up, found and deleted, then config and model
+    code, out = create()
+    assert code == 1, out
+    assert "deleted what was created (endpoint, endpoint config, model); nothing is left billing" in out
+    stubs.assert_done()
+
+
+def test_a_refused_create_endpoint_is_looked_up_and_only_what_exists_is_deleted(stubs: StubbedSageMaker) -> None:
+    refuse_create_endpoint(stubs, "AccessDeniedException", "not authorized", 403)
+    queue_not_found(stubs, "describe_endpoint", "EndpointName")
+    queue_cleanup(stubs, endpoint=False)
+    code, out = create()
+    assert code == 1, out
+    assert "deleted what was created (endpoint config, model); nothing is left billing" in out
+    stubs.assert_done()

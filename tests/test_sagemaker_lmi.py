@@ -1,9 +1,7 @@
 """`deploy endpoint render --engine lmi`: option names from djl-serving's source, and refusals.
 
-Option names as defined at the parent (afece25d) of djl-serving commit 1132e3ab:
-`engines/python/setup/djl_python/properties_manager/tnx_properties.py` (TransformerNeuronXProperties),
-its base `properties.py` (model_id, tensor_parallel_degree, rolling_batch, max_rolling_batch_size) and
-`serving/docs/lmi/user_guides/tnx_user_guide.md` (entryPoint, model_loading_timeout in its template).
+Option names as defined at the parent (afece25d) of djl-serving commit 1132e3ab: each name below carries
+the file and line it was read from (`DJL_TNX_OPTIONS`).
 """
 
 from __future__ import annotations
@@ -22,25 +20,31 @@ from neuron_ssp.deploy.sagemaker.lmi import lmi_options
 aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 ROOT = Path(__file__).resolve().parents[1]
-NEURON_CONFIGS = sorted(
+NEURON_CONFIGS = sorted(  # LMI's Neuron engine is transformers-neuronx: the NxD Inference configs are not LMI's
     p
     for p in (ROOT / "configs").glob("*.yaml")
-    if yaml.safe_load(p.read_text()).get("platform", {}).get("backend") == "neuron"
+    if (data := yaml.safe_load(p.read_text())).get("platform", {}).get("backend") == "neuron"
+    and data.get("neuron", {}).get("library", "transformers-neuronx") == "transformers-neuronx"
 )
+# Every option name LMI is given, with where it was read in deepjavalibrary/djl-serving at afece25d (the parent
+# of 1132e3ab, which removed Neuron support): file and line of its definition or of its use in the template.
+PROPERTIES = "engines/python/setup/djl_python/properties_manager/properties.py"
+TNX_PROPERTIES = "engines/python/setup/djl_python/properties_manager/tnx_properties.py"
+TNX_GUIDE = "serving/docs/lmi/user_guides/tnx_user_guide.md"
 DJL_TNX_OPTIONS = {
-    "entryPoint",
-    "model_id",
-    "tensor_parallel_degree",
-    "n_positions",
-    "dtype",
-    "rolling_batch",
-    "max_rolling_batch_size",
-    "speculative_draft_model",
-    "speculative_length",
-    "draft_model_tp_size",
-    "model_loading_timeout",
-    "compiled_graph_path",
-    "draft_model_compiled_path",
+    "entryPoint": (TNX_GUIDE, 57),  # option.entryPoint=djl_python.transformers_neuronx
+    "model_id": (PROPERTIES, 98),  # read as properties.get("model_id") into model_id_or_path
+    "tensor_parallel_degree": (PROPERTIES, 50),
+    "rolling_batch": (PROPERTIES, 49),
+    "max_rolling_batch_size": (PROPERTIES, 55),
+    "model_loading_timeout": (TNX_GUIDE, 62),  # option.model_loading_timeout=1600
+    "n_positions": (TNX_PROPERTIES, 109),
+    "dtype": (TNX_PROPERTIES, 108),
+    "compiled_graph_path": (TNX_PROPERTIES, 119),
+    "draft_model_compiled_path": (TNX_PROPERTIES, 120),
+    "speculative_draft_model": (TNX_PROPERTIES, 121),
+    "speculative_length": (TNX_PROPERTIES, 122),
+    "draft_model_tp_size": (TNX_PROPERTIES, 123),
 }
 
 
@@ -61,7 +65,7 @@ def test_render_lmi_serving_properties(config_path: Path) -> None:
     lines = [line for line in out.splitlines() if line and not line.startswith("#")]
     assert lines[0] == "engine=Python"
     options = dict(line.removeprefix("option.").split("=", 1) for line in lines[1:])
-    assert set(options) <= DJL_TNX_OPTIONS
+    assert set(options) <= set(DJL_TNX_OPTIONS)
     assert options["speculative_length"] == str(config.speculation.k)  # the tnx window k, not k-1
     assert options["tensor_parallel_degree"] == str(config.target.tp_degree)
     assert options["draft_model_tp_size"] == str(config.draft.tp_degree)
@@ -80,13 +84,29 @@ def test_render_env_form_and_model_root() -> None:
     assert env["OPTION_ENTRYPOINT"] == "djl_python.transformers_neuronx"
 
 
-def test_compile_cache_becomes_lmis_compiled_graph_paths(tmp_path: Path) -> None:
+def test_an_s3_compile_cache_becomes_lmis_compiled_graph_paths(tmp_path: Path) -> None:
     data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
-    data["neuron"]["compile_cache_url"] = "/opt/ml/model/neff-cache"
+    data["neuron"]["compile_cache_url"] = "s3://my-artifacts/neff-cache"
     path = tmp_path / "cache.yaml"
     path.write_text(yaml.safe_dump(data))
     options = lmi_options(load_config(path)).options
-    assert options["compiled_graph_path"] == options["draft_model_compiled_path"] == "/opt/ml/model/neff-cache"
+    assert options["compiled_graph_path"] == options["draft_model_compiled_path"] == "s3://my-artifacts/neff-cache"
+
+
+# djl-serving afece25d, tnx_properties.py compiled_path_validator (lines 227-239): a value that is not
+# s3://bucket/key must be an existing directory (else ValueError), and neuron_utils/model_loader.py
+# maybe_compile_model (lines 392-397) then calls model.load(dir): a transformers-neuronx save() layout,
+# which a NEFF compile cache is not.
+@pytest.mark.parametrize("cache", ["/opt/ml/model/neff-cache", "/var/tmp/neuron-compile-cache", "s3://bucket-only"])
+def test_a_compile_cache_lmi_cannot_read_is_refused(tmp_path: Path, cache: str) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["neuron"]["compile_cache_url"] = cache
+    path = tmp_path / "cache.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out = render(str(path), "--engine", "lmi")
+    assert code == 2 and "neuron.compile_cache_url" in out and "model.load" in out, out
+    if not cache.startswith("s3://"):
+        assert render(str(path), "--engine", "neuron-ssp")[0] == 0  # our engine uses it as a local cache
 
 
 def test_a_config_lmi_cannot_express_is_refused_with_every_reason(tmp_path: Path) -> None:

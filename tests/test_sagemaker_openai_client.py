@@ -60,3 +60,17 @@ def test_chat_completion_goes_to_invocations_signed_for_sagemaker() -> None:
     again.context["timestamp"] = request.headers["x-amz-date"]
     signer.add_auth(again)
     assert again.headers["Authorization"] == authorization
+
+
+def test_a_route_that_is_not_post_is_refused_before_anything_is_signed_or_sent() -> None:
+    """SageMaker's /invocations takes POST only; a GET (models.list) would be signed as a POST and refused."""
+    import pytest
+
+    sent: list[httpx.Request] = []
+    session = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret",
+                                    region_name="us-east-1")
+    client = sagemaker_openai_client("my-endpoint", "us-east-1", session,
+                                     transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200)))
+    with pytest.raises(ValueError, match="GET /models: a SageMaker endpoint takes only POST"):
+        client.models.list()
+    assert sent == []

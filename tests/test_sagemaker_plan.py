@@ -11,7 +11,7 @@ import deploy_fixtures
 import pytest
 import yaml
 from click.testing import CliRunner
-from sagemaker_fixtures import EXECUTION_ROLE, INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_plan, granted_actions
+from sagemaker_fixtures import INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_plan
 
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
@@ -135,38 +135,6 @@ def test_invocations_target_needs_a_latency_or_a_value() -> None:
     assert target_for("invocations", 12.0, None)[0] == 12.0
 
 
-def test_execution_role_reads_models_pulls_images_writes_logs_and_nothing_else() -> None:
-    granted = granted_actions(EXECUTION_ROLE)
-    assert granted == {
-        "s3:GetObject",
-        "s3:ListBucket",
-        "ecr:GetAuthorizationToken",
-        "ecr:BatchGetImage",
-        "ecr:GetDownloadUrlForLayer",
-        "ecr:BatchCheckLayerAvailability",
-        "logs:CreateLogGroup",
-        "logs:CreateLogStream",
-        "logs:PutLogEvents",
-        "logs:DescribeLogStreams",
-    }
-    trust = json.loads((ROOT / "deploy" / "iam" / "sagemaker-execution-trust.json").read_text())
-    assert trust["Statement"][0]["Principal"] == {"Service": "sagemaker.amazonaws.com"}
-
-
-def test_operator_policy_scopes_creation_by_tag_and_instance_type() -> None:
-    policy = json.loads((ROOT / "deploy" / "iam" / "sagemaker-operator-policy.json").read_text())
-    by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    config = by_sid["CreateOnlyTaggedNeuronEndpointConfigs"]["Condition"]
-    assert config["StringEquals"] == {"aws:RequestTag/Project": "neuron-ssp"}
-    assert config["ForAllValues:StringLike"]["sagemaker:InstanceTypes"] == ["ml.inf2.*", "ml.trn1.*", "ml.trn1n.*"]
-    manage = by_sid["ManageOnlyResourcesOfThisTool"]
-    assert "sagemaker:DeleteEndpoint" in manage["Action"]
-    assert manage["Condition"]["StringEquals"] == {"aws:ResourceTag/Project": "neuron-ssp"}
-    assert by_sid["PassOnlyTheSageMakerExecutionRole"]["Condition"]["StringEquals"] == {
-        "iam:PassedToService": "sagemaker.amazonaws.com"
-    }
-
-
 def test_image_build_prints_the_command_without_docker(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(image, "docker_available", lambda: False)
@@ -185,14 +153,33 @@ def test_image_build_runs_docker_and_reports_its_failure(monkeypatch: pytest.Mon
     assert calls == [["docker", "build", "-f", "deploy/sagemaker/Dockerfile", "-t", "neuron-ssp:t", "."]]
 
 
-def test_dockerfile_pins_the_last_dlc_with_transformers_neuronx_and_runs_serve_sagemaker() -> None:
-    dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
-    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M).group(1)
-    assert base == "public.ecr.aws/neuron/pytorch-inference-neuronx:2.7.0-neuronx-py310-sdk2.25.0-ubuntu22.04"
-    assert "FROM ${BASE_IMAGE}" in dockerfile and "latest" not in base
-    assert 'ENTRYPOINT ["/usr/local/bin/serve"]' in dockerfile
-    entry = (ROOT / "deploy" / "sagemaker" / "serve").read_text()
-    assert "neuron-ssp serve --sagemaker --config" in entry and "NEURON_SSP_CONFIG" in entry
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Dockerfile, continuation lines joined, comments dropped."""
+    text = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def test_the_image_runs_the_tested_entrypoint_on_a_dlc_of_the_last_sdk_with_transformers_neuronx() -> None:
+    """Read as docker would: the ENTRYPOINT is the `serve` script the next test runs, copied and made
+    executable; the base is a Neuron DLC, pinned by tag, of a Neuron SDK no newer than the DLAMI pin's
+    (transformers-neuronx left both with SDK 2.26)."""
+    from neuron_ssp.deploy.ami import PINNED
+
+    steps = dockerfile_instructions()
+    args = dict(a.split("=", 1) for op, a in steps if op == "ARG" and "=" in a)
+    (base,) = [a for op, a in steps if op == "FROM"]
+    image = base.replace("${BASE_IMAGE}", args["BASE_IMAGE"])
+    registry, tag = image.rsplit(":", 1)
+    assert registry == "public.ecr.aws/neuron/pytorch-inference-neuronx" and tag != "latest"
+    sdk = re.search(r"-sdk(\d+)\.(\d+)", tag)
+    assert sdk is not None and tuple(map(int, sdk.groups())) <= tuple(map(int, PINNED.sdk.split(".")))
+    copied = {a.split()[-1]: a.split()[:-1] for op, a in steps if op == "COPY"}
+    (entrypoint,) = json.loads(next(a for op, a in steps if op == "ENTRYPOINT"))
+    assert copied[entrypoint] == ["deploy/sagemaker/serve"] and (ROOT / "deploy/sagemaker/serve").is_file()
+    assert any(op == "RUN" and "chmod" in a and "755" in a and entrypoint in a for op, a in steps)
+    # the build fails unless the DLC's transformers-neuronx and our package import together
+    assert any(op == "RUN" and "import transformers_neuronx, neuron_ssp" in a for op, a in steps)
 
 
 def test_container_config_round_trips_through_the_loader(tmp_path: Path) -> None:
@@ -229,8 +216,7 @@ def test_entrypoint_drops_sagemakers_serve_argument_and_writes_the_config(tmp_pa
 def test_build_context_sends_only_what_the_dockerfile_copies() -> None:
     ignore = (ROOT / "deploy" / "sagemaker" / "Dockerfile.dockerignore").read_text().split()
     kept = {line[1:] for line in ignore if line.startswith("!")}
-    dockerfile = (ROOT / "deploy" / "sagemaker" / "Dockerfile").read_text()
-    copied = {p for line in dockerfile.splitlines() if line.startswith("COPY ") for p in line.split()[1:-1]}
+    copied = {p for op, a in dockerfile_instructions() if op == "COPY" for p in a.split()[:-1]}
     assert "*" in ignore and copied == kept
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import boto3
 import deploy_fixtures
 import pytest
 import sagemaker_fixtures
@@ -22,8 +23,8 @@ from sagemaker_fixtures import (
     instant_pacing,
 )
 
-from neuron_ssp.cli import endpoint as endpoint_cli
 from neuron_ssp.cli import main
+from neuron_ssp.deploy.progress import Silent
 from neuron_ssp.deploy.sagemaker import create, teardown
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 
@@ -93,7 +94,7 @@ def test_model_has_network_isolation_and_s3_prefix_and_the_variant_long_timeouts
     stubs.sagemaker.add_response("describe_endpoint", described("shape-trn1"), {"EndpointName": "shape-trn1"})
     clock = sagemaker_fixtures.FakeClock()
     result = create.create_endpoint(
-        plan, stubs.clients, pacing=instant_pacing(clock), console=endpoint_cli.Console(stderr=True)
+        plan, stubs.clients, pacing=instant_pacing(clock), progress=Silent()
     )
     assert result["EndpointStatus"] == "InService" and clock.sleeps == [30]
     stubs.assert_done()
@@ -112,6 +113,34 @@ def test_every_request_passes_botocores_param_validator(
     assert_valid_request(clients.autoscaling, "RegisterScalableTarget", plan.scaling.register_request())
     assert_valid_request(clients.autoscaling, "PutScalingPolicy", plan.scaling.policy_request())
     assert all(len(v) <= 1024 for v in plan.model_request["PrimaryContainer"]["Environment"].values())
+
+
+def test_the_checker_refuses_what_param_validator_lets_through(stubbed_sagemaker: StubbedSageMaker) -> None:
+    """A made-up metric or instance type passes botocore's ParamValidator; AWS would refuse both."""
+    from botocore.validate import ParamValidator
+    from service_model_check import request_problems
+
+    clients = stubbed_sagemaker.clients
+    plan = endpoint_plan(INF2_CONFIG, min_instances=1, max_instances=2)
+    policy = plan.scaling.policy_request()
+    policy["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"]["PredefinedMetricType"] = (
+        "SageMakerVariantMadeUpMetric"
+    )
+    config = json.loads(json.dumps(plan.endpoint_config_request))
+    config["ProductionVariants"][0]["InstanceType"] = "ml.bogus.huge"
+    for client, operation, params, words in (
+        (clients.autoscaling, "PutScalingPolicy", policy, "'SageMakerVariantMadeUpMetric' is not one of"),
+        (clients.sagemaker, "CreateEndpointConfig", config, "'ml.bogus.huge' is not one of"),
+        (clients.sagemaker, "CreateEndpoint", {**plan.endpoint_request, "EndpointName": "bad_name"}, "pattern"),
+        (clients.sagemaker, "CreateEndpointConfig", {**plan.endpoint_config_request, "KmsKeyId": "k" * 2049},
+         "at most 2048"),
+    ):
+        model = client.meta.service_model.operation_model(operation)
+        assert not ParamValidator().validate(params, model.input_shape).has_errors()
+        assert any(words in problem for problem in request_problems(model, params)), operation
+    # and every client in these tests runs the check before sending
+    with pytest.raises(pytest.fail.Exception, match="SageMakerVariantMadeUpMetric"):
+        clients.autoscaling.put_scaling_policy(**policy)
 
 
 def test_lmi_model_gets_option_environment_and_the_lmi_image(stubbed_sagemaker: StubbedSageMaker) -> None:
@@ -209,7 +238,8 @@ def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sag
         {"ModelName": name},
     )
     stubs.sagemaker.add_response("delete_model", {}, {"ModelName": name})
-    assert teardown.delete_endpoint(stubs.clients, name) == []
+    removal = teardown.delete_endpoint(stubs.clients, name)
+    assert removal.left == [] and removal.deleted == ["scaling", "endpoint", "endpoint config", "model"]
     stubs.assert_done()
 
 
@@ -238,7 +268,7 @@ def test_delete_of_nothing_only_describes(stubbed_sagemaker: StubbedSageMaker) -
             service_message=f"Could not find {key} 'arn:...:{name}'.",
             expected_params={key: name},
         )
-    assert teardown.delete_endpoint(stubs.clients, name) == []
+    assert teardown.delete_endpoint(stubs.clients, name) == teardown.Removal([], [])
     stubs.assert_done()
 
 
@@ -259,3 +289,65 @@ def test_dry_run_prints_the_requests_and_calls_no_aws(monkeypatch: pytest.Monkey
     }
     assert requests["create_model"]["EnableNetworkIsolation"] is True
     assert "no AWS API was called" in result.output and "$31.16/h" in result.output
+    sm, scaling = (boto3.client(s, region_name="us-east-1") for s in ("sagemaker", "application-autoscaling"))
+    for name, params in requests.items():
+        client = scaling if name in ("register_scalable_target", "put_scaling_policy") else sm
+        assert_valid_request(client, client.meta.method_to_api_mapping[name], params)
+
+
+# inf2 has no local disk: SageMaker's large-model guidance ("SageMaker AI endpoint parameters for large model
+# inference") says a model over 30 GB on such an instance needs VolumeSizeInGB slightly larger than the model.
+@pytest.mark.parametrize("config_path", [c for c in CONFIGS if "inf2" in c.name], ids=lambda p: p.stem)
+def test_inf2_variant_gets_a_volume_sized_from_the_plans_weights(config_path: Any) -> None:
+    from neuron_ssp.config import load_config
+    from neuron_ssp.topology import plan_deployment
+
+    plan = endpoint_plan(config_path)
+    (variant,) = plan.endpoint_config_request["ProductionVariants"]
+    models = plan_deployment(load_config(config_path)).models.values()
+    weights_gib = sum(m.footprint.weight_bytes for m in models) / 2**30
+    assert weights_gib > 100  # a 70B pair: the default volume would not hold it
+    assert weights_gib * 1.1 < variant["VolumeSizeInGB"] <= 512
+    assert "KmsKeyId" not in plan.endpoint_config_request  # SageMaker's own key unless one is given
+
+
+def test_trn1_variant_gets_no_volume_its_models_go_to_local_nvme() -> None:
+    for config_path in (c for c in CONFIGS if "trn1" in c.name):
+        (variant,) = endpoint_plan(config_path).endpoint_config_request["ProductionVariants"]
+        assert "VolumeSizeInGB" not in variant
+
+
+def test_kms_key_encrypts_the_inf2_volume_and_is_refused_on_trn1() -> None:
+    from neuron_ssp.errors import UsageError
+
+    key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    assert endpoint_plan(INF2_CONFIG, kms_key=key).endpoint_config_request["KmsKeyId"] == key
+    with pytest.raises(UsageError) as raised:
+        endpoint_plan(TRN1_CONFIG, kms_key=key)
+    (problem,) = raised.value.problems
+    assert problem.field == "--kms-key" and "NVMe" in problem.rule
+    with pytest.raises(UsageError) as raised:
+        endpoint_plan(INF2_CONFIG, kms_key="my key")
+    assert [p.field for p in raised.value.problems] == ["--kms-key"]
+
+
+def test_lmi_image_comes_from_the_registry_of_its_region_or_must_be_given() -> None:
+    from sagemaker_fixtures import IDENTITY
+
+    from neuron_ssp.config import load_config
+    from neuron_ssp.deploy.sagemaker.plan import EndpointOptions, plan_endpoint
+    from neuron_ssp.errors import UsageError
+
+    def image(region: str, image_uri: str | None = None) -> str:
+        options = EndpointOptions(name="lmi", engine="lmi", model_s3=MODEL_S3, role_arn=ROLE_ARN, image_uri=image_uri)
+        plan = plan_endpoint(load_config(INF2_CONFIG), INF2_CONFIG, options, region=region, identity=IDENTITY)
+        return plan.image_uri
+
+    assert image("eu-west-1").startswith("763104351884.dkr.ecr.eu-west-1.amazonaws.com/djl-inference:")
+    assert image("ca-west-1").startswith("204538143572.dkr.ecr.ca-west-1.amazonaws.com/djl-inference:")
+    with pytest.raises(UsageError) as raised:
+        image("ap-east-1")
+    (problem,) = raised.value.problems
+    assert problem.field == "--image-uri" and "ap-east-1" in problem.rule
+    mine = "111122223333.dkr.ecr.ap-east-1.amazonaws.com/djl-inference:0.30.0-neuronx-sdk2.20.1"
+    assert image("ap-east-1", mine) == mine

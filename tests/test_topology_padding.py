@@ -72,7 +72,8 @@ def test_inf2_24xlarge_does_not_host_llama2_70b_with_7b_in_bf16() -> None:
 
 def test_every_refused_instance_says_why() -> None:
     plans = {p.instance.name: p for p in plan_all_instances(config_from_dict(neuron_pair()))}
-    assert plans["trn2.48xlarge"].refusal == "transformers-neuronx does not support trn2 (NxD Inference does)"
+    assert plans["trn2.48xlarge"].refusal.startswith("transformers-neuronx does not support trn2 (NxD Inference does: "
+                                                      "set neuron.library: nxdi")
     assert "it has 2 cores" in plans["inf2.xlarge"].refusal
     refused = [p for p in plans.values() if p.recommended_tp is None]
     assert refused and all(p.refusal for p in refused)
@@ -86,5 +87,5 @@ def test_all_instances_prints_each_reason(tmp_path) -> None:
     path.write_text(yaml.safe_dump(neuron_pair()))
     result = CliRunner().invoke(main, ["plan", str(path), "--all-instances"], env={"COLUMNS": "80"})
     text = " ".join(result.output.split())
-    assert "trn2.48xlarge: no, transformers-neuronx does not support trn2 (NxD Inference does)" in text
+    assert "trn2.48xlarge: no, transformers-neuronx does not support trn2 (NxD Inference does: set" in text
     assert "inf2.24xlarge: no, at tp 12" in text

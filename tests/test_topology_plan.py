@@ -162,7 +162,9 @@ def test_instance_catalog_matches_design() -> None:
     ("/opt/models/llama2_13b", "llama-2-13b"),
     ("/opt/models/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
     ("/opt/models/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b"),
-    ("/opt/models/Llama-3.3-70B-Instruct", None),
+    ("/opt/models/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+    ("/opt/models/Llama-3.2-1B-Instruct", "llama-3.2-1b"),
+    ("/opt/models/Llama-3.4-70B", None),
     ("/opt/models/llama-2-70bx", None),
     ("/opt/models/mistral-7b", None),
 ])

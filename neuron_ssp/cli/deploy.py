@@ -9,18 +9,18 @@ import json
 from datetime import datetime, timezone
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, print_record, region_option
+from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
 from neuron_ssp.config import load_config
+from neuron_ssp.deploy import expiry
 from neuron_ssp.deploy.aws import AwsClients
 from neuron_ssp.deploy.bootstrap_wait import STATUS_SNIPPET
 from neuron_ssp.deploy.capacity import CapacityTarget
 from neuron_ssp.deploy.errors import OPERATOR_POLICY, aws_errors
-from neuron_ssp.deploy.inventory import Deployment, find_deployment, list_deployments
-from neuron_ssp.deploy.launch import LaunchOptions, LaunchPlan, check_permissions, execute_launch, plan_launch
-from neuron_ssp.deploy.pricing import format_usd
+from neuron_ssp.deploy.inventory import Deployment, find_deployment, format_usd, list_deployments
+from neuron_ssp.deploy.launch import check_permissions, execute_launch, prepare_launch
+from neuron_ssp.deploy.launch_plan import LaunchOptions, LaunchPlan
 from neuron_ssp.deploy.ssm_run import (
     NOT_READY_EXIT,
     S3Location,
@@ -73,7 +73,8 @@ def deploy() -> None:
     type=float,
     default=4.0,
     show_default=True,
-    help="The instance shuts itself down (= terminates) after this many hours.",
+    help="The instance shuts itself down (= terminates) after this many hours, reboots included "
+    "(`deploy extend` moves it).",
 )
 @click.option(
     "--volume-gb",
@@ -143,7 +144,7 @@ def launch(
         hf_token=_hf_token(hf_token_secret, hf_token_parameter),
         keep_on_failure=keep_on_failure,
     )
-    plan = plan_launch(config, config_path, options, clients)
+    plan = prepare_launch(config, config_path, options, clients)
     out.print(_plan_table(plan))
     for warning in plan.warnings:
         err.print(f"[yellow]warning:[/yellow] {warning}")
@@ -166,7 +167,7 @@ def launch(
     if not yes and not click.confirm(confirm_question(plan), default=False, err=True):
         err.print("cancelled; nothing was created")
         return
-    deployment = execute_launch(plan, clients, pacing=PACING, console=err)
+    deployment = execute_launch(plan, clients, pacing=PACING, progress=ConsoleProgress(err))
     out.print(
         f"[green]running:[/green] {deployment.name} = {deployment.instance_id} ({deployment.instance_type}, "
         f"{deployment.availability_zone}, {format_usd(deployment.hourly_usd)}/h, "
@@ -236,6 +237,7 @@ def _plan_table(plan: LaunchPlan) -> Table:
         ("region", plan.region),
         ("instance type", plan.instance_type),
         ("AMI", f"{plan.ami.image_id}  {plan.ami.name}  ({plan.ami.source})"),
+        ("Neuron software", plan.software),
         ("price", _price_text(plan)),
         ("TTL", _ttl_text(plan)),
         ("capacity", _capacity_text(plan)),
@@ -316,7 +318,7 @@ def run(name: str, argv: tuple[str, ...], region: str | None, output_s3_uri: str
             output=S3Location.parse(uri),
             timeout_s=timeout_minutes * 60,
             pacing=PACING,
-            console=err,
+            progress=ConsoleProgress(err),
             what="run",
         )
     except KeyboardInterrupt:
@@ -359,13 +361,15 @@ def status(name: str, region: str | None, as_json: bool) -> None:
     info["ssm"] = (
         ssm_ping_status(clients.ssm, deployment.instance_id, clients.region) if deployment.state == "running" else "-"
     )
-    info["bootstrap"] = _bootstrap_state(clients, deployment, err) if info["ssm"] == "Online" else "unknown"
+    online = info["ssm"] == "Online"
+    info["bootstrap"] = _bootstrap_state(clients, deployment, ConsoleProgress(err)) if online else "unknown"
     print_record(out, f"deployment {name}", info, as_json)
 
 
-def _bootstrap_state(clients: AwsClients, deployment: Deployment, err: Console) -> str:
+def _bootstrap_state(clients: AwsClients, deployment: Deployment, progress: ConsoleProgress) -> str:
     result = run_snippet(
-        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, console=err, what="status"
+        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, progress=progress,
+        what="status",
     )
     return result.stdout.strip() or result.status
 
@@ -392,13 +396,30 @@ def logs(name: str, region: str | None, lines: int, from_console: bool) -> None:
         return
     output = S3Location.parse(deployment.output_s3_uri) if deployment.output_s3_uri else None
     snippet = f"tail -n {int(lines)} {LOG_FILE}"
+    progress = ConsoleProgress(err)
     result = run_snippet(
-        clients.ssm, clients.s3, deployment, snippet, output=output, pacing=PACING, console=err, what="logs"
+        clients.ssm, clients.s3, deployment, snippet, output=output, pacing=PACING, progress=progress, what="logs"
     )
     click.echo(result.stdout, nl=False)
     click.echo(result.stderr, nl=False, err=True)
     if result.truncated:
         err.print("[yellow]output cut at 24,000 characters; use --lines or launch with --output-s3-uri")
+
+
+@deploy.command("extend")
+@click.argument("name")
+@region_option
+@click.option("--hours", type=float, required=True, help="The instance now ends this many hours from now.")
+def extend(name: str, region: str | None, hours: float) -> None:
+    """Move NAME's expiry: it terminates itself HOURS from now instead (retags expires-at)."""
+    out, _ = consoles()
+    clients = AwsClients.for_region(region)
+    deployment = find_deployment(clients.ec2, clients.region, name)
+    expires_at = expiry.extend(clients.ec2, deployment, hours, _now())
+    out.print(
+        f"{name} ({deployment.instance_id}) now terminates itself at {expires_at:%Y-%m-%d %H:%M} UTC; "
+        f"its expiry check reads the tag within {expiry.CHECK_INTERVAL_MINUTES} minutes"
+    )
 
 
 # ---------------------------------------------------------------- list / teardown
@@ -474,7 +495,7 @@ def teardown(name: str | None, region: str | None, all_: bool, yes: bool, no_wai
     if not yes and not click.confirm(f"Terminate {len(targets)} instance(s)?", default=False, err=True):
         err.print("cancelled; nothing was terminated")
         return
-    terminate(clients.ec2, clients.region, targets, wait=not no_wait, pacing=PACING, console=err)
+    terminate(clients.ec2, clients.region, targets, wait=not no_wait, pacing=PACING, progress=ConsoleProgress(err))
     out.print(f"[green]terminated[/green] {', '.join(d.instance_id for d in targets)}")
 
 

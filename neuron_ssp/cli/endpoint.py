@@ -11,20 +11,19 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from neuron_ssp.cli.aws_options import consoles, print_record, region_option
+from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
 from neuron_ssp.deploy.sagemaker.autoscaling import ScalingMetric
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
-from neuron_ssp.deploy.sagemaker.container import container_config
+from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, container_config
 from neuron_ssp.deploy.sagemaker.create import check_name_free, create_endpoint
 from neuron_ssp.deploy.sagemaker.errors import sagemaker_errors
 from neuron_ssp.deploy.sagemaker.inventory import endpoint_info, list_endpoints, now_utc
 from neuron_ssp.deploy.sagemaker.invoke import invoke as invoke_endpoint
 from neuron_ssp.deploy.sagemaker.invoke import request_body
 from neuron_ssp.deploy.sagemaker.lmi import LMI_LIMITS, lmi_options
-from neuron_ssp.deploy.sagemaker.mount import MODEL_MOUNT
 from neuron_ssp.deploy.sagemaker.plan import (
     EndpointOptions,
     EndpointPlan,
@@ -74,6 +73,11 @@ def endpoint() -> None:
 @click.option("--role-arn", help="SageMaker execution role (deploy/iam/sagemaker-execution-role.json).")
 @click.option("--image-uri", help="ECR image (default: neuron-ssp: the one `deploy image push` made; lmi: LMI 0.30.0).")
 @click.option("--no-network-isolation", is_flag=True, help="Let the container reach the network (off by default).")
+@click.option(
+    "--kms-key",
+    help="KMS key (id, ARN or alias) for the EBS volume that holds the models on ml.inf2 (default: a key SageMaker "
+    "manages). Not on ml.trn1/trn1n: their models sit on local NVMe, encrypted by the instance's hardware.",
+)
 @click.option("--dry-run", is_flag=True, help="Validate and print the exact requests; call no AWS API.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--keep-on-failure", is_flag=True, help="Keep what was created if the endpoint fails (it bills).")
@@ -92,6 +96,7 @@ def create(
     role_arn: str | None,
     image_uri: str | None,
     no_network_isolation: bool,
+    kms_key: str | None,
     dry_run: bool,
     yes: bool,
     keep_on_failure: bool,
@@ -112,6 +117,7 @@ def create(
         network_isolation=not no_network_isolation,
         scaling_metric=scaling_metric,
         target_value=target_value,
+        kms_key=kms_key,
         keep_on_failure=keep_on_failure,
     )  # type: ignore[arg-type]
     checked, _ = check_endpoint(config, config_path, options)  # every problem, before any AWS call
@@ -159,7 +165,7 @@ def create(
     if not yes and not click.confirm(question, default=False, err=True):
         err.print("cancelled; nothing was created")
         return
-    described = create_endpoint(plan, clients, pacing=PACING, console=err)
+    described = create_endpoint(plan, clients, pacing=PACING, progress=ConsoleProgress(err))
     out.print(f"[green]InService:[/green] {plan.name} ({described['EndpointArn']})")
     out.print(
         f"next:  neuron-ssp deploy endpoint invoke {plan.name} --region {region} --prompt 'Hello'\n"
@@ -188,6 +194,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
         ("region", plan.region),
         ("engine", plan.engine),
         ("image", plan.image_uri),
+        ("Neuron software", plan.software),
         ("instance type", f"{plan.ml_instance_type} ({plan.ml_instance_type[3:]} in the topology catalog)"),
         (
             "instances",
@@ -196,6 +203,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
         ),
         ("models", f"{source} -> {MODEL_MOUNT} (S3Prefix, uncompressed)"),
         ("network isolation", "on" if plan.model_request["EnableNetworkIsolation"] else "off"),
+        ("model storage", _storage_text(plan)),
         (
             "timeouts",
             f"download {variant['ModelDataDownloadTimeoutInSeconds']} s, "
@@ -215,6 +223,14 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
     out.print(table)
     for warning in plan.warnings:
         err.print(f"[yellow]note:[/yellow] {warning}")
+
+
+def _storage_text(plan: EndpointPlan) -> str:
+    volume = plan.endpoint_config_request["ProductionVariants"][0].get("VolumeSizeInGB")
+    if volume is None:
+        return "the instance's local NVMe (encrypted by its hardware)"
+    key = plan.endpoint_config_request.get("KmsKeyId", "a key SageMaker manages")
+    return f"{volume} GB EBS volume per instance (the weights + 20 % + 20 GB), encrypted with {key}"
 
 
 @endpoint.command("status")
@@ -378,7 +394,7 @@ def delete(name: str, region: str | None, yes: bool) -> None:
     ):
         err.print("cancelled; nothing was deleted")
         return
-    left = delete_endpoint(clients, name)
+    left = delete_endpoint(clients, name).left
     if left:
         raise RuntimeProblem(
             Problem(

@@ -45,19 +45,23 @@ NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc
 @click.option("--force", is_flag=True, help="Compile again even where matching artifacts exist.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool, as_json: bool) -> None:
-    """Compile CONFIG's draft once and its target once per k, and save() each for reuse at load.
+    """Compile CONFIG's draft once and its target for every k, and keep each for reuse at load.
 
-    Loading (generate, compare, tune-k ... with platform.backend neuron) reuses a compiled model when
-    the model's config.json, n_positions, dtype, tp_degree, k and the transformers-neuronx version all
-    match; otherwise it compiles again. neuronx-cc also keeps its own cache of compiled graphs in
+    transformers-neuronx: one target holds every k. NxD Inference (neuron.library: nxdi): one target per k
+    (NxDI compiles one speculation width per model), kept with NxDI's compile(dir). Loading (generate,
+    compare, tune-k ... with platform.backend neuron) reuses a compiled model when the model's config.json,
+    n_positions, dtype, tp_degree, k and the library version (NxDI: its whole NeuronConfig) all match;
+    otherwise it compiles again. neuronx-cc also keeps its own cache of compiled graphs in
     NEURON_COMPILE_CACHE_URL (default /var/tmp/neuron-compile-cache; s3:// works too).
     """
     from neuron_ssp.backends.neuron.compile import Compiler
+    from neuron_ssp.backends.nxdi.compile import NxdiCompiler
 
     config = load_config(config_path, {"neuron.compiled_dir": out})
     ks = parse_ks(ks_text, config.speculation.k)
     widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
-    compiler = Compiler(widest, plan_deployment(widest), ks, force)
+    compiler_class = NxdiCompiler if config.neuron.library == "nxdi" else Compiler
+    compiler = compiler_class(widest, plan_deployment(widest), ks, force)
     columns = (
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -154,22 +158,21 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, sel
 
 def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     """`doctor --self-test CONFIG`: the load-time self-test on its own, with its per-position figures."""
-    from neuron_ssp.backends.neuron.api import load_neuronx
-    from neuron_ssp.backends.neuron.load import load_neuron_backends
-    from neuron_ssp.backends.neuron.selftest import BUCKET_EDGE, check_self_test, run_self_test
+    from neuron_ssp.backends.neuron.selftest import BUCKET_EDGE, check_self_test, library_label, run_self_test
+    from neuron_ssp.pipeline.load import load_neuron_models
 
     config = load_config(config_path)
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
-    target, _ = load_neuron_backends(target_only, plan_deployment(target_only))
-    result = run_self_test(target, load_neuronx().version)
+    target, _ = load_neuron_models(target_only, plan_deployment(target_only))
+    result = run_self_test(target, _library_version(config))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         console = Console()
         console.print(
-            f"self-test, transformers-neuronx {result.library_version}, k={result.k}: argmax agreement "
+            f"self-test, {library_label(result.library_version)}, k={result.k}: argmax agreement "
             f"{result.agreement():.1%} (below slot {BUCKET_EDGE}: {result.agreement(0, BUCKET_EDGE) or 0:.1%}, "
             f"from slot {BUCKET_EDGE}: {result.agreement(BUCKET_EDGE) or 0:.1%}), max |logit diff| "
             f"{result.max_abs_diff:.3g}"
@@ -180,6 +183,18 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
         console.print(table)
     check_self_test(result, config.neuron.self_test_min_agreement)
     return 0
+
+
+def _library_version(config: Config) -> str:
+    """What the self-test names: 'neuronx-distributed-inference 0.9.x', or transformers-neuronx's bare version."""
+    if config.neuron.library == "nxdi":
+        from neuron_ssp.backends.neuron.selftest import NXDI
+        from neuron_ssp.backends.nxdi.api import installed_version
+
+        return f"{NXDI} {installed_version()}"
+    from neuron_ssp.backends.neuron.api import load_neuronx
+
+    return load_neuronx().version
 
 
 def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands: list[str]) -> dict[str, Any]:
@@ -196,6 +211,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "instance_source": devices.instance_source,
         "packages": package_versions(),
         "transformers_neuronx": _library_status(),
+        "nxdi": _nxdi_status(),
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
         "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
@@ -213,6 +229,26 @@ def _library_status() -> dict[str, Any]:
     except NeuronSSPError as exc:
         return {"usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
     return {"usable": True, "version": api.version, "api_generation": api.generation}
+
+
+def _nxdi_status() -> dict[str, Any]:
+    """NxD Inference: installed here (and usable: it imports with what we call), its SDK, the DLAMI venvs."""
+    from neuron_ssp.backends.nxdi.env import LAST_TRN1_INF2_SDK, probe_nxdi
+
+    install = probe_nxdi()
+    status: dict[str, Any] = {"version": install.version, "sdk": install.sdk, "dlami_venvs": install.venvs,
+                              "runs_trn1_inf2": install.runs_trn1_inf2, "last_trn1_inf2_sdk": LAST_TRN1_INF2_SDK}
+    if install.version is None:
+        from neuron_ssp.backends.nxdi.api import INSTALL
+
+        return {**status, "usable": False, "problem": "neuronx-distributed-inference is not installed", "fix": INSTALL}
+    from neuron_ssp.backends.nxdi.api import load_nxdi
+
+    try:
+        load_nxdi()
+    except NeuronSSPError as exc:
+        return {**status, "usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
+    return {**status, "usable": True}
 
 
 def _config_fits(configs_dir: Path, instance_type: str | None) -> list[dict[str, Any]]:
@@ -299,6 +335,7 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
         console.print(f"transformers-neuronx: [yellow]{escape(library['problem'])}[/yellow]")
         # soft_wrap: a command split over two lines does not paste into a shell
         console.print(f"  fix: {library['fix']}", soft_wrap=True, markup=False, highlight=False)
+    print_nxdi(console, report["nxdi"])
     venv_note = (
         "the DLAMI transformers-neuronx venv"
         if report["dlami_venv"]
@@ -331,5 +368,20 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
         console.print(
             f"[green]Still works here:[/green] {works} (generation on the torch reference backend, "
             "platform.backend: torch; validate and plan need no hardware). "
-            "Needs an inf2/trn1 instance: compile, and any config with platform.backend: neuron."
+            "Needs an inf2/trn1/trn2 instance: compile, and any config with platform.backend: neuron."
         )
+
+
+def print_nxdi(console: Console, nxdi: dict[str, Any]) -> None:
+    """NxD Inference: version and SDK, whether it runs Trn1/Inf2 models, the DLAMI venvs to activate."""
+    if nxdi["usable"]:
+        sdk = f"Neuron SDK {nxdi['sdk']}" if nxdi["sdk"] else "SDK unknown"
+        where = {True: "Trn1, Inf2 and Trn2", False: f"Trn2 only (Trn1/Inf2: SDK {nxdi['last_trn1_inf2_sdk']})",
+                 None: "instance support unknown"}[nxdi["runs_trn1_inf2"]]
+        console.print(f"NxD Inference {nxdi['version']} usable ({sdk}; models on {where}): neuron.library: nxdi")
+    else:
+        console.print(f"NxD Inference: [yellow]{escape(nxdi['problem'])}[/yellow]")
+        console.print(f"  fix: {nxdi['fix']}", soft_wrap=True, markup=False, highlight=False)
+    for venv in nxdi["dlami_venvs"]:
+        console.print(f"  DLAMI NxD Inference venv here: {venv} (source {venv}/bin/activate)")
+

@@ -152,8 +152,8 @@ def _print_report(console: Console, path: str, report: ValidationReport) -> None
 def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     """One row per quantity, one column per model: reads at 80 characters."""
     instance = deployment.instance
-    console.print(f"[bold]plan: {deployment.config_name} on {instance.name}[/bold] ({instance.neuron_cores} "
-                  f"NeuronCores x {instance.hbm_per_core_gib} GiB HBM, {instance.generation})")
+    console.print(f"[bold]plan: {deployment.config_name} on {instance.name}[/bold] ({instance.cores_text} "
+                  f"x {instance.hbm_per_core_gib} GiB HBM, {instance.generation}, {deployment.library})")
     models = deployment.models
     table = Table("", *models)
     for column in table.columns[1:]:
@@ -192,7 +192,7 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     console.print(f"load order: {' -> '.join(deployment.load_order)}; "
                   f"NEURON_RT_VISIBLE_CORES={deployment.visible_cores}")
     console.print(_cost_line(deployment))
-    console.print("Per core counts the heads as transformers-neuronx places them: query heads padded to a "
+    console.print(f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
                   "multiple of tp, kv heads replicated. Cores needed = (weights + KV cache) / usable HBM per "
                   "core, before rounding up to a tp the platform accepts (smallest tp alone).")
 

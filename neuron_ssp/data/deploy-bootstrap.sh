@@ -9,20 +9,60 @@ STEP=start
 step() { STEP="$1"; echo "$1" > {{STATUS_FILE}}; echo "[neuron-ssp] $(date -u +%FT%TZ) $1"; }
 # A failed bootstrap must not bill until the TTL: record the failure (launch polls the status file,
 # prints this log's tail and terminates the instance), then shut down in {{FAILURE_SHUTDOWN_MINUTES}} minutes, which
-# terminates the instance (InstanceInitiatedShutdownBehavior=terminate) if launch could not.
+# terminates the instance (InstanceInitiatedShutdownBehavior=terminate) if launch could not. Cancelling
+# that shutdown keeps the instance only until its expiry, which the timer below still enforces.
 on_error() {
   trap - ERR
   echo "failed: $STEP" > {{STATUS_FILE}}
   echo "[neuron-ssp] bootstrap FAILED at step: $STEP; the instance terminates itself in" \
-       "{{FAILURE_SHUTDOWN_MINUTES}} minutes (run 'sudo shutdown -c' on it to keep it for debugging)"
+       "{{FAILURE_SHUTDOWN_MINUTES}} minutes ('sudo shutdown -c' on it keeps it until {{EXPIRES_AT}}, which" \
+       "'neuron-ssp deploy extend {{DEPLOYMENT}} --hours N' moves)"
   shutdown -h +{{FAILURE_SHUTDOWN_MINUTES}} "neuron-ssp bootstrap failed at step $STEP" || true
 }
 trap on_error ERR
 
-# 1. TTL first, before anything can fail: with InstanceInitiatedShutdownBehavior=terminate a shutdown
-#    terminates the instance, so a forgotten deployment stops costing money after the TTL.
+# 1. The expiry first, before anything can fail. User data runs once, so a `shutdown -h +N` would be lost
+#    on a reboot and cancelled by `shutdown -c`. Instead a systemd timer runs the check one minute after
+#    every boot and every 5 minutes: it reads the instance's expires-at tag (instance metadata, so
+#    `neuron-ssp deploy extend` moves it; the time written here when tags are not readable) and, once it
+#    has passed, shuts down, which terminates the instance (InstanceInitiatedShutdownBehavior=terminate).
 step ttl
-shutdown -h +{{TTL_MINUTES}} "neuron-ssp TTL reached"
+echo {{EXPIRES_AT}} > {{EXPIRY_FILE}}
+cat > {{EXPIRY_CHECK}} <<'EXPIRY'
+#!/bin/bash
+# neuron-ssp: shut down (= terminate) this instance once its expires-at tag has passed.
+set -u
+imds=http://169.254.169.254/latest
+token=$(curl -sf -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' "$imds/api/token" || true)
+tagged=$(curl -sf -m 2 -H "X-aws-ec2-metadata-token: $token" "$imds/meta-data/tags/instance/{{EXPIRES_KEY}}" || true)
+expires=$(cat {{EXPIRY_FILE}})
+if [ -n "$tagged" ] && date -u -d "$tagged" +%s > /dev/null 2>&1; then
+  expires=$tagged
+fi
+if [ "$(date -u +%s)" -ge "$(date -u -d "$expires" +%s)" ]; then
+  shutdown -h now "neuron-ssp: expired at $expires"
+fi
+EXPIRY
+chmod 0755 {{EXPIRY_CHECK}}
+cat > {{UNIT_DIR}}/neuron-ssp-expiry.service <<UNIT
+[Unit]
+Description=neuron-ssp: terminate this instance once its expires-at tag has passed
+[Service]
+Type=oneshot
+ExecStart={{EXPIRY_CHECK}}
+UNIT
+cat > {{UNIT_DIR}}/neuron-ssp-expiry.timer <<UNIT
+[Unit]
+Description=neuron-ssp: check the expiry after every boot and every 5 minutes
+[Timer]
+OnBootSec=1min
+OnUnitActiveSec=5min
+AccuracySec=30s
+[Install]
+WantedBy=timers.target
+UNIT
+systemctl daemon-reload
+systemctl enable --now neuron-ssp-expiry.timer
 export AWS_DEFAULT_REGION={{REGION}}
 
 # 2. The transformers-neuronx venv of the Neuron DLAMI (SDK 2.25).

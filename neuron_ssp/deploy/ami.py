@@ -1,4 +1,4 @@
-"""Which Neuron DLAMI to boot: one that still ships the transformers-neuronx venv.
+"""Which Neuron DLAMI to boot: one that still ships the venv of the config's Neuron library.
 
 transformers-neuronx left the DLAMIs with Neuron SDK 2.26 (2025-09-18), and the public SSM parameter
 `/aws/service/neuron/dlami/.../latest/image_id` only tracks the newest SDK. So the default ("pinned")
@@ -7,6 +7,12 @@ the way Neuron's DLAMI guide finds a given release, rather than guessing it from
 rebuilt image of the same SDK (security patches) is still picked, a newer SDK never is. Its venv is
 `/opt/aws_neuronx_venv_pytorch_2_7_transformers`; the bootstrap checks that it exists, so a wrong
 pick fails at boot with a clear message, not mid-benchmark.
+
+NxD Inference (`neuron.library: nxdi`) pins the same way, by instance generation: Trn1/Inf2 models run up to
+SDK 2.28 (NxDI 0.8; from 2.29 NxDI models need Trn2, its release notes), Trn2 on SDK 2.31, the last DLAMI
+whose venv list has `/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference` (aws-neuron-sdk dlami pages at the
+2.28.1 and 2.31.0 releases; the 2.32.0 page lists no NxD Inference venv). Both are the multi-framework
+"Deep Learning AMI Neuron (Ubuntu 24.04)".
 """
 
 from __future__ import annotations
@@ -15,10 +21,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from neuron_ssp.config import Config
 from neuron_ssp.deploy.errors import aws_errors
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.topology.catalog import find_instance
 
 TRANSFORMERS_NEURONX_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"
+NXDI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
 LATEST_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id"
 
 
@@ -28,6 +37,12 @@ class DlamiPin:
 
     sdk: str
     name_prefix: str
+    venv: str = TRANSFORMERS_NEURONX_VENV
+    support: str = ""  # what the operator should know about this SDK before paying
+    dlc: str | None = None  # the Neuron DLC of the same SDK (the SageMaker image's base); None: the Dockerfile's
+
+    def describe(self, library: str) -> str:
+        return f"{library} in {self.venv}, Neuron SDK {self.sdk} ({self.support})"
 
     def filters(self) -> list[dict[str, Any]]:
         return [
@@ -45,7 +60,30 @@ class DlamiPin:
 
 
 # SDK 2.25 is the last release whose DLAMI has the transformers-neuronx venv (2.26.0 removed it).
-PINNED = DlamiPin(sdk="2.25", name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ")
+PINNED = DlamiPin(sdk="2.25", name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ",
+                  support="transformers-neuronx: out of support since 2025-09-16, SDK 2.25 is its last release")
+# The DLCs with neuronx_distributed_inference: aws-neuron/deep-learning-containers README at 2be9ed1 (2.32.0,
+# which ships no PyTorch inference DLC of its own; 2.31.1 is the newest).
+NXDI_DLC = "public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk{sdk}-ubuntu24.04"
+NXDI_TRN1_INF2 = DlamiPin(sdk="2.28", name_prefix="Deep Learning AMI Neuron (Ubuntu 24.04) ", venv=NXDI_VENV,
+                          support="NxD Inference 0.8: the last SDK whose NxDI models run on Trn1/Inf2 (an older "
+                          "release: no fixes for Trn1/Inf2 after it)", dlc=NXDI_DLC.format(sdk="2.28.0"))
+NXDI_TRN2 = DlamiPin(sdk="2.31", name_prefix="Deep Learning AMI Neuron (Ubuntu 24.04) ", venv=NXDI_VENV,
+                     support="NxD Inference 0.10: supported in maintenance mode (critical fixes only)",
+                     dlc=NXDI_DLC.format(sdk="2.31.1"))
+
+
+def pin_for_config(config: Config) -> DlamiPin:
+    """The pin for a validated Neuron config (its instance type is a catalog entry)."""
+    instance = find_instance(config.platform.instance_type or "")
+    return pin_for(config.neuron.library, instance.generation if instance else "trn1")
+
+
+def pin_for(library: str, generation: str) -> DlamiPin:
+    """The DLAMI release that runs `library` on an instance of `generation`."""
+    if library == "nxdi":
+        return NXDI_TRN2 if generation == "trn2" else NXDI_TRN1_INF2
+    return PINNED
 
 
 @dataclass(frozen=True)
@@ -57,10 +95,10 @@ class Ami:
     source: str  # "pinned Neuron SDK 2.25", "latest SSM parameter" or "given"
 
 
-def resolve_ami(choice: str, ec2: Any, ssm: Any, region: str) -> Ami:
-    """`pinned` (default), `latest`, or an explicit ami-... id."""
+def resolve_ami(choice: str, ec2: Any, ssm: Any, region: str, pin: DlamiPin = PINNED) -> Ami:
+    """`pinned` (default: the DLAMI `pin` names), `latest`, or an explicit ami-... id."""
     if choice == "pinned":
-        return find_pinned(ec2, region)
+        return find_pinned(ec2, region, pin)
     if choice == "latest":
         return find_latest(ec2, ssm, region)
     if choice.startswith("ami-"):
@@ -70,7 +108,7 @@ def resolve_ami(choice: str, ec2: Any, ssm: Any, region: str) -> Ami:
             "--ami",
             choice,
             "not a DLAMI choice",
-            f"use 'pinned' (Neuron SDK {PINNED.sdk} DLAMI), 'latest' or an ami-... id",
+            f"use 'pinned' (Neuron SDK {pin.sdk} DLAMI), 'latest' or an ami-... id",
         )
     )
 
@@ -86,7 +124,7 @@ def find_pinned(ec2: Any, region: str, pin: DlamiPin = PINNED) -> Ami:
                 "pinned",
                 f"no {pin.name_prefix.strip()} DLAMI of Neuron SDK {pin.sdk} is visible in {region}",
                 "try another region (us-east-1, us-west-2), or pass --ami ami-... of an image with "
-                f"{TRANSFORMERS_NEURONX_VENV}",
+                f"{pin.venv}",
             )
         )
     return _ami(fitting[-1], f"pinned Neuron SDK {pin.sdk}")

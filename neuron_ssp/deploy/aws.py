@@ -10,6 +10,9 @@ from neuron_ssp.errors import Problem, UsageError
 
 INSTALL_HINT = "pip install 'neuron-ssp[deploy]'"
 _REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
+_KMS_KEY = re.compile(  # key id, multi-Region key id, alias, or the ARN of a key or an alias
+    r"^(arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:(key|alias)/[\w/-]+|alias/[\w/-]+|[0-9a-f-]{36}|mrk-[0-9a-f]{32})$"
+)
 
 
 def import_boto3() -> Any:
@@ -43,6 +46,18 @@ def check_region(region: str | None) -> str:
             )
         )
     return region
+
+
+def kms_key_problem(kms_key: str, default: str) -> Problem | None:
+    """A --kms-key that is no KMS key id, key ARN, alias or alias ARN; `default` says what leaving it out does."""
+    if _KMS_KEY.match(kms_key):
+        return None
+    return Problem(
+        "--kms-key",
+        kms_key,
+        "not a KMS key id, key ARN, alias or alias ARN",
+        f"pass e.g. alias/my-key or arn:aws:kms:us-east-1:123456789012:key/<key-id>; leave it out to use {default}",
+    )
 
 
 def new_session() -> Any:

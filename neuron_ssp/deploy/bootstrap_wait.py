@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from rich.console import Console
-
 from neuron_ssp.deploy.inventory import Deployment
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.ssm_run import FINAL_STATUSES, bash_commands, read_invocation, run_snippet, send_shell
 from neuron_ssp.deploy.userdata import FAILED_PREFIX, LOG_FILE, READY, STATUS_FILE
 from neuron_ssp.deploy.waiting import Pacing, wait_until
@@ -54,7 +53,7 @@ class StatusProbe:
         return self.status == READY, self.status
 
 
-def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, console: Console) -> None:
+def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, progress: Progress) -> None:
     """Return once the status file says `ready`; raise with the log tail when it says `failed`."""
     try:
         wait_until(
@@ -62,7 +61,7 @@ def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, co
             StatusProbe(ssm, deployment),
             timeout_s=pacing.bootstrap_timeout_s,
             pacing=replace(pacing, interval_s=pacing.bootstrap_interval_s),
-            console=console,
+            progress=progress,
             fix=f"see how far it got: neuron-ssp deploy logs {deployment.name} --region {deployment.region} "
             "(--console if SSM cannot run commands); launch with --keep-on-failure to keep the instance for that",
         )
@@ -73,19 +72,19 @@ def wait_bootstrap(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, co
                 "bootstrap",
                 step,
                 f"the bootstrap failed at step '{step}'; the last lines of {LOG_FILE}:\n"
-                + log_tail(ssm, s3, deployment, pacing, console),
+                + log_tail(ssm, s3, deployment, pacing, progress),
                 "fix what the log names and launch again; --keep-on-failure keeps the instance to inspect "
                 f"(neuron-ssp deploy logs {deployment.name})",
             )
         ) from None
 
 
-def log_tail(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, console: Console) -> str:
+def log_tail(ssm: Any, s3: Any, deployment: Deployment, pacing: Pacing, progress: Progress) -> str:
     """The bootstrap log's last lines, or why they could not be read (never raises: we are already failing)."""
     try:
         snippet = f"tail -n {LOG_TAIL_LINES} {LOG_FILE}"
         result = run_snippet(
-            ssm, s3, deployment, snippet, output=None, pacing=pacing, console=console, what="bootstrap log"
+            ssm, s3, deployment, snippet, output=None, pacing=pacing, progress=progress, what="bootstrap log"
         )
     except NeuronSSPError as exc:
         return f"  (could not read it: {exc.problems[0].rule})"

@@ -1,4 +1,8 @@
-"""What this tool has launched, found by tag: state, uptime and the money it has cost so far."""
+"""What this tool has launched, found by tag: state, uptime and the money it has cost so far.
+
+Prices are the topology catalog's on-demand estimates for us-east-1: other regions differ, and
+Capacity Blocks are paid up front at their own price.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from typing import Any
 
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.errors import aws_errors
-from neuron_ssp.deploy.pricing import hourly_usd
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.topology import hourly_price_usd
 
 LIVE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 
@@ -27,7 +31,7 @@ class Deployment:
 
     @property
     def hourly_usd(self) -> float | None:
-        return hourly_usd(self.instance_type)
+        return hourly_price_usd(self.instance_type)
 
     @property
     def expires_at(self) -> datetime | None:
@@ -63,6 +67,10 @@ class Deployment:
             "config": self.tags.get(tags.CONFIG_KEY),
             "owner": self.tags.get(tags.OWNER_KEY),
         }
+
+
+def format_usd(amount: float | None) -> str:
+    return "unknown" if amount is None else f"${amount:,.2f}"
 
 
 def list_deployments(

@@ -12,10 +12,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-
 from neuron_ssp.deploy.errors import INSTANCE_ROLE_POLICY, aws_errors, error_code, translatable, translate
 from neuron_ssp.deploy.inventory import Deployment
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.userdata import ENV_FILE, READY, STATUS_FILE
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 from neuron_ssp.errors import Problem, UsageError
@@ -81,7 +80,7 @@ def run_remote(
     output: S3Location | None,
     timeout_s: int,
     pacing: Pacing,
-    console: Console,
+    progress: Progress,
     what: str,
 ) -> CommandResult:
     """Send, wait with a spinner, fetch the output. Never raises for a non-zero remote exit code."""
@@ -97,7 +96,7 @@ def run_remote(
         check,
         timeout_s=timeout_s + 600,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix=f"aws ssm list-command-invocations --command-id {command_id} --details",
     )
     stdout, stderr = invocation.get("StandardOutputContent", ""), invocation.get("StandardErrorContent", "")
@@ -107,8 +106,8 @@ def run_remote(
         if fetched is not None:
             stdout, stderr, truncated = *fetched, False
         else:
-            console.print(
-                f"[yellow]no output in s3://{output.bucket}/{output.key_prefix(command_id, '')} — "
+            progress.warn(
+                f"no output in s3://{output.bucket}/{output.key_prefix(command_id, '')} — "
                 f"the instance role needs s3:PutObject there ({INSTANCE_ROLE_POLICY})"
             )
     return CommandResult(
@@ -124,13 +123,13 @@ def run_snippet(
     *,
     output: S3Location | None,
     pacing: Pacing,
-    console: Console,
+    progress: Progress,
     what: str,
 ) -> CommandResult:
     """A short shell snippet of ours (status, log tail): allowed before the bootstrap is ready, 60 s at most."""
     commands = bash_commands(snippet, require_ready=False)
     return run_remote(
-        ssm, s3, deployment, commands, output=output, timeout_s=60, pacing=pacing, console=console, what=what
+        ssm, s3, deployment, commands, output=output, timeout_s=60, pacing=pacing, progress=progress, what=what
     )
 
 

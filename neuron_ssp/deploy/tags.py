@@ -49,11 +49,16 @@ def launch_tags(
         CONFIG_KEY: config_name[:256],
         OWNER_KEY: owner[:256],
         TTL_KEY: f"{ttl_hours:g}",
-        EXPIRES_KEY: expires_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        EXPIRES_KEY: expiry_text(expires_at),
     }
     if output_s3_uri:
         tags[OUTPUT_KEY] = output_s3_uri[:256]
     return tags
+
+
+def expiry_text(expires_at: datetime) -> str:
+    """The expires-at tag's value: UTC, ISO 8601 (read by `date -d` on the instance)."""
+    return expires_at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def tag_specifications(tags: dict[str, str]) -> list[dict[str, Any]]:

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-
 from neuron_ssp.deploy.errors import aws_errors
 from neuron_ssp.deploy.inventory import Deployment
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 
 
 def terminate(
-    ec2: Any, region: str, deployments: list[Deployment], *, wait: bool, pacing: Pacing, console: Console
+    ec2: Any, region: str, deployments: list[Deployment], *, wait: bool, pacing: Pacing, progress: Progress
 ) -> None:
     ids = [d.instance_id for d in deployments]
     if not ids:
@@ -34,6 +33,6 @@ def terminate(
         check,
         timeout_s=pacing.running_timeout_s,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix="check the EC2 console; termination normally takes a minute or two",
     )

@@ -3,7 +3,7 @@
 The template (`neuron_ssp/data/deploy-bootstrap.sh`) is plain bash with `{{NAME}}` slots; every value
 is shell-quoted here. No secret is ever written into it (user data is readable by anyone with
 ec2:DescribeInstanceAttribute): the Hugging Face token is fetched at boot by the instance role, and
-`render` refuses values that look like credentials (a pasted token, a key id, a password in a URL).
+`render` refuses values that look like credentials (a pasted token, a key id, user info in a URL).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import base64
 import re
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path, PurePosixPath
 
+from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import TRANSFORMERS_NEURONX_VENV
 from neuron_ssp.errors import Problem, UsageError
 
@@ -30,12 +32,19 @@ LOG_FILE = "/var/log/neuron-ssp-bootstrap.log"
 READY = "ready"
 FAILED_PREFIX = "failed"  # the status file reads "failed: <step>" after the bootstrap's ERR trap ran
 FAILURE_SHUTDOWN_MINUTES = 15
+EXPIRY_FILE = "/var/lib/neuron-ssp/expires-at"  # the launch's expiry, for when instance tags are not readable
+EXPIRY_CHECK = "/usr/local/sbin/neuron-ssp-expiry"  # run by neuron-ssp-expiry.timer after every boot
+UNIT_DIR = "/etc/systemd/system"
 HF_TOKEN_FILE = "/root/.cache/huggingface/token"
 _SLOT = re.compile(r"\{\{([A-Z0-9_]+)\}\}")
 _CREDENTIALS = {
     "a Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{30,}"),
     "an AWS access key id": re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
-    "a password in a URL": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@", re.IGNORECASE),
+    # GitHub's token prefixes (classic, OAuth, user-to-server, server-to-server, refresh; fine-grained)
+    "a GitHub token": re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"),
+    "a GitLab token": re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"),
+    # user info in a URL (`https://user:password@host`, `https://<token>@host`): pip and git send it
+    "a user name or password in a URL": re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE),
 }
 
 
@@ -67,7 +76,7 @@ class BootstrapSpec:
     region: str
     config_yaml: str
     model_paths: tuple[str, ...]
-    ttl_hours: float
+    expires_at: datetime
     package_spec: str
     weights_s3_uri: str | None = None
     hf_token: HfTokenSource | None = None
@@ -85,7 +94,11 @@ def render(spec: BootstrapSpec) -> str:
     values = {
         "DEPLOYMENT": spec.deployment,
         "REGION": shlex.quote(spec.region),
-        "TTL_MINUTES": str(max(1, round(spec.ttl_hours * 60))),
+        "EXPIRES_AT": tags.expiry_text(spec.expires_at),
+        "EXPIRES_KEY": tags.EXPIRES_KEY,
+        "EXPIRY_FILE": EXPIRY_FILE,
+        "EXPIRY_CHECK": EXPIRY_CHECK,
+        "UNIT_DIR": UNIT_DIR,
         "FAILURE_SHUTDOWN_MINUTES": str(FAILURE_SHUTDOWN_MINUTES),
         "VENV": shlex.quote(spec.venv),
         "PACKAGE_SPEC": shlex.quote(spec.package_spec),

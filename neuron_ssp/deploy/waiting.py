@@ -1,4 +1,4 @@
-"""Poll AWS until something is true, with a rich spinner: launches take minutes and must look alive.
+"""Poll AWS until something is true, reporting each poll: launches take minutes and must look alive.
 
 Sleep and clock are injectable (`Pacing`) so tests run the same loops without waiting.
 """
@@ -9,9 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.errors import Problem, RuntimeProblem
 
 
@@ -29,27 +27,21 @@ class Pacing:
 Check = Callable[[], "tuple[bool, str]"]
 
 
-def wait_until(what: str, check: Check, *, timeout_s: float, pacing: Pacing, console: Console, fix: str) -> str:
+def wait_until(what: str, check: Check, *, timeout_s: float, pacing: Pacing, progress: Progress, fix: str) -> str:
     """Call `check` until it returns (True, detail); raise RuntimeProblem after `timeout_s`.
 
     `check` may raise to abort (e.g. the instance terminated). Returns the last detail.
     """
     start = pacing.clock()
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TextColumn("[dim]{task.fields[detail]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(what, detail="", total=None)
+    with progress.waiting(what) as show:
         while True:
             done, detail = check()
-            progress.update(task, detail=detail)
+            show(detail)
             if done:
-                console.print(f"[green]✓[/green] {what}")
-                return detail
+                break
             waited = pacing.clock() - start
             if waited >= timeout_s:
                 raise RuntimeProblem(Problem(what, detail, f"not reached after {waited / 60:.0f} min", fix))
             pacing.sleep(pacing.interval_s)
+    progress.done(what)
+    return detail

@@ -45,10 +45,12 @@ def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, fiel
                extra_slots: int = 0) -> None:
     """Fail before the first call, not when the cache overflows half-way. Our loop writes
     `positions.target_slots` slots; an engine that writes more (transformers-neuronx's loop) says how
-    many more with `extra_slots`."""
+    many more with `extra_slots`, and a backend that pads every call to its window (NxD Inference: k wide)
+    with its `padding_slots`."""
     if prompt_len == 0:
         raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
-    require_room(backend.n_positions, target_slots(prompt_len, max_new_tokens) + extra_slots, prompt_len,
+    extra = extra_slots + getattr(backend, "padding_slots", 0)
+    require_room(backend.n_positions, target_slots(prompt_len, max_new_tokens) + extra, prompt_len,
                  max_new_tokens, field)
 
 

@@ -30,11 +30,16 @@ class Generator(Protocol):
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, acceptor: TokenAcceptor,
                     rng: torch.Generator) -> Generator:
     """Our loop by default; transformers-neuronx's own loop with `engine: library`, its on-device
-    FusedSpeculativeDecoder with `engine: fused` (Neuron only)."""
+    FusedSpeculativeDecoder with `engine: fused` (Neuron only), or NxD Inference's fused speculation with
+    `engine: fused` and `neuron.library: nxdi`."""
     if config.speculation.engine == "library":
         from neuron_ssp.engines.library import LibraryEngine
 
         return LibraryEngine.from_config(config, target, draft, acceptor, rng)
+    if config.speculation.engine == "fused" and config.neuron.library == "nxdi":
+        from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
+
+        return NxdiFusedEngine(target, config.speculation.k)
     if config.speculation.engine == "fused":  # validate_config refused what the fused decoder cannot do
         from neuron_ssp.engines.fused import FusedEngine
 

@@ -6,7 +6,8 @@ the drafts from that token's slot on, and the window never reaches past the toke
 last committed token is never scored: the target writes up to slot P+N-2, i.e. P+N-1 slots. The model
 drafter runs one slot behind (its last draft token is never fed back): at most P+N-2 slots, and the
 prompt's P. transformers-neuronx's own loop (`engine: library`) scores a full window of k from the
-last committed slot, which it lets reach sequence_length-1: k slots more than ours.
+last committed slot, which it lets reach sequence_length-1: k slots more than ours. On NxD Inference every
+target call (and, fused, every draft pass) is a padded k-wide window: k-1 slots more than ours.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def draft_slots(prompt_len: int, max_new_tokens: int) -> int:
 
 def library_target_slots(prompt_len: int, max_new_tokens: int, k: int) -> int:
     return target_slots(prompt_len, max_new_tokens) + k
+
+
+def padded_window_slots(prompt_len: int, max_new_tokens: int, k: int) -> int:
+    """NxD Inference: every decoding call of the target is k wide (it has no one-token model), from the last
+    committed slot (at most P+N-2) up to k-1 past it, and its bucket rule needs start + k <= n_positions
+    (model_wrapper.py `_get_seq_bucket` at 4bcdc54b). The fused graph runs the draft over the same k slots."""
+    return target_slots(prompt_len, max_new_tokens) + k - 1
 
 
 def require_room(n_positions: int, needed: int, prompt_len: int, max_new_tokens: int, field: str) -> None:

@@ -68,7 +68,11 @@ def shared_target_groups(pipeline: Pipeline, ks: list[int]) -> Iterator[KGroup]:
 
 
 def compiled_target_groups(config: Config, ks: list[int]) -> Iterator[KGroup]:
-    """Neuron: one target compiled with every k (reused when `neuron-ssp compile` made it), loaded once."""
+    """Neuron: one target compiled with every k (reused when `neuron-ssp compile` made it), loaded once;
+    NxD Inference compiles one speculation width per target, so there each k is its own group, loaded in turn."""
+    if config.neuron.library == "nxdi":
+        yield from per_k_targets(config, ks)
+        return
     widest = with_k(config, max(ks))
     compile_s, note = prepare_compiled(widest, ks)
     start = time.perf_counter()
@@ -92,3 +96,15 @@ def prepare_compiled(config: Config, ks: list[int]) -> tuple[float, str]:
     if all(r.reused for r in results):
         return 0.0, f"reused the target compiled for k={ks} in {config.neuron.compiled_dir}"
     return seconds, f"compiled k={ks} into one target in {seconds:.0f} s, kept in {config.neuron.compiled_dir}"
+
+
+def per_k_targets(config: Config, ks: list[int]) -> Iterator[KGroup]:
+    """NxD Inference: the target compiled for each k (reused when `neuron-ssp compile --k` made it), loaded
+    one after the other; plain decoding on it pads every token to k, as every call of such a target does."""
+    for k in ks:
+        start = time.perf_counter()
+        pipeline = load_pipeline(with_k(config, k))
+        note = (f"NxD Inference target for k={k} alone, compiled unless kept in "
+                f"{config.neuron.compiled_dir or 'the local cache'} (load time includes it); plain decoding on it "
+                f"runs {k}-wide calls")
+        yield KGroup(pipeline, {k: generator_for_k(pipeline, k)}, {k: KSetup(0.0, time.perf_counter() - start, note)})

@@ -86,16 +86,17 @@ def tune_k(groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens:
     plain_runs: dict[int, list[GenerationStats]] = {}
     ssp_runs: dict[int, list[GenerationStats]] = {}
     setups: dict[int, KSetup] = {}
-    timer: WidthTimer | None = None
+    costs: dict[int, WidthCost] = {}  # k -> the call costs timed on the target that ran k
     padded = False  # Neuron: every call scores the compiled k, however few tokens were drafted
     for group in groups:
         setups.update(group.setups)
         _warm_up(group, prompts[0])
-        if timer is None:
-            padded = group.pipeline.target.max_score_width is not None
-            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
-            timer.round(group.pipeline.encode(prompts[0].text))  # warm-up round, not counted
-            timer = WidthTimer(group.pipeline.target, sorted(group.generators))
+        padded = group.pipeline.target.max_score_width is not None
+        # one timer per loaded target: NxD Inference loads one target per k, whose every call (plain decoding
+        # included) is that k wide; elsewhere one group holds every k and this runs once
+        timer = WidthTimer(group.pipeline.target, sorted(group.generators))
+        timer.round(group.pipeline.encode(prompts[0].text))  # warm-up round, not counted
+        timer = WidthTimer(group.pipeline.target, sorted(group.generators))
         for turn, prompt in enumerate(prompts):
             runs = _measure(group, prompt, max_new_tokens, turn)
             timer.round(group.pipeline.encode(prompt.text), WIDTH_ROUNDS_PER_PROMPT)
@@ -104,10 +105,20 @@ def tune_k(groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens:
                 ssp_runs.setdefault(k, []).append(runs[k])
                 if on_step:
                     on_step(f"k={k} · {prompt.category}")
+        costs.update(dict.fromkeys(group.generators, timer.cost()))
         del group  # on Neuron: release this k's compiled target before the next one loads
-    cost = timer.cost() if timer else None
-    rows = [k_row(k, plain_runs[k], ssp_runs[k], setups[k], cost, padded) for k in sorted(ssp_runs)]
-    return TuneKResult(rows, len(prompts), max_new_tokens, cost)
+    rows = [k_row(k, plain_runs[k], ssp_runs[k], setups[k], costs.get(k), padded) for k in sorted(ssp_runs)]
+    return TuneKResult(rows, len(prompts), max_new_tokens, merged_cost(list(costs.values())))
+
+
+def merged_cost(costs: list[WidthCost]) -> WidthCost | None:
+    """One curve for the report: each width from the first target that timed it (one target: its own)."""
+    if not costs:
+        return None
+    ms: dict[int, float] = {}
+    for cost in costs:
+        ms.update({w: t for w, t in cost.ms.items() if w not in ms})
+    return WidthCost(ms, costs[0].prefill_ms)
 
 
 def _measure(group: KGroup, prompt: BenchPrompt, max_new_tokens: int, turn: int) -> dict[int, GenerationStats]:

@@ -35,6 +35,12 @@ class Instance:
     price_source: str
 
     @property
+    def cores_text(self) -> str:
+        """'32 NeuronCores', or on trn2 '64 logical NeuronCores (LNC=2)': two physical cores per logical one."""
+        return f"{self.neuron_cores} logical NeuronCores (LNC=2)" if self.generation == "trn2" else \
+            f"{self.neuron_cores} NeuronCores"
+
+    @property
     def hbm_per_core_bytes(self) -> int:
         return self.hbm_per_core_gib * GIB
 

@@ -26,8 +26,14 @@ FUSED_ACCEPTORS = ("greedy", "probabilistic")  # what the on-device selection do
 
 def check_engine(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
                  report: ValidationReport) -> None:
+    nxdi = config.platform.backend == "neuron" and config.neuron.library == "nxdi"
+    if config.speculation.engine == "library" and nxdi:
+        report.errors.append(Problem(
+            "speculation.engine", "library", "engine 'library' is transformers-neuronx's SpeculativeGenerator loop",
+            "use engine: native (our loop on the NxD Inference models) or fused (NxDI's fused speculation), "
+            "or neuron.library: transformers-neuronx"))
     if config.speculation.engine == "fused":
-        report.errors.extend(fused_problems(config, models))
+        report.errors.extend(nxdi_fused_problems(config, models) if nxdi else fused_problems(config, models))
     if config.speculation.engine == "library" and token_zero_is_ordinary(config.target, architectures.get("target")):
         report.warnings.append(Problem(
             "speculation.engine", "library",
@@ -78,6 +84,47 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
                                     f"{config.generation.max_new_tokens} new = {sequence}) <= n_positions - (k-1) "
                                     "(sample() asserts sequence_length <= max_position - k, its k = ours - 1)",
                                     f"set {role}.n_positions to at least {sequence + spec.k - 1}"))
+    return problems
+
+
+def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
+    """What NxD Inference's fused speculation (NeuronFusedSpecModel, model_base.py:1598 at 4bcdc54b) cannot do.
+
+    Its graph drafts greedily k times and verifies the window with the target's on-device sampling
+    (`_token_gen_forward`, model_base.py:1812); a draft token is accepted while it equals the target's own token
+    (`_tkg_postprocessor`, model_base.py:2799). With do_sample the target samples only the window's last
+    position (`_sample_on_device`, model_base.py:1162, marked FIXME), so only greedy decoding is defined; the
+    draft's process group must divide the target's tp (`initialize_speculative_draft_group`, NxD
+    parallel_state.py:1533 at fbac349b)."""
+    spec, problems, native = config.speculation, [], "or use speculation.engine: native"
+    if spec.drafter != "model":
+        problems.append(Problem("speculation.drafter", spec.drafter,
+                                "NxDI fused speculation drafts with a draft model inside its graph",
+                                f"set drafter: model with a draft section, {native}"))
+    if spec.policy != "fixed":
+        problems.append(Problem("speculation.policy", spec.policy,
+                                "NxDI fused speculation drafts k-1 tokens every call (speculation_length is compiled)",
+                                f"use policy: fixed, {native}"))
+    if spec.acceptor not in FUSED_ACCEPTORS:
+        problems.append(Problem("speculation.acceptor", spec.acceptor,
+                                "NxDI fused speculation accepts on device (a draft token is kept while it equals the "
+                                "target's own token)", f"use acceptor: greedy, {native}"))
+    if config.sampling.temperature > 0:
+        problems.append(Problem("sampling.temperature", config.sampling.temperature,
+                                "NxDI's fused speculation samples only the last position of the window when "
+                                "do_sample is on (model_base.py:1162 at 4bcdc54b, a FIXME there), so it is defined "
+                                "for greedy decoding only", f"set sampling.temperature: 0, {native} (samples "
+                                "losslessly with acceptor: probabilistic)"))
+    draft, target = models.get("draft"), models["target"]
+    if draft is not None and target.tp_degree % draft.tp_degree:
+        problems.append(Problem("draft.tp_degree", draft.tp_degree,
+                                f"NxDI fused speculation runs the draft on a group of ranks that divides the "
+                                f"target's tp ({target.tp_degree})",
+                                f"use a draft tp_degree that divides {target.tp_degree}"))
+    if draft is not None and draft.first_core != target.first_core:
+        problems.append(Problem("draft.first_core", draft.first_core,
+                                "NxDI fused speculation compiles the draft into the target's graph, on its ranks",
+                                f"set draft.first_core: {target.first_core}"))
     return problems
 
 

@@ -12,7 +12,7 @@ from neuron_ssp.config import ModelConfig
 from neuron_ssp.topology.catalog import Instance
 from neuron_ssp.topology.memory import footprint, usable_bytes_per_core
 from neuron_ssp.topology.models import Architecture
-from neuron_ssp.topology.parallelism import allowed_tp_degrees, tp_tested
+from neuron_ssp.topology.parallelism import allowed_tp_degrees, runs_on, tp_tested
 
 
 @dataclass(frozen=True)
@@ -21,12 +21,13 @@ class Placed:
 
     model: ModelConfig
     architecture: Architecture
+    library: str = "transformers-neuronx"  # neuron.library: how heads are sharded
 
 
 def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
     """Device memory per core when every model uses the same `tp_degree` cores."""
     return sum(
-        footprint(p.architecture, p.model.dtype, tp_degree, p.model.n_positions, p.model.batch_size)
+        footprint(p.architecture, p.model.dtype, tp_degree, p.model.n_positions, p.model.batch_size, p.library)
         .bytes_per_core
         for p in models
     )
@@ -34,6 +35,8 @@ def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
 
 def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:
     """Every tp degree the instance accepts at which the models fit together, smallest first."""
+    if not all(runs_on(p.library, instance.generation) for p in models):
+        return []
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
     return [
         tp for tp in allowed_tp_degrees(instance.generation, instance.neuron_cores)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig, greedy_acceptor_problem
 from neuron_ssp.errors import Problem
-from neuron_ssp.speculation.positions import draft_slots, library_target_slots, target_slots
+from neuron_ssp.speculation.positions import draft_slots, library_target_slots, padded_window_slots, target_slots
 from neuron_ssp.topology.models import ARCHITECTURES, Architecture
 from neuron_ssp.topology.report import ValidationReport
 
@@ -32,12 +32,16 @@ def check_positions(config: Config, models: dict[str, ModelConfig], report: Vali
     generation, k = config.generation, config.speculation.k
     prompt, new = generation.max_prompt_tokens or 1, generation.max_new_tokens
     library = config.speculation.engine == "library"
-    needs = {"target": library_target_slots(prompt, new, k) if library else target_slots(prompt, new),
-             "draft": draft_slots(prompt, new)}
+    nxdi = config.platform.backend == "neuron" and config.neuron.library == "nxdi"
+    fused_nxdi = nxdi and config.speculation.engine == "fused"
+    needs = {"target": (padded_window_slots(prompt, new, k) if nxdi else library_target_slots(prompt, new, k)
+                        if library else target_slots(prompt, new)),
+             "draft": padded_window_slots(prompt, new, k) if fused_nxdi else draft_slots(prompt, new)}
     prompt_text = (f"max_prompt_tokens ({prompt})" if generation.max_prompt_tokens
                    else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)")
-    how = {"target": f"prompt + max_new_tokens - 1{' + k (engine: library)' if library else ''}",
-           "draft": "prompt + max_new_tokens - 2 (the prompt's at least)"}
+    windows = "prompt + max_new_tokens - 2 + k (NxD Inference scores every window k wide)"
+    how = {"target": windows if nxdi else f"prompt + max_new_tokens - 1{' + k (engine: library)' if library else ''}",
+           "draft": windows if fused_nxdi else "prompt + max_new_tokens - 2 (the prompt's at least)"}
     for role, model in models.items():
         needed = needs[role]
         if model.n_positions < needed:

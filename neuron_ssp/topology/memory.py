@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from neuron_ssp.topology.catalog import GIB
 from neuron_ssp.topology.models import Architecture
-from neuron_ssp.topology.parallelism import heads_on_device
+from neuron_ssp.topology.parallelism import device_heads
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -39,13 +39,13 @@ class Footprint:
 
 
 def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int,
-              batch_size: int) -> Footprint:
+              batch_size: int, library: str = "transformers-neuronx") -> Footprint:
     """Weights: params x bytes, split over tp, plus the attention weights that padding and replication
-    add (`heads_on_device`): 70B's 64 heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv
+    add (`device_heads`: each library's rule): 70B's 64 heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv
     heads x head dim x bytes per token, each core holding its share of the kv heads on device."""
     width = DTYPE_BYTES[dtype]
     tokens = n_positions * batch_size
-    q_heads, kv_heads = heads_on_device(architecture.heads, architecture.kv_heads, tp_degree)
+    q_heads, kv_heads = device_heads(library, architecture.heads, architecture.kv_heads, tp_degree)
     added_heads = 2 * (q_heads - architecture.heads) + 2 * (kv_heads - architecture.kv_heads)  # q, o; k, v
     added_params = architecture.layers * architecture.hidden * architecture.head_dim * added_heads
     weights = architecture.params * width

@@ -43,14 +43,16 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("llama-3-70b", 80, 8192, 64, 8, 128, 128256, 70_553_706_496),
         Architecture("llama-3.1-8b", 32, 4096, 32, 8, 128, 128256, 8_030_261_248),
         Architecture("llama-3.1-70b", 80, 8192, 64, 8, 128, 128256, 70_553_706_496),
+        Architecture("llama-3.2-1b", 16, 2048, 32, 8, 64, 128256, 1_235_814_400),  # tied embeddings
+        Architecture("llama-3.3-70b", 80, 8192, 64, 8, 128, 128256, 70_553_706_496),
         Architecture("smollm2-135m-instruct", 30, 576, 9, 3, 64, 49152, 134_515_008),
     )
 }
 
 EMBEDDED_ARCHITECTURES = {EMBEDDED_DEFAULT: ARCHITECTURES["smollm2-135m-instruct"]}
 
-# "Meta-Llama-3.1-70B-Instruct", "Llama-2-7b-chat-hf", "llama2_13b" -> llama-3.1-70b, ...
-_NAME_PATTERN = re.compile(r"llama-?(2|3\.1|3)-(\d+)b(?![a-z0-9])")
+# "Meta-Llama-3.1-70B-Instruct", "Llama-2-7b-chat-hf", "llama2_13b", "Llama-3.2-1B" -> llama-3.1-70b, ...
+_NAME_PATTERN = re.compile(r"llama-?(2|3\.[123]|3)-(\d+)b(?![a-z0-9])")
 
 
 def resolve_architecture(model: ModelConfig, role: str) -> Architecture:

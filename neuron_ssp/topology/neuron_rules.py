@@ -26,8 +26,9 @@ from neuron_ssp.topology.report import ValidationReport
 SUPPORTED = ", ".join(name for name, i in INSTANCES.items() if i.generation != "trn2")
 
 
-def check_instance(instance_type: str | None, report: ValidationReport) -> Instance | None:
-    """The instance the hardware rules use; None (and an error) when there is no usable one."""
+def check_instance(instance_type: str | None, report: ValidationReport,
+                   library: str = "transformers-neuronx") -> Instance | None:
+    """The instance the hardware rules use; None (and an error) when there is no usable one for `library`."""
     field = "platform.instance_type"
     if instance_type is None:
         report.errors.append(Problem(field, None, "required with platform.backend 'neuron'",
@@ -37,16 +38,25 @@ def check_instance(instance_type: str | None, report: ValidationReport) -> Insta
     if instance is None:
         near = similar_instances(instance_type)
         hint = f"did you mean {' or '.join(near)}? " if near else ""
-        report.errors.append(Problem(field, instance_type, "not a known Trn1/Inf2 instance type",
-                                     f"{hint}use one of {SUPPORTED}"))
+        known = ", ".join(INSTANCES) if library == "nxdi" else SUPPORTED
+        report.errors.append(Problem(field, instance_type, "not a known Neuron instance type",
+                                     f"{hint}use one of {known}"))
         return None
+    if library == "nxdi":
+        if instance.generation != "trn2":
+            report.warnings.append(Problem(
+                "neuron.library", library,
+                f"NxD Inference runs Llama on {instance.generation} up to Neuron SDK 2.28 (NxDI 0.8); from SDK 2.29 "
+                "its models are supported on Trn2 and newer only (NxDI release notes, 2.29.0)",
+                "use the NxD Inference venv of a Neuron SDK 2.28 DLAMI on this instance, or deploy on trn2.48xlarge"))
+        return instance
     if instance.generation == "trn2":
         report.errors.append(Problem(
             field, instance_type,
             "trn2 is not supported by transformers-neuronx (its last release line, SDK 2.25, "
             "targets Trn1 and Inf2)",
-            "deploy on trn1.32xlarge or inf2.48xlarge, or serve on trn2 with NxD Inference "
-            "(neuronx-distributed-inference), which supports speculative decoding there"))
+            "set neuron.library: nxdi (NxD Inference supports speculative decoding on trn2), or deploy on "
+            "trn1.32xlarge or inf2.48xlarge"))
         return None
     return instance
 
@@ -89,8 +99,12 @@ def check_batch(models: dict[str, ModelConfig], report: ValidationReport) -> Non
                 f"set {role}.batch_size to 1 and run several processes for throughput"))
 
 
-def check_placement(models: dict[str, ModelConfig], instance: Instance, report: ValidationReport) -> None:
-    """Core sets inside the instance; draft on exactly the target's cores (in-process loading).
+def check_placement(models: dict[str, ModelConfig], instance: Instance, report: ValidationReport,
+                    library: str = "transformers-neuronx") -> None:
+    """Core sets inside the instance; with transformers-neuronx the draft on exactly the target's cores
+    (in-process loading). NxD Inference loads each model on its own ranks (`load(dir, start_rank_id,
+    local_ranks_size)`) and its own demo gives the draft a tp of its own (inference_demo.py:520,
+    `--draft-model-tp-degree`), so there only the bounds apply (engine fused: engine_rules).
     Runs after check_tp and check_memory, so its fix can tell whether the target's tp is sound."""
     for role, model in models.items():
         cores = core_set(model)
@@ -100,7 +114,7 @@ def check_placement(models: dict[str, ModelConfig], instance: Instance, report: 
                 f"cores {cores} run past the {instance.neuron_cores} NeuronCores of {instance.name} "
                 f"(0-{instance.neuron_cores - 1})",
                 f"set {role}.first_core to at most {instance.neuron_cores - model.tp_degree}"))
-    if "draft" not in models:
+    if "draft" not in models or library == "nxdi":
         return
     target, draft = models["target"], models["draft"]
     target_cores, draft_cores = core_set(target), core_set(draft)
@@ -135,7 +149,7 @@ def check_memory(placed: dict[str, Placed], instance: Instance, report: Validati
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
     per_core = {
         role: footprint(p.architecture, p.model.dtype, p.model.tp_degree, p.model.n_positions,
-                        p.model.batch_size).bytes_per_core
+                        p.model.batch_size, p.library).bytes_per_core
         for role, p in placed.items()
     }
     limit = (f"more than the {gib(usable):.2f} GiB usable of {instance.hbm_per_core_gib} GiB HBM "

@@ -10,13 +10,24 @@ import math
 
 from neuron_ssp.topology.catalog import Generation
 
-# Neuron docs: the tp degrees tested for transformers-neuronx on each platform.
-TESTED_TP: dict[str, tuple[int, ...]] = {"trn1": (1, 2, 8, 16, 32), "inf2": (1, 2, 4, 8, 12, 24)}
+# Neuron docs: the tp degrees tested for transformers-neuronx on each platform; trn2 (NxD Inference only): the
+# degrees of the NxDI Trn2 tutorials (Llama-3.1-405B and Llama-3.3-70B at 64, the 70B data-parallel one at 32).
+TESTED_TP: dict[str, tuple[int, ...]] = {"trn1": (1, 2, 8, 16, 32), "inf2": (1, 2, 4, 8, 12, 24), "trn2": (32, 64)}
 
 TP_RULE: dict[str, str] = {
     "trn1": "Trn1 accepts tp_degree 1, 2, 8, 16 or a multiple of 32",
     "inf2": "Inf2 accepts tp_degree 1 or a multiple of 2",
+    "trn2": "Trn2 at LNC=2 (64 logical NeuronCores) accepts a power of two up to 64 with NxD Inference",
 }
+
+
+# The instance generations each Neuron library runs on: transformers-neuronx never supported Trn2; NxD Inference
+# runs on all three (Trn1/Inf2 models up to SDK 2.28, NxDI 0.8; Trn2 and newer only from SDK 2.29, its release notes)
+GENERATIONS: dict[str, tuple[str, ...]] = {"transformers-neuronx": ("inf2", "trn1"), "nxdi": ("inf2", "trn1", "trn2")}
+
+
+def runs_on(library: str, generation: str) -> bool:
+    return generation in GENERATIONS[library]
 
 
 def tp_allowed(generation: Generation, tp_degree: int) -> bool:
@@ -26,7 +37,7 @@ def tp_allowed(generation: Generation, tp_degree: int) -> bool:
         return tp_degree in (1, 2, 8, 16) or tp_degree % 32 == 0
     if generation == "inf2":
         return tp_degree == 1 or tp_degree % 2 == 0
-    return False  # trn2: transformers-neuronx does not run there, so no degree is accepted
+    return tp_degree & (tp_degree - 1) == 0  # trn2 (NxD Inference): collectives over a power-of-two group
 
 
 def tp_tested(generation: Generation, tp_degree: int) -> bool:
@@ -76,3 +87,25 @@ def heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int
         replicas = heads // kv_heads
     replicated = max(kv_heads * replicas, tp_degree)
     return q_heads, q_heads if replicated == heads else replicated
+
+
+def nxdi_heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int]:
+    """(query heads, key/value heads) that NxD Inference places over all ranks. Query heads are padded to a
+    multiple of tp; GQA key/value heads are kept when tp divides them, replicated to tp when tp is a multiple
+    of them (GQA.REPLICATE_TO_TP_DEGREE, the default), otherwise converted to MHA (as many as the padded query
+    heads). Source: aws-neuron/neuronx-distributed-inference modules/attention/gqa.py
+    (determine_sharding_strategy, get_shardable_head_counts, lines 62-101) at 4bcdc54b."""
+    q_heads = padded_heads(heads, tp_degree)
+    if kv_heads == heads:
+        return q_heads, q_heads
+    if kv_heads >= tp_degree and kv_heads % tp_degree == 0:
+        return q_heads, kv_heads
+    if tp_degree % kv_heads == 0:
+        return q_heads, tp_degree
+    return q_heads, q_heads
+
+
+def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int) -> tuple[int, int]:
+    """The head counts on device under the library that shards them."""
+    shard = nxdi_heads_on_device if library == "nxdi" else heads_on_device
+    return shard(heads, kv_heads, tp_degree)

@@ -23,7 +23,7 @@ from neuron_ssp.topology.memory import (
     usable_bytes_per_core,
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
-from neuron_ssp.topology.parallelism import allowed_tp_degrees, heads_on_device
+from neuron_ssp.topology.parallelism import allowed_tp_degrees, device_heads, runs_on
 from neuron_ssp.topology.placement import (
     CoreSet,
     busiest_core_bytes,
@@ -68,6 +68,7 @@ class DeploymentPlan:
     ms_per_token: float | None
     ms_per_token_source: str
     refusal: str | None = None  # why no tp fits on this instance; None when one does
+    library: str = "transformers-neuronx"  # neuron.library: whose head sharding the per-core figures follow
 
     @property
     def headroom_fraction(self) -> float:
@@ -108,6 +109,7 @@ class DeploymentPlan:
             "fitting_tp_degrees": self.fitting_tp_degrees,
             "recommended_tp": self.recommended_tp,
             "refusal": self.refusal,
+            "library": self.library,
             "cost_per_hour": self.cost_per_hour,
             "ms_per_token": self.ms_per_token,
             "ms_per_token_source": self.ms_per_token_source,
@@ -121,7 +123,7 @@ def plan_deployment(config: Config, instance_type: str | None = None,
     known instance or a model's architecture cannot be told. It plans what is asked even if it does
     not fit (`fits` says so); `validate_config` says what to change."""
     instance = _instance(instance_type or config.platform.instance_type)
-    placed = _placed(loaded_models(config))
+    placed = _placed(loaded_models(config), config.neuron.library)
     plans = {role: _model_plan(role, p, instance) for role, p in placed.items()}
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
@@ -147,15 +149,18 @@ def plan_deployment(config: Config, instance_type: str | None = None,
         ms_per_token=ms_per_token,
         ms_per_token_source=source,
         refusal=None if fitting else refusal(list(placed.values()), instance),
+        library=config.neuron.library,
     )
 
 
 def refusal(models: list[Placed], instance: Instance) -> str:
     """Why no tp degree hosts `models` on `instance`: the library, the total memory, or the largest tp."""
-    if instance.generation == "trn2":
-        return "transformers-neuronx does not support trn2 (NxD Inference does)"
-    need = sum(cores_needed(footprint(p.architecture, p.model.dtype, 1, p.model.n_positions, p.model.batch_size),
-                            instance.hbm_per_core_bytes) for p in models)
+    library = models[0].library
+    if not runs_on(library, instance.generation):
+        return (f"{library} does not support {instance.generation} (NxD Inference does: set neuron.library: nxdi, "
+                "with a DLAMI of SDK 2.29 or later)")
+    need = sum(cores_needed(footprint(p.architecture, p.model.dtype, 1, p.model.n_positions, p.model.batch_size,
+                                      p.library), instance.hbm_per_core_bytes) for p in models)
     if need > instance.neuron_cores:
         return f"weights + KV cache fill {need:.1f} cores' usable HBM; it has {instance.neuron_cores} cores"
     tp = max(allowed_tp_degrees(instance.generation, instance.neuron_cores))
@@ -164,7 +169,7 @@ def refusal(models: list[Placed], instance: Instance) -> str:
               f"over the {gib(usable):.2f} GiB usable")
     padded = [f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
               for p in models
-              for q, kv in [heads_on_device(p.architecture.heads, p.architecture.kv_heads, tp)]
+              for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp)]
               if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)]
     return reason + (f" (padded and replicated, query/kv: {'; '.join(padded)})" if padded else "")
 
@@ -195,11 +200,11 @@ def _instance(instance_type: str | None) -> Instance:
     return instance
 
 
-def _placed(models: dict[str, ModelConfig]) -> dict[str, Placed]:
+def _placed(models: dict[str, ModelConfig], library: str) -> dict[str, Placed]:
     problems, placed = [], {}
     for role, model in models.items():
         try:
-            placed[role] = Placed(model, resolve_architecture(model, role))
+            placed[role] = Placed(model, resolve_architecture(model, role), library)
         except UsageError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -209,7 +214,7 @@ def _placed(models: dict[str, ModelConfig]) -> dict[str, Placed]:
 
 def _model_plan(role: str, placed: Placed, instance: Instance) -> ModelPlan:
     model, architecture = placed.model, placed.architecture
-    usage = footprint(architecture, model.dtype, model.tp_degree, model.n_positions, model.batch_size)
+    usage = footprint(architecture, model.dtype, model.tp_degree, model.n_positions, model.batch_size, placed.library)
     alone = fitting_tp_degrees([placed], instance)
     return ModelPlan(
         role=role, path=model.path, architecture=architecture, dtype=model.dtype,

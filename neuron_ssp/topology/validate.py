@@ -44,15 +44,15 @@ def validate_config(config: Config) -> ValidationReport:
 def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
                   report: ValidationReport) -> None:
     check_batch(models, report)
-    instance = check_instance(config.platform.instance_type, report)
+    instance = check_instance(config.platform.instance_type, report, config.neuron.library)
     if instance is None:
         return
     for role, model in models.items():
         check_tp(role, model, architectures.get(role), instance, report)
     if len(architectures) == len(models):
-        placed = {role: Placed(model, architectures[role]) for role, model in models.items()}
+        placed = {role: Placed(model, architectures[role], config.neuron.library) for role, model in models.items()}
         check_memory(placed, instance, report)
-    check_placement(models, instance, report)
+    check_placement(models, instance, report, config.neuron.library)
 
 
 def _resolve(models: dict[str, ModelConfig], report: ValidationReport,

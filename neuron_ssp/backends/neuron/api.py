@@ -17,7 +17,6 @@ class declares every name in it.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import re
 import warnings
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from neuron_ssp.backends.imports import import_library
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
 
@@ -98,14 +98,9 @@ class NeuronxApi:
 
 def load_neuronx() -> NeuronxApi:
     """The installed library, or a RuntimeProblem that says what is missing and how to install it."""
-    try:
-        package = importlib.import_module("transformers_neuronx")
-        llama = importlib.import_module("transformers_neuronx.llama.model")
-        speculation = importlib.import_module("transformers_neuronx.speculation")
-    except ImportError as exc:
-        raise RuntimeProblem(
-            Problem("platform.backend", "neuron", f"transformers-neuronx does not import ({exc})", INSTALL)
-        ) from None
+    package, llama, speculation = import_library(
+        ("transformers_neuronx", "transformers_neuronx.llama.model", "transformers_neuronx.speculation"),
+        "platform.backend", "neuron", "transformers-neuronx", INSTALL)
     version = str(getattr(package, "__version__", "unknown"))
     llama_class = getattr(llama, "LlamaForSampling", None)
     missing = [name for name in REQUIRED_METHODS if not hasattr(llama_class, name)]

@@ -54,7 +54,8 @@ class ArtifactSpec:
             window = f"k{self.speculation_lengths[0]}"
         else:
             window = "speculation"  # one directory for the set of k: a new compile replaces it
-        return f"{slug}-{c['amp']}-tp{c['tp_degree']}-npos{c['n_positions']}-{digest}/{window}"
+        dtype, positions = c.get("amp", c.get("torch_dtype")), c.get("n_positions", c.get("seq_len"))  # tnx | NxDI
+        return f"{slug}-{dtype}-tp{c['tp_degree']}-npos{positions}-{digest}/{window}"
 
     def with_lengths(self, speculation_lengths: list[int] | None) -> ArtifactSpec:
         return replace(self, speculation_lengths=speculation_lengths)

@@ -22,7 +22,8 @@ SYSFS_INSTANCE_TYPE = "/sys/devices/virtual/neuron_device/neuron0/info/architect
 NEURON_LS_FALLBACK = "/opt/aws/neuron/bin/neuron-ls"
 DLAMI_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"  # transformers-neuronx venv, SDK 2.24-2.25
 DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
-PACKAGES = ("transformers-neuronx", "torch-neuronx", "neuronx-cc", "libneuronxla", "torch", "transformers")
+PACKAGES = ("transformers-neuronx", "neuronx-distributed-inference", "neuronx-distributed", "torch-neuronx",
+            "neuronx-cc", "libneuronxla", "torch", "transformers")
 # NeuronCore count -> instance, only where the count alone tells (2 cores: inf2.xlarge/8xlarge, trn1.2xlarge)
 INSTANCE_BY_CORES = {12: "inf2.24xlarge", 24: "inf2.48xlarge"}
 

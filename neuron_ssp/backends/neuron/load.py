@@ -76,20 +76,26 @@ def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:
     """Everything that must hold before the first model touches the Neuron runtime."""
     validate_config(config).raise_if_invalid()
     api = load_neuronx()
+    prepare_device(config, plan)
+    return api
+
+
+def prepare_device(config: Config, plan: DeploymentPlan) -> None:
+    """A Neuron device is here; the plan's cores and the compile cache are set before the runtime starts
+    (both libraries read them once, when the runtime starts)."""
     if not device_nodes():
         raise RuntimeProblem(
             Problem(
                 "platform.backend",
                 "neuron",
                 "no Neuron device on this machine (no /dev/neuron*)",
-                "run on an inf2 / trn1 instance with the Neuron driver (aws-neuronx-dkms), or use "
+                "run on an inf2 / trn1 / trn2 instance with the Neuron driver (aws-neuronx-dkms), or use "
                 "platform.backend: torch; `neuron-ssp doctor` shows what this machine has",
             )
         )
     set_visible_cores(plan.visible_cores)
     if config.neuron.compile_cache_url:
         os.environ[COMPILE_CACHE_ENV] = config.neuron.compile_cache_url
-    return api
 
 
 def set_visible_cores(cores: str) -> None:

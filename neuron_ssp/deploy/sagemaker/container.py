@@ -1,5 +1,9 @@
 """The neuron-ssp engine's container: the config rewritten to the /opt/ml/model mount, as environment.
 
+SageMaker copies the S3 prefix given as `ModelDataSource.S3DataSource` (S3Prefix, uncompressed) to
+`/opt/ml/model`, for either engine. Each model of the config goes in a folder named like the last part
+of its path, as in the EC2 deploy's `--weights-s3-uri`, and compiled artifacts go in `compiled/`.
+
 The image (deploy/sagemaker/Dockerfile) starts `neuron-ssp serve --sagemaker` on the config it finds
 in NEURON_SSP_CONFIG (JSON, which is YAML). Paths point at the mount: SageMaker copies the model
 prefix there, read-only, so the compile cache goes to /tmp. With network isolation the container
@@ -9,16 +13,27 @@ reaches nothing, S3 included, so an s3:// artifact location is refused, not disc
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Any
 
 from neuron_ssp.config import Config
-from neuron_ssp.deploy.sagemaker.mount import COMPILED_FOLDER, MODEL_MOUNT, mounted
 from neuron_ssp.errors import Problem
 
+MODEL_MOUNT = "/opt/ml/model"
+COMPILED_FOLDER = "compiled"
 CONFIG_ENV = "NEURON_SSP_CONFIG"
 CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 WRITABLE_CACHE = "/tmp/neuron-compile-cache"
 MAX_ENV_VALUE = 1024  # botocore sagemaker EnvironmentValue max length
+
+
+def folder_name(path: str) -> str:
+    """/opt/models/Llama-2-70b-hf -> Llama-2-70b-hf (also for s3:// URIs and trailing slashes)."""
+    return posixpath.basename(path.rstrip("/")) or path
+
+
+def mounted(path: str, root: str = MODEL_MOUNT) -> str:
+    return posixpath.join(root, folder_name(path))
 
 
 def container_config(config: Config) -> dict[str, Any]:

@@ -1,21 +1,22 @@
 """Create an endpoint and wait for it; never leave something billing by accident.
 
-`create_endpoint` records each resource as it is created. If anything fails afterwards (the endpoint
-goes to Failed, a timeout, Ctrl-C, an AWS error) it shows SageMaker's FailureReason with the tail of
-the CloudWatch log and deletes what it created, or with keep_on_failure says what still bills.
+`create_endpoint` records each resource as its request is sent, before the answer: an answer can be
+lost (a timeout, a botocore retry told "already existing", Ctrl-C) while the resource exists. If
+anything fails (the endpoint goes to Failed, a timeout, Ctrl-C, an AWS error) it shows SageMaker's
+FailureReason with the tail of the CloudWatch log and looks up and deletes every piece it asked for,
+or with keep_on_failure says what still bills.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-
+from neuron_ssp.deploy.progress import Progress
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.cloudwatch import log_group, tail
 from neuron_ssp.deploy.sagemaker.errors import find_existing, sagemaker_errors
 from neuron_ssp.deploy.sagemaker.plan import DOWNLOAD_TIMEOUT_S, STARTUP_TIMEOUT_S, EndpointPlan
-from neuron_ssp.deploy.sagemaker.teardown import Created, delete_endpoint
+from neuron_ssp.deploy.sagemaker.teardown import PIECES, Created, Removal, delete_endpoint
 from neuron_ssp.deploy.waiting import Pacing, wait_until
 from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
 
@@ -25,7 +26,7 @@ LOG_LINES_ON_FAILURE = 40
 
 
 def create_endpoint(
-    plan: EndpointPlan, clients: SageMakerClients, *, pacing: Pacing, console: Console
+    plan: EndpointPlan, clients: SageMakerClients, *, pacing: Pacing, progress: Progress
 ) -> dict[str, Any]:
     """Create model, endpoint config, endpoint; wait for InService; attach autoscaling."""
     created = Created()
@@ -37,26 +38,27 @@ def create_endpoint(
     }
     try:
         with sagemaker_errors("sagemaker", **context):
-            clients.sagemaker.create_model(**plan.model_request)
-            created.model = True
-            console.print(f"[green]✓[/green] model {plan.name} ({plan.engine}, {plan.image_uri})")
-            clients.sagemaker.create_endpoint_config(**plan.endpoint_config_request)
-            created.endpoint_config = True
-            console.print(f"[green]✓[/green] endpoint config {plan.name} ({plan.instances} × {plan.ml_instance_type})")
-            clients.sagemaker.create_endpoint(**plan.endpoint_request)
-            created.endpoint = True
-        console.print(
+            created.request("model", lambda: clients.sagemaker.create_model(**plan.model_request))
+            progress.done(f"model {plan.name} ({plan.engine}, {plan.image_uri})")
+            created.request(
+                "endpoint config", lambda: clients.sagemaker.create_endpoint_config(**plan.endpoint_config_request)
+            )
+            progress.done(f"endpoint config {plan.name} ({plan.instances} × {plan.ml_instance_type})")
+            created.request("endpoint", lambda: clients.sagemaker.create_endpoint(**plan.endpoint_request))
+        progress.note(
             f"endpoint {plan.name} is being created: it bills "
             f"{plan.price.text(plan.instances)} from now until it is deleted"
         )
-        wait_in_service(clients, plan.name, pacing, console)
+        wait_in_service(clients, plan.name, pacing, progress)
         if plan.scaling is not None:
+            scaling = plan.scaling
             with sagemaker_errors("application-autoscaling", **context):
-                clients.autoscaling.register_scalable_target(**plan.scaling.register_request())
-                created.scaling = True
-                clients.autoscaling.put_scaling_policy(**plan.scaling.policy_request())
-            console.print(
-                f"[green]✓[/green] autoscaling {plan.scaling.min_instances}-{plan.scaling.max_instances} "
+                created.request(
+                    "scaling", lambda: clients.autoscaling.register_scalable_target(**scaling.register_request())
+                )
+                clients.autoscaling.put_scaling_policy(**scaling.policy_request())
+            progress.done(
+                f"autoscaling {plan.scaling.min_instances}-{plan.scaling.max_instances} "
                 f"instances on {plan.scaling.metric}, target {plan.scaling.target_value:g}"
             )
         with sagemaker_errors("sagemaker", **context):
@@ -88,7 +90,7 @@ def check_name_free(clients: SageMakerClients, name: str) -> None:
         )
 
 
-def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, console: Console) -> None:
+def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, progress: Progress) -> None:
     def check() -> tuple[bool, str]:
         with sagemaker_errors("sagemaker", region=clients.region):
             endpoint = clients.sagemaker.describe_endpoint(EndpointName=name)
@@ -102,7 +104,7 @@ def wait_in_service(clients: SageMakerClients, name: str, pacing: Pacing, consol
         check,
         timeout_s=ENDPOINT_TIMEOUT_S,
         pacing=pacing,
-        console=console,
+        progress=progress,
         fix=f"read the container log: neuron-ssp deploy endpoint logs {name} --region {clients.region}",
     )
 
@@ -144,24 +146,18 @@ def _cause(exc: BaseException, plan: EndpointPlan) -> list[Problem]:
 
 
 def _abandon(created: Created, cause: list[Problem], plan: EndpointPlan, clients: SageMakerClients) -> RuntimeProblem:
-    """After a failure: delete what was created, or (keep_on_failure) say what still bills."""
-    pieces = [
-        kind
-        for kind, made in (
-            ("scaling", created.scaling),
-            ("endpoint", created.endpoint),
-            ("endpoint config", created.endpoint_config),
-            ("model", created.model),
-        )
-        if made
-    ]
-    if not pieces:
+    """After a failure: look up and delete every piece asked for, or (keep_on_failure) say what still bills."""
+    if not created.sent:
         return RuntimeProblem(cause)
     billing = f"{plan.instances} × {plan.ml_instance_type} in {plan.region} at {plan.price.text(plan.instances)}"
     if plan.keep_on_failure:
-        what = f"kept after the failure: {', '.join(pieces)}"
-        if created.endpoint:
-            what += f"; the endpoint bills {billing} until it is deleted"
+        made = [piece for piece in PIECES if piece in created.made]
+        unsure = [piece for piece in PIECES if piece in created.sent and piece not in created.made]
+        what = f"kept after the failure: {', '.join(made) or 'nothing confirmed'}"
+        if unsure:
+            what += f"; maybe also {', '.join(unsure)} (asked for, the answer was lost)"
+        if "endpoint" in created.sent:
+            what += f"; the endpoint {'bills' if 'endpoint' in made else 'would bill'} {billing} until it is deleted"
         return RuntimeProblem(
             [
                 *cause,
@@ -174,30 +170,32 @@ def _abandon(created: Created, cause: list[Problem], plan: EndpointPlan, clients
             ]
         )
     try:
-        left = delete_endpoint(clients, plan.name, only=created)
+        removal = delete_endpoint(clients, plan.name, only=created.sent)
     except KeyboardInterrupt:
-        left = [f"{', '.join(pieces)} (interrupted while deleting)"]
-    if left:
+        removal = Removal(left=[f"{', '.join(created.sent)} (interrupted while deleting)"])
+    if removal.left:
         return RuntimeProblem(
             [
                 *cause,
                 Problem(
                     "endpoint",
                     plan.name,
-                    f"could NOT delete {', '.join(left)}"
-                    + (f"; it may still bill {billing}" if created.endpoint else ""),
+                    f"could NOT delete {', '.join(removal.left)}"
+                    + (f"; it may still bill {billing}" if "endpoint" in created.sent else ""),
                     f"run `neuron-ssp deploy endpoint delete {plan.name} --region {plan.region}` "
                     f"(or aws sagemaker delete-endpoint --endpoint-name {plan.name} --region {plan.region})",
                 ),
             ]
         )
+    if not removal.deleted:
+        return RuntimeProblem(cause)  # what was asked for was refused: nothing exists
     return RuntimeProblem(
         [
             *cause,
             Problem(
                 "endpoint",
                 plan.name,
-                f"deleted what was created ({', '.join(pieces)}); nothing is left billing",
+                f"deleted what was created ({', '.join(removal.deleted)}); nothing is left billing",
                 "fix the cause above and create again; --keep-on-failure keeps the endpoint for debugging",
             ),
         ]

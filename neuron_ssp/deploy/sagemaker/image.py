@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_ssp.deploy import tags
+from neuron_ssp.deploy.ami import DlamiPin
 from neuron_ssp.deploy.errors import translatable
 from neuron_ssp.deploy.sagemaker.errors import is_not_found, sagemaker_errors, translate_sagemaker
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -31,6 +32,11 @@ class DockerStep:
 
     def text(self) -> str:
         return self.shown or shlex.join(self.argv)
+
+
+def image_tag(version_tag: str, pin: DlamiPin | None = None) -> str:
+    """This version's tag; an NxD Inference image (its own DLC base) says so, so it never replaces the other."""
+    return version_tag if pin is None or pin.dlc is None else f"{version_tag}-nxdi-sdk{pin.sdk}"
 
 
 def local_tag(version_tag: str) -> str:

@@ -1,11 +1,19 @@
-"""SageMaker instance types (ml.*) mapped to the topology catalog, and their hosting prices.
+"""SageMaker instance types (ml.*) mapped to the topology catalog, their storage and hosting prices.
 
 SageMaker bills hosting at its own rates, higher than EC2 on-demand for the same machine, so the
 EC2 prices of the catalog are not reused here.
+
+Storage: SageMaker copies the model prefix onto the instance. trn1/trn1n carry local NVMe instance
+store (EC2: trn1.2xlarge 1 x 474 GB, trn1.32xlarge and trn1n.32xlarge 4 x 1900 GB), where the copy goes,
+encrypted by the instance's hardware; inf2 has none, so the copy goes to an EBS volume whose default
+is too small for a 70B pair. SageMaker's guidance for large models ("SageMaker AI endpoint parameters
+for large model inference"): on an instance without a local disk, a model over 30 GB needs the
+variant's `VolumeSizeInGB` set slightly larger than the model (botocore: 1 to 512).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from neuron_ssp.errors import Problem, UsageError
@@ -38,6 +46,26 @@ HOSTED_NEURON_TYPES = (
     "ml.trn1.32xlarge",
     "ml.trn1n.32xlarge",
 )
+
+
+LOCAL_NVME_FAMILIES = ("trn1", "trn1n")
+# Room beyond the weights on the EBS volume: tokenizer and config files, compiled graphs in compiled/,
+# the checkpoint's own dtype when it is wider than the config's (20 %), and the container's scratch.
+VOLUME_MARGIN = 1.2
+VOLUME_SPARE_GB = 20
+MAX_VOLUME_GB = 512  # botocore sagemaker ProductionVariantVolumeSizeInGB
+
+
+def has_local_nvme(ml_instance_type: str) -> bool:
+    return ml_instance_type.removeprefix(ML_PREFIX).split(".")[0] in LOCAL_NVME_FAMILIES
+
+
+def volume_size_gb(weight_bytes: int) -> int:
+    """The EBS volume for an instance without local disk: the weights with margin, in GiB (EBS's GB).
+
+    A config that passed the topology rules fits in its inf2's HBM (at most 384 GiB on inf2.48xlarge,
+    three quarters of it usable), so this stays well under MAX_VOLUME_GB."""
+    return math.ceil(weight_bytes / 2**30 * VOLUME_MARGIN) + VOLUME_SPARE_GB
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,39 @@ and the draft proposes `speculative_length - 1` tokens: it is our window k (the 
 of tokens the draft generates" is off by one). LMI accepts with `LMIGreedyTokenAcceptor` (the target's
 argmax), speculates only in its naive rolling-batch scheduler (no continuous batching) at batch 1,
 and reports no acceptance metrics per request.
+
+`compiled_graph_path` / `draft_model_compiled_path` (tnx_properties.py `compiled_path_validator`,
+lines 227-239 at afece25d) take an `s3://bucket/key` NEFF cache (set as NEURON_COMPILE_CACHE_URL) or an
+existing directory, which `neuron_utils/model_loader.py` (lines 392-397) hands to `model.load(dir)`: a
+transformers-neuronx `save()` layout. A compile cache is not that, so only an S3 cache is passed on.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from neuron_ssp.config import Config
-from neuron_ssp.deploy.sagemaker.mount import MODEL_MOUNT, mounted
+from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, mounted
 from neuron_ssp.errors import Problem, UsageError
 
 # The last LMI releases with transformers-neuronx: 0.30.0 (SDK 2.20.1) in LMI's README at that parent
-# commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config. 763104351884 hosts the AWS DLCs.
+# commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config.
 LMI_IMAGE_TAG = "djl-inference:0.30.0-neuronx-sdk2.20.1"
+# The regions and registry accounts of the djl-inference neuronx images, as aws/sagemaker-python-sdk lists
+# them (src/sagemaker/image_uri_config/djl-neuronx.json at 00b19e73, the same for every 0.2x release).
+LMI_REGISTRIES = {
+    **dict.fromkeys(
+        (
+            "ap-northeast-1", "ap-south-1", "ap-southeast-1", "ap-southeast-2", "eu-central-1", "eu-west-1",
+            "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-2",
+        ),
+        "763104351884",
+    ),
+    "ca-west-1": "204538143572",
+}
 LMI_ENTRYPOINT = "djl_python.transformers_neuronx"
+_LMI_S3_CACHE = re.compile(r"^s3://[^/]+/.+")  # djl-serving's own test for an S3 compiled_graph_path
 LMI_LIMITS = (
     "greedy acceptance only (LMIGreedyTokenAcceptor: the target's argmax; no sampling with speculation)",
     "no continuous batching with speculation (naive rolling batch, batch size 1)",
@@ -47,7 +66,18 @@ class LmiOptions:
 
 
 def lmi_image(region: str) -> str:
-    return f"763104351884.dkr.ecr.{region}.amazonaws.com/{LMI_IMAGE_TAG}"
+    """LMI's neuronx image in `region`; UsageError naming --image-uri where none is listed."""
+    account = LMI_REGISTRIES.get(region)
+    if account is None:
+        raise UsageError(
+            Problem(
+                "--image-uri",
+                None,
+                f"no LMI neuronx image is listed for {region} (listed: {', '.join(sorted(LMI_REGISTRIES))})",
+                f"pass --image-uri with the {LMI_IMAGE_TAG} image you can pull in {region}, or use a listed region",
+            )
+        )
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{LMI_IMAGE_TAG}"
 
 
 def lmi_refusals(config: Config) -> list[Problem]:
@@ -94,6 +124,18 @@ def lmi_refusals(config: Config) -> list[Problem]:
                 f"set draft.dtype: {config.target.dtype}, or use --engine neuron-ssp",
             )
         )
+    cache = config.neuron.compile_cache_url
+    if cache and not _LMI_S3_CACHE.match(cache):
+        problems.append(
+            Problem(
+                "neuron.compile_cache_url",
+                cache,
+                "LMI reads compiled_graph_path as an s3://bucket/prefix NEFF cache, or as a directory it passes to "
+                "transformers-neuronx model.load() (a save() layout, which a compile cache is not)",
+                "point it to s3://bucket/prefix (the container then needs --no-network-isolation), or leave it "
+                "out and LMI compiles at startup",
+            )
+        )
     return problems
 
 
@@ -120,7 +162,7 @@ def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
     notes = [f"LMI limits: {limit}" for limit in LMI_LIMITS]
     cache = config.neuron.compile_cache_url
     if cache:
-        # compiled_graph_path / draft_model_compiled_path are NEFF caches: LMI sets NEURON_COMPILE_CACHE_URL.
+        # an S3 NEFF cache (lmi_refusals refused anything else): LMI sets NEURON_COMPILE_CACHE_URL to it.
         options["compiled_graph_path"] = cache
         options["draft_model_compiled_path"] = cache
     if config.neuron.compiled_dir:

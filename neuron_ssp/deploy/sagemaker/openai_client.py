@@ -1,8 +1,12 @@
 """An `openai` client that talks to a SageMaker endpoint running the neuron-ssp engine.
 
 SageMaker accepts only POST /endpoints/NAME/invocations, signed with SigV4 (service "sagemaker"), and
-our container reads OpenAI chat/completions bodies there. So every OpenAI route is sent to
-/invocations and signed with the caller's AWS credentials. Needs `openai`, `httpx` and boto3.
+our container reads OpenAI chat/completions bodies there. So every POST route (chat.completions,
+completions) is sent to /invocations and signed with the caller's AWS credentials; a route of another
+method (models.list is a GET) is refused before anything is signed. `stream=True` works but arrives
+all at once: InvokeEndpoint returns the whole body, and the streaming call
+(InvokeEndpointWithResponseStream) answers in AWS event-stream frames the openai client cannot read;
+use `neuron-ssp deploy endpoint invoke --stream` for tokens as they come. Needs `openai`, `httpx`, boto3.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ def sigv4_auth(endpoint: str, region: str, credentials: Any) -> Any:
         requires_request_body = True
 
         def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+            if request.method != "POST":
+                raise ValueError(
+                    f"{request.method} {request.url.path}: a SageMaker endpoint takes only POST /invocations "
+                    "(chat.completions, completions)"
+                )
             request.url = request.url.copy_with(path=f"/endpoints/{endpoint}/invocations", query=None)
             signed = AWSRequest(
                 method="POST", url=str(request.url), data=request.content, headers={"Content-Type": "application/json"}

@@ -15,11 +15,21 @@ from typing import Any, Literal
 
 from neuron_ssp.config import Config
 from neuron_ssp.deploy import tags
+from neuron_ssp.deploy.ami import DlamiPin, pin_for_config
+from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, ScalingMetric, ScalingPlan, target_for
 from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems, s3_under_isolation
 from neuron_ssp.deploy.sagemaker.errors import EXECUTION_ROLE_POLICY
-from neuron_ssp.deploy.sagemaker.instances import HostingPrice, catalog_instance, hosting_price, ml_type
-from neuron_ssp.deploy.sagemaker.lmi import lmi_image, lmi_options, lmi_refusals
+from neuron_ssp.deploy.sagemaker.image import image_tag
+from neuron_ssp.deploy.sagemaker.instances import (
+    HostingPrice,
+    catalog_instance,
+    has_local_nvme,
+    hosting_price,
+    ml_type,
+    volume_size_gb,
+)
+from neuron_ssp.deploy.sagemaker.lmi import LMI_IMAGE_TAG, lmi_image, lmi_options, lmi_refusals
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 
 Engine = Literal["neuron-ssp", "lmi"]
@@ -53,6 +63,7 @@ class EndpointOptions:
     network_isolation: bool = True
     scaling_metric: ScalingMetric = "concurrency"
     target_value: float | None = None
+    kms_key: str | None = None  # encrypts the EBS volume of an instance without local disk (inf2)
     keep_on_failure: bool = False
 
     @property
@@ -82,6 +93,7 @@ class EndpointPlan:
     scaling: ScalingPlan | None
     keep_on_failure: bool
     warnings: list[str] = field(default_factory=list)
+    software: str = ""  # the Neuron library and SDK the image runs, and their support status
 
     @property
     def max_instances(self) -> int:
@@ -119,6 +131,8 @@ def check_endpoint(
     config, instance_problems, warnings = _config_for_instance(config, options)
     problems += instance_problems
     if not instance_problems:
+        problems += _check_kms_key(options, ml_type(config.platform.instance_type or ""))
+    if not instance_problems:
         if options.engine == "lmi":
             problems += lmi_refusals(config)
             if options.network_isolation:  # LMI reads the NEFF cache from compile_cache_url
@@ -149,7 +163,7 @@ def plan_endpoint(
         image = options.image_uri or lmi_image(region)
     else:
         environment = container_environment(config)
-        image = options.image_uri or default_image(identity.account, region)
+        image = options.image_uri or default_image(identity.account, region, pin_for_config(config))
     resource_tags = [
         {"Key": k, "Value": v}
         for k, v in {
@@ -186,9 +200,11 @@ def plan_endpoint(
                 "InitialInstanceCount": options.instances,
                 "ModelDataDownloadTimeoutInSeconds": DOWNLOAD_TIMEOUT_S,
                 "ContainerStartupHealthCheckTimeoutInSeconds": STARTUP_TIMEOUT_S,
+                **_volume(config, ml_instance),
             }
         ],
         "Tags": resource_tags,
+        **({"KmsKeyId": options.kms_key} if options.kms_key else {}),
     }
     endpoint_request = {"EndpointName": name, "EndpointConfigName": name, "Tags": resource_tags}
     scaling = None
@@ -230,16 +246,44 @@ def plan_endpoint(
         scaling,
         options.keep_on_failure,
         warnings,
+        _software(config, options),
     )
 
 
-def default_image(account: str, region: str) -> str:
-    """Where `neuron-ssp deploy image push` puts this version's image."""
+def default_image(account: str, region: str, pin: DlamiPin | None = None) -> str:
+    """Where `neuron-ssp deploy image push [--config CONFIG]` puts this version's image for the config's library."""
     try:
         tag = version("neuron-ssp")
     except PackageNotFoundError:
         tag = "latest"
-    return f"{account}.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPOSITORY}:{tag}"
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{IMAGE_REPOSITORY}:{image_tag(tag, pin)}"
+
+
+def _volume(config: Config, ml_instance_type: str) -> dict[str, int]:
+    """VolumeSizeInGB for an instance without local disk, sized from the plan's weights; nothing on trn1."""
+    from neuron_ssp.topology import plan_deployment
+
+    if has_local_nvme(ml_instance_type):
+        return {}
+    weights = sum(model.footprint.weight_bytes for model in plan_deployment(config).models.values())
+    return {"VolumeSizeInGB": volume_size_gb(weights)}
+
+
+def _check_kms_key(options: EndpointOptions, ml_instance_type: str) -> list[Problem]:
+    if options.kms_key is None:
+        return []
+    if has_local_nvme(ml_instance_type):
+        return [
+            Problem(
+                "--kms-key",
+                options.kms_key,
+                f"{ml_instance_type} keeps the models on its local NVMe, which SageMaker encrypts with the "
+                "instance's hardware and a KMS key does not cover",
+                "leave --kms-key out on trn1/trn1n; it applies to the EBS volume of ml.inf2",
+            )
+        ]
+    bad = kms_key_problem(options.kms_key, "a key SageMaker manages")
+    return [bad] if bad else []
 
 
 def _check_counts(options: EndpointOptions) -> list[Problem]:
@@ -373,3 +417,12 @@ def _config_for_instance(config: Config, options: EndpointOptions) -> tuple[Conf
     config = config.model_copy(update={"platform": config.platform.model_copy(update={"instance_type": instance.name})})
     report = validate_config(config)
     return config, list(report.errors), [str(w) for w in report.warnings]
+
+
+def _software(config: Config, options: EndpointOptions) -> str:
+    if options.engine == "lmi":
+        return f"transformers-neuronx in {LMI_IMAGE_TAG} (LMI's last Neuron release; out of support)"
+    pin = pin_for_config(config)
+    base = pin.dlc or "deploy/sagemaker/Dockerfile's BASE_IMAGE (pytorch-inference-neuronx 2.7.0, SDK 2.25)"
+    return f"{pin.describe(config.neuron.library)}; image FROM {base}"
+

@@ -1,0 +1,149 @@
+"""Import NxD Inference (neuronx-distributed-inference, "NxDI") and build its configs from ours, checked.
+
+What we call, at NxDI 0.9.0 (aws-neuron/neuronx-distributed-inference 4bcdc54b):
+- `models.config.NeuronConfig(**kwargs)` (config.py:92): unknown keyword arguments are only logged
+  (config.py:640), so a misspelt or renamed option would compile the wrong model without a word. We pass an
+  allow-list and read every value back from the built object (`check_applied`).
+- `models.llama.modeling_llama.LlamaInferenceConfig(neuron_config, load_config=load_pretrained_config(dir))`
+  and `NeuronLlamaForCausalLM(model_dir, config)` (modeling_llama.py:261, 1192; utils/hf_adapter.py:36).
+- `NeuronConfig(speculation_length=k)` gives the target a speculation model and no token-generation model
+  (model_base.py:3058-3066): every decoding call of the target is k wide. The draft has speculation_length 0.
+- `enable_fused_speculation=True` with `FusedSpecNeuronConfig(worker_cls, draft_config, draft_model_path)`
+  (config.py:1045) puts draft and target in one graph (`engine: fused`, engines/nxdi_fused.py).
+- `logical_nc_config` (config.py:570): 2 on trn2 (two physical cores per logical core), 1 on trn1/inf2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from neuron_ssp.backends.imports import import_library
+from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.errors import Problem, RuntimeProblem
+
+NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
+SUPPORTED = ("neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
+             "cd3abf3, the SDK 2.28 release)")
+INSTALL = (
+    "on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_*_nxd_inference/bin/activate (on trn1/inf2 the "
+    "SDK 2.28 DLAMI's, on trn2 the newest); elsewhere: pip install neuronx-distributed-inference "
+    f"--extra-index-url={NEURON_INDEX}. "
+    "Without Neuron hardware use platform.backend: torch"
+)
+TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+LNC = {"trn2": 2}  # logical NeuronCore config per instance generation; 1 elsewhere
+
+
+@dataclass(frozen=True)
+class NxdiApi:
+    """The installed NxDI: its version and the classes we drive."""
+
+    version: str
+    config: ModuleType  # neuronx_distributed_inference.models.config
+    llama: ModuleType  # neuronx_distributed_inference.models.llama.modeling_llama
+    hf_adapter: ModuleType  # neuronx_distributed_inference.utils.hf_adapter
+
+    def neuron_config_kwargs(self, config: Config, role: str, speculation_length: int, fused: bool = False,
+                             lnc: int = 1) -> dict[str, Any]:
+        """The allow-list of NeuronConfig arguments for one model; identical for compile and load."""
+        model = config.target if role == "target" else config.draft
+        assert model is not None, f"no {role} in the config"
+        context = min(config.generation.max_prompt_tokens or model.n_positions, model.n_positions)
+        kwargs: dict[str, Any] = {
+            "tp_degree": model.tp_degree,
+            "batch_size": model.batch_size,
+            "seq_len": model.n_positions,
+            "max_context_length": context,
+            "torch_dtype": TORCH_DTYPES[model.dtype],
+            "speculation_length": speculation_length,
+            "logical_nc_config": lnc,
+        }
+        if fused:
+            kwargs["enable_fused_speculation"] = True
+        return kwargs
+
+    def neuron_config(self, kwargs: dict[str, Any], on_device_sampling: dict[str, Any] | None = None) -> Any:
+        extra = {}
+        if on_device_sampling is not None:
+            extra["on_device_sampling_config"] = self.config.OnDeviceSamplingConfig(**on_device_sampling)
+        built = self.config.NeuronConfig(**kwargs, **extra)
+        check_applied(built, kwargs, self.version)
+        return built
+
+    def inference_config(self, model_dir: Path, neuron_config: Any) -> Any:
+        return self.llama.LlamaInferenceConfig(
+            neuron_config, load_config=self.hf_adapter.load_pretrained_config(str(model_dir)))
+
+    def application(self, model_dir: Path, inference_config: Any) -> Any:
+        return self.llama.NeuronLlamaForCausalLM(str(model_dir), inference_config)
+
+    def fused_spec_config(self, draft_dir: Path, draft_config: Any) -> Any:
+        return self.config.FusedSpecNeuronConfig(
+            self.llama.NeuronLlamaForCausalLM._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir))
+
+    def config_sha256(self, neuron_config: Any) -> str:
+        """A digest of everything NxDI compiles from (its own serialisation, `models.config.to_dict`)."""
+        data = self.config.to_dict(neuron_config)
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_applied(built: Any, kwargs: dict[str, Any], version: str) -> None:
+    """Every argument we passed must be an attribute of the built NeuronConfig with our value."""
+    import torch
+
+    wrong = []
+    for name, value in kwargs.items():
+        got = getattr(built, name, None)
+        expected = getattr(torch, value) if name == "torch_dtype" else value
+        if got != expected:
+            wrong.append(f"{name} (passed {value!r}, got {got!r})")
+    if wrong:
+        raise RuntimeProblem(Problem(
+            "neuronx-distributed-inference", version,
+            f"NeuronConfig did not take {', '.join(wrong)}; supported: {SUPPORTED}",
+            f"install a supported version: pip install 'neuronx-distributed-inference<0.11' "
+            f"--extra-index-url={NEURON_INDEX}"))
+
+
+def load_nxdi() -> NxdiApi:
+    """The installed NxDI, or a RuntimeProblem that says what is missing and how to install it."""
+    config, llama, hf_adapter = import_library(
+        tuple(f"neuronx_distributed_inference.{name}" for name in ("models.config", "models.llama.modeling_llama",
+                                                                    "utils.hf_adapter")),
+        "neuron.library", "nxdi", "neuronx-distributed-inference", INSTALL)
+    missing = [f"models.config.{name}" for name in ("NeuronConfig", "OnDeviceSamplingConfig", "FusedSpecNeuronConfig",
+                                                      "to_dict") if not hasattr(config, name)]
+    missing += [f"modeling_llama.{name}" for name in ("NeuronLlamaForCausalLM", "LlamaInferenceConfig")
+                if not hasattr(llama, name)]
+    app = getattr(llama, "NeuronLlamaForCausalLM", None)
+    missing += [f"NeuronLlamaForCausalLM.{name}" for name in ("compile", "load", "forward")
+                if app is not None and not hasattr(app, name)]
+    if not hasattr(hf_adapter, "load_pretrained_config"):
+        missing.append("utils.hf_adapter.load_pretrained_config")
+    version = installed_version()
+    if missing:
+        raise RuntimeProblem(Problem("neuronx-distributed-inference", version,
+                                     f"this version lacks {', '.join(missing)}; supported: {SUPPORTED}",
+                                     "pip install 'neuronx-distributed-inference<0.11' "
+                                     f"--extra-index-url={NEURON_INDEX}"))
+    return NxdiApi(version, config, llama, hf_adapter)
+
+
+def installed_version() -> str:
+    try:
+        return importlib.metadata.version("neuronx-distributed-inference")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def model_config(config: Config, role: str) -> ModelConfig:
+    model = config.target if role == "target" else config.draft
+    assert model is not None, f"the plan loads a {role} the config does not have"
+    return model

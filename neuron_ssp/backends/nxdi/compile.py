@@ -1,0 +1,29 @@
+"""`neuron-ssp compile` on NxD Inference: the draft once, the target once per k (NxDI compiles one speculation
+width per target), each kept with our manifest; loading and tune-k reuse them (backends/nxdi/load.py)."""
+
+from __future__ import annotations
+
+from neuron_ssp.backends.neuron.compile import CompileJob, CompileResult, compile_jobs
+from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
+from neuron_ssp.config import Config
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.topology import DeploymentPlan
+
+
+class NxdiCompiler:
+    """Same jobs and results as the transformers-neuronx Compiler, through NxDI's compile(dir)."""
+
+    def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
+        if config.speculation.engine == "fused" and len(set(ks)) > 1:
+            raise UsageError(Problem("--k", ks, "NxDI fused speculation compiles draft and target into one graph "
+                                     "per k; compile one k at a time", "pass one k, e.g. --k 5"))
+        self.models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+        self.force = force
+        self.fused = config.speculation.engine == "fused"
+        self.jobs = [CompileJob("target", tuple(ks))] if self.fused else compile_jobs(plan, ks, one_k_per_model=True)
+
+    def run(self, job: CompileJob) -> CompileResult:
+        k = job.speculation_lengths[0] if job.speculation_lengths else 0
+        app, spec = fused_application(self.models) if self.fused else self.models.application(job.role, k)
+        directory, seconds = self.models.compiled(app, spec, self.force)
+        return CompileResult(job, self.models.store.describe(spec), seconds or 0.0, reused=seconds is None)

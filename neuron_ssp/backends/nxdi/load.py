@@ -1,0 +1,134 @@
+"""Compile and load the models through NxD Inference, in the plan's order, with our artifact manifest.
+
+NxDI's flow (feature guide, "Speculative Decoding with a Draft model"; application_base.py:292, 318 at
+4bcdc54b): build `NeuronLlamaForCausalLM(model_dir, config)`, `compile(dir)` (traces every sub-model and writes
+`model.pt` + `neuron_config.json`), `load(dir, start_rank_id, local_ranks_size)` (NEFFs to the device, weights
+sharded from the checkpoint). A compiled directory holds ONE speculation width (speculation_length is one
+int), so the target is compiled once per k; the draft (speculation_length 0) once for all. Each directory
+carries our manifest (k, tp, dtype, library version, NxDI config digest) and is reused only when it matches;
+without `neuron.compiled_dir` the compiled models are kept in the local cache, since NxDI loads only from disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from neuron_ssp.backends.neuron.artifacts import LOCAL_CACHE, ArtifactSpec, ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.load import prepare_device
+from neuron_ssp.backends.nxdi.api import LNC, NxdiApi, load_nxdi, model_config
+from neuron_ssp.backends.nxdi.scoring import NxdiBackend
+from neuron_ssp.config import Config
+from neuron_ssp.embedded.models import resolve_model_path
+from neuron_ssp.topology import DeploymentPlan, validate_config
+
+
+def prepare_nxdi(config: Config, plan: DeploymentPlan) -> NxdiApi:
+    validate_config(config).raise_if_invalid()
+    api = load_nxdi()
+    prepare_device(config, plan)
+    return api
+
+
+def artifact_store(config: Config) -> ArtifactStore:
+    return ArtifactStore(config.neuron.compiled_dir or str(LOCAL_CACHE / "nxdi"))
+
+
+class NxdiModels:
+    """Builds, compiles (once) and loads the NxDI applications of one config."""
+
+    def __init__(self, config: Config, plan: DeploymentPlan, api: NxdiApi):
+        self.config = config
+        self.plan = plan
+        self.api = api
+        self.store = artifact_store(config)
+        self.lnc = LNC.get(plan.instance.generation, 1)
+        self.first_visible = min(m.first_core for m in plan.models.values())
+
+    def application(self, role: str, speculation_length: int) -> tuple[Any, ArtifactSpec]:
+        """The NxDI application for `role` and the artifact spec its compiled form is kept under."""
+        kwargs = self.api.neuron_config_kwargs(self.config, role, speculation_length, lnc=self.lnc)
+        model_dir = resolve_model_path(model_config(self.config, role).path, f"{role}.path")
+        neuron_config = self.api.neuron_config(kwargs)
+        app = self.api.application(model_dir, self.api.inference_config(model_dir, neuron_config))
+        return app, self.spec(role, model_dir, kwargs, neuron_config, speculation_length)
+
+    def spec(self, role: str, model_dir: Path, kwargs: dict[str, Any], neuron_config: Any,
+             speculation_length: int) -> ArtifactSpec:
+        identity = {**kwargs, "nxdi_config_sha256": self.api.config_sha256(neuron_config)}
+        return artifact_spec(role, model_dir, identity, [speculation_length] if speculation_length else None,
+                             f"neuronx-distributed-inference {self.api.version}", one_k_per_model=True)
+
+    def compiled(self, app: Any, spec: ArtifactSpec, force: bool = False) -> tuple[Path, float | None]:
+        """The compiled directory for `spec`: reused when its manifest matches, else compiled now
+        (seconds spent, None when reused)."""
+        found = None if force else self.store.find(spec)
+        if found is not None:
+            return found, None
+        import time
+
+        target = self.store.staging_dir(spec)
+        start = time.perf_counter()
+        app.compile(str(target))
+        seconds = time.perf_counter() - start
+        self.store.publish(spec, seconds)
+        return target, seconds
+
+    def load(self, role: str, app: Any, directory: Path) -> None:
+        """NEFFs and weights onto the plan's cores: ranks count from the first visible core."""
+        model = model_config(self.config, role)
+        app.load(str(directory), start_rank_id=model.first_core - self.first_visible, local_ranks_size=model.tp_degree)
+
+
+def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBackend, NxdiBackend | None]:
+    """(target, draft) on Neuron through NxDI; the draft is None unless `speculation.drafter` is 'model'."""
+    api = prepare_nxdi(config, plan)
+    models = NxdiModels(config, plan, api)
+    backends: dict[str, NxdiBackend] = {}
+    for role in plan.load_order:
+        k = config.speculation.k if role == "target" else 0
+        app, spec = models.application(role, k)
+        directory, _ = models.compiled(app, spec)
+        models.load(role, app, directory)
+        backends[role] = NxdiBackend(app, role, vocab_size(app), model_config(config, role).n_positions, k or None)
+    if config.neuron.self_test:
+        from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, run_self_test
+
+        result = run_self_test(backends["target"], f"{NXDI} {api.version}")
+        check_self_test(result, config.neuron.self_test_min_agreement)
+    return backends["target"], backends.get("draft")
+
+
+def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
+    """engine fused: ONE application holding draft and target (`enable_fused_speculation` with a
+    `FusedSpecNeuronConfig`, feature guide "Fused Speculation"); it returns token ids, not logits, so the
+    backend refuses to score (plain decoding needs engine native)."""
+    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
+
+    models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+    app, spec = fused_application(models)
+    directory, _ = models.compiled(app, spec)
+    models.load("target", app, directory)
+    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions), None
+
+
+def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
+    """The fused NxDI application and its artifact spec. Greedy on device: NeuronFusedSpecModel asserts an
+    on-device sampling config (model_base.py:1765) and forces the draft greedy (model_base.py:1635)."""
+    api, config, greedy = models.api, models.config, {"do_sample": False, "top_k": 1}
+    k = config.speculation.k
+    draft_kwargs = api.neuron_config_kwargs(config, "draft", 0, lnc=models.lnc)
+    draft_dir = resolve_model_path(model_config(config, "draft").path, "draft.path")
+    draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
+    target_kwargs = api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc)
+    target_dir = resolve_model_path(config.target.path, "target.path")
+    neuron_config = api.neuron_config(target_kwargs, greedy)
+    inference_config = api.inference_config(target_dir, neuron_config)
+    inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)
+    app = api.application(target_dir, inference_config)
+    identity = {**target_kwargs, "draft": draft_kwargs, "draft_config_sha256": api.config_sha256(draft_config)}
+    return app, models.spec("target", target_dir, identity, neuron_config, k)
+
+
+def vocab_size(app: Any) -> int:
+    return int(app.config.vocab_size)

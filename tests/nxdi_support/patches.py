@@ -1,0 +1,156 @@
+"""The patches of NxDI behaviour that running it on CPU needs: explicit, limited to tests, and asserted against
+the source they replace, so an upstream change fails here loudly instead of silently testing something else.
+
+What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b, NxD fbac349b):
+1. `compile(dir)` traces with neuronx-cc and `load(dir, start_rank_id, local_ranks_size)` puts NEFFs on the
+   device (application_base.py:292, 318). In tests `compile` saves NxDI's own config (`config.save`, what it
+   writes first) and a marker for model.pt, and `load` runs NxDI's CPU mode, `to_cpu()` (application_base.py:556),
+   which builds the same modules eagerly. Both record their arguments in `DEVICE_CALLS`.
+2. `to_cpu()` refuses speculation ("Speculation is not yet supported for CPU inference."). The guard is lifted by
+   building with speculation_length 0 and restoring it afterwards on the config and on every eager
+   `NeuronBaseModel` (which copies it at __init__, model_base.py:89).
+3. On CPU all sub-models share one eager model and NxDI copies the returned KV cache back into it
+   (`_copy_past_key_values`, model_base.py:3761). For a speculation target it writes through
+   `token_generation_model`, which such a target does not have (`enable_speculation` replaces it): the test
+   points that name at the speculation model, whose eager model is the same shared one. For fused speculation
+   the copy reads `fused_spec_model.draft_model`, an attribute ModelWrapper does not have: the test replaces
+   the fused branch with the same copy done through the wrapped eager model (the non-fused branch is NxDI's).
+5. A fused load sets `NeuronLlamaForCausalLM._FUSED_PREFIX = "target_model"` on the class and never resets it
+   (`checkpoint_loader_fn`, application_base.py:668-672), so every later model of the process would look for
+   prefixed checkpoint keys. Each test ends with the class attribute restored (one model per process in use).
+4. On CPU NxDI's ModelBuilder (which builds the draft's process group through `init_custom_process_group_fn`,
+   application_base.py:61) never runs; the test calls the same function right after `to_cpu()` initialises
+   model parallelism.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEVICE_CALLS: list[tuple[str, str, dict[str, Any]]] = []  # (model dir name, "compile" | "load", arguments)
+CPU_GUARD = "Speculation is not yet supported for CPU inference."
+FUSED_COPY_BUG = "self.fused_spec_model.draft_model.layers"
+
+
+def _require(source_of: Any, text: str, what: str) -> None:
+    source = inspect.getsource(source_of)
+    assert text in source, (
+        f"NxDI changed: {source_of.__qualname__} no longer contains {text!r} ({what}); revisit tests/nxdi_support/"
+        "patches.py")
+
+
+def _require_parameters(func: Any, names: tuple[str, ...]) -> None:
+    parameters = list(inspect.signature(func).parameters)
+    assert parameters[: len(names)] == list(names), f"NxDI changed the signature of {func.__qualname__}: {parameters}"
+
+
+@contextmanager
+def cpu_device() -> Iterator[None]:
+    """NxDI's compile and load replaced by its CPU mode, for the duration of the context."""
+    from neuronx_distributed_inference.models import application_base, model_base
+    from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
+    from neuronx_distributed_inference.models.model_base import NeuronBaseForCausalLM
+
+    app_cls = NeuronApplicationBase
+    _require_parameters(app_cls.compile, ("self", "compiled_model_path"))
+    _require_parameters(app_cls.load, ("self", "compiled_model_path", "start_rank_id", "local_ranks_size"))
+    _require(app_cls.to_cpu, CPU_GUARD, "the CPU guard on speculation")
+    _require(app_cls.to_cpu, "initialize_model_parallel(", "model parallelism set up in to_cpu")
+    _require(NeuronBaseForCausalLM._copy_past_key_values, "self.token_generation_model.model.kv_mgr",
+             "the KV copy-back through token_generation_model")
+    _require(NeuronBaseForCausalLM._copy_past_key_values, FUSED_COPY_BUG, "the fused KV copy-back")
+    _require(NeuronApplicationBase.checkpoint_loader_fn, 'self.__class__._FUSED_PREFIX = "target_model"',
+             "the class-wide fused checkpoint prefix")
+    _require(model_base.NeuronBaseModel.__init__, "self.speculation_length = config.neuron_config.speculation_length",
+             "the eager model's copy of speculation_length")
+
+    saved = (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
+             application_base.initialize_model_parallel)
+    prefixes = {cls: cls.__dict__["_FUSED_PREFIX"] for cls in _subclasses(app_cls) if "_FUSED_PREFIX" in cls.__dict__}
+    app_cls.compile = _compile
+    app_cls.load = _load
+    NeuronBaseForCausalLM._copy_past_key_values = _copy_back(saved[2])
+    try:
+        yield
+    finally:
+        (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
+         application_base.initialize_model_parallel) = saved
+        for cls in _subclasses(app_cls):  # patch 5
+            if cls in prefixes:
+                cls._FUSED_PREFIX = prefixes[cls]
+            elif "_FUSED_PREFIX" in cls.__dict__:
+                del cls._FUSED_PREFIX
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
+
+
+def _compile(self: Any, compiled_model_path: str, *args: Any, **kwargs: Any) -> None:
+    DEVICE_CALLS.append((Path(self.model_path).name, "compile", {"path": compiled_model_path}))
+    self.config.save(compiled_model_path)  # what NxDI's compile writes first (neuron_config.json)
+    (Path(compiled_model_path) / "model.pt").write_text("traced on CPU by the test stand-in\n")
+    self.is_compiled = True
+
+
+def _load(self: Any, compiled_model_path: str, start_rank_id: int | None = None,
+          local_ranks_size: int | None = None, skip_warmup: bool = False) -> None:
+    saved = json.loads((Path(compiled_model_path) / "neuron_config.json").read_text())
+    assert saved["neuron_config"]["speculation_length"] == self.neuron_config.speculation_length, \
+        "loading a directory compiled for another speculation_length"
+    DEVICE_CALLS.append((Path(self.model_path).name, "load", {"path": compiled_model_path,
+                                                               "start_rank_id": start_rank_id,
+                                                               "local_ranks_size": local_ranks_size}))
+    to_cpu(self)
+
+
+def to_cpu(app: Any) -> None:
+    """NxDI's own CPU mode with the speculation guard lifted (patch 2) and the draft group built (patch 4)."""
+    from neuronx_distributed_inference.models import application_base
+    from neuronx_distributed_inference.models.model_base import NeuronBaseModel
+
+    nc = app.neuron_config
+    k = nc.speculation_length
+    nc.on_cpu = True  # NxDI's CPU mode flag (its sampler takes torch paths with it)
+    init = application_base.initialize_model_parallel
+
+    def initialize_with_draft_group(*args: Any, **kwargs: Any) -> None:
+        init(*args, **kwargs)
+        application_base.init_custom_process_group_fn(app.config)
+
+    application_base.initialize_model_parallel = initialize_with_draft_group
+    nc.speculation_length = 0
+    try:
+        app.to_cpu()
+    finally:
+        nc.speculation_length = k
+        application_base.initialize_model_parallel = init
+    for module in app.models[0].model.modules():
+        if isinstance(module, NeuronBaseModel):
+            module.speculation_length = module.neuron_config.speculation_length
+    if k and not nc.enable_fused_speculation:
+        assert not hasattr(app, "token_generation_model"), "NxDI now builds a token-generation model beside speculation"
+        app.token_generation_model = app.speculation_model  # patch 3: the same shared eager model
+
+
+def _copy_back(original: Any) -> Any:
+    """NxDI's KV copy-back, with its fused branch done through the wrapped eager model (patch 3)."""
+
+    def copy_past_key_values(self: Any, outputs: list[Any]) -> None:
+        if not self.neuron_config.enable_fused_speculation:
+            return original(self, outputs)
+        fused = self.fused_spec_model.model  # the eager NeuronFusedSpecModel every wrapper shares on CPU
+        draft_cache = fused.draft_model.kv_mgr.past_key_values
+        caches = outputs[4:]  # after accepted tokens, next input ids, next attention mask, next position ids
+        for i, tensor in enumerate(caches[: len(draft_cache)]):
+            draft_cache[i].data = tensor
+        for i, tensor in enumerate(caches[len(draft_cache) :]):
+            fused.target_model.kv_mgr.past_key_values[i].data = tensor
+        return None
+
+    return copy_past_key_values
