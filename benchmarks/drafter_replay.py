@@ -119,7 +119,7 @@ def geomean(values: list[float]) -> float:
 
 def sweep(path: Path, half: str, vocab: int) -> None:
     """Every configuration on one half; ranked first by the categories where it is at least prompt lookup's
-    estimate (the issue's target: suffix >= ngram in every category), then by the geomean."""
+    estimate (the suffix drafter must never draft worse than prompt lookup it extends), then by the geomean."""
     rows = json.loads(path.read_text())
     rows = [r for r in rows if _in_half(r["position"], half)]
     configs: list[tuple[str, object, int, float]] = []

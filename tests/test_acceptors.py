@@ -105,23 +105,33 @@ def test_bad_plugins_are_named(plugin_module, spec, message):
     assert problem.field == "speculation.acceptor" and problem.value == spec and message in problem.rule
 
 
-# ---------------------------------------------------------------- issue 14 items 1, 2, 11
+# ---------------------------------------------------------------- non-finite scores, greedy with a temperature
 
 
-@pytest.mark.parametrize("where", ["draft", "target"])
-def test_a_nan_never_accepts_the_draft_token(where):
-    """`u*q >= p` is False for a NaN, which used to accept the draft token."""
-    params = SamplingParams(temperature=1.0)
-    draft = torch.zeros(1, 1, 4)
-    target = torch.zeros(1, 2, 4)
+def nan_at_the_drafted_token(where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores for one drafted token (id 2) with a NaN in the draft's or the target's row at that token."""
+    draft, target = torch.zeros(1, 1, 4), torch.zeros(1, 2, 4)
     (draft if where == "draft" else target)[0, 0, 2] = float("nan")
-    acceptor = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))
+    return draft, target
+
+
+def test_a_nan_in_the_draft_rejects_the_draft_token():
+    """`u*q >= p` is False for a NaN, which used to accept the draft token."""
+    draft, target = nan_at_the_drafted_token("draft")
+    acceptor = ProbabilisticAcceptor(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     for _ in range(20):
-        try:
-            out = acceptor(torch.tensor([[2]]), draft, target)
-        except RuntimeError:  # nothing valid to resample from: an error, never an accepted draft
-            continue
+        out = acceptor(torch.tensor([[2]]), draft, target)
         assert out.shape == (1, 1)  # rejected at the draft token; accepted would read [[2, bonus]]
+
+
+def test_a_nan_in_the_target_is_an_error_never_an_accepted_draft():
+    """A NaN target row leaves nothing to resample from: the acceptor must raise (the engine checks the
+    logits first and names the position), never keep the draft token and carry on."""
+    draft, target = nan_at_the_drafted_token("target")
+    acceptor = ProbabilisticAcceptor(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    for _ in range(20):
+        with pytest.raises(RuntimeError):
+            acceptor(torch.tensor([[2]]), draft, target)
 
 
 def test_a_nan_draft_row_falls_back_to_the_target_distribution():
@@ -142,10 +152,23 @@ def test_greedy_acceptor_refuses_a_temperature():
     assert isinstance(build_acceptor("greedy", SamplingParams(temperature=0.0), None), GreedyAcceptor)
 
 
-def test_no_acceptor_carries_an_unread_lossless_flag():
-    """Nothing read it: losslessness is shown by tests/test_lossless.py, not declared."""
-    assert not any(hasattr(cls, "lossless") for cls in (TokenAcceptor, ProbabilisticAcceptor, GreedyAcceptor,
-                                                         TypicalAcceptor, ZeroPaddedAcceptor))
+def test_typical_keeps_a_plausible_token_the_draft_over_weights():
+    """Typical acceptance keeps d when p(d) > min(threshold, alpha * exp(-H(p))), however sure the draft
+    was; rejection sampling keeps it with probability p(d)/q(d) only. That difference is what makes it
+    lossy (tests/test_lossless.py shows the output distribution moves)."""
+    target = torch.tensor([[[0.0, 0.0, 0.0, 0.0, -10.0], [0.0] * 5]])  # p ≈ 1/4 for ids 0-3, ~0 for 4
+    sure_draft = torch.tensor([[[-10.0, 10.0, -10.0, -10.0, -10.0]]])  # q(1) ≈ 1
+    params = SamplingParams(temperature=1.0)
+    typical = TypicalAcceptor(params, torch.Generator().manual_seed(0))
+    probabilistic = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))
+    trials = 200
+    assert all(typical(torch.tensor([[1]]), sure_draft, target)[0, 0] == 1 for _ in range(trials))
+    kept = sum(int(probabilistic(torch.tensor([[1]]), sure_draft, target)[0, 0] == 1) for _ in range(trials))
+    # about p(1)/q(1) = 1/4; after a rejection the residual max(0, p - q) is 0 at id 1, so no resample reads as kept
+    assert 0.1 * trials < kept < 0.45 * trials
+    for _ in range(20):  # p(4) ≈ 2e-5 is below the bar (0.3 * e^-H ≈ 0.075): rejected
+        out = typical(torch.tensor([[4]]), sure_draft, target)
+        assert out.shape == (1, 1) and out[0, 0] != 4
 
 
 def test_an_unknown_builtin_name_gets_the_nearest_one():

@@ -1,4 +1,4 @@
-"""What `compile --k 2..8` costs (issue 21 item 8): its networks in the device-memory plan, and the
+"""What `compile --k 2..8` costs: its networks in the device-memory plan, and the
 neuronx-cc processes that run at once bounded by the host's memory, each figure with its basis."""
 
 from __future__ import annotations

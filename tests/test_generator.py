@@ -133,7 +133,7 @@ def test_plain_decoding_through_a_different_model_diverges(tiny_pair):
     assert draft_model is not target_model
 
 
-# ---------------------------------------------------------------- issue 14: non-finite logits (item 1)
+# ---------------------------------------------------------------- non-finite logits stop generation
 
 
 class NanAt(TableBackend):
@@ -170,7 +170,7 @@ def test_plain_decoding_refuses_non_finite_logits_too():
         plain_generate(NanAt(bad_slot=12), PROMPT, 10, GREEDY)
 
 
-# ---------------------------------------------------------------- the time split can fail (item 4)
+# ---------------------------------------------------------------- the time split, measured apart
 
 
 class Timed:
@@ -244,15 +244,17 @@ def test_time_split_matches_model_time_measured_outside_the_stats(slow_loop):
         assert stats.time_overhead_s >= 0.004 * stats.num_drafts
 
 
-def test_stats_time_split_adds_up(tiny_pair):
+def test_model_times_fit_inside_the_wall_time(tiny_pair):
+    """Overhead is wall - draft - target clamped at 0, so a second clock around the same call (or the
+    draft's time counted as the target's too) would hide in the clamp: draft + target must fit in wall."""
     target_model, draft_model = tiny_pair
     stats = make(backend(target_model), backend(draft_model)).generate(PROMPT, 30).stats
     assert stats.time_draft_s > 0 and stats.time_target_s > 0
-    assert abs(stats.time_draft_s + stats.time_target_s + stats.time_overhead_s - stats.wall_s) < 1e-6
-    assert stats.tokens_per_s == pytest.approx(30 / stats.wall_s)
+    assert stats.time_draft_s + stats.time_target_s <= stats.wall_s
+    assert stats.new_tokens == 30
 
 
-# ---------------------------------------------------------------- stats after EOS (item 7)
+# ---------------------------------------------------------------- stats after EOS
 
 
 class FixedDraft:
@@ -287,7 +289,7 @@ def test_draft_tokens_accepted_after_eos_do_not_count():
     assert stats.mean_accepted_length == 2.0 and stats.vllm_mean_acceptance_length == 3.0
 
 
-# ---------------------------------------------------------------- the drafter interface (item 13)
+# ---------------------------------------------------------------- the drafter interface
 
 
 class NarrowDrafter:

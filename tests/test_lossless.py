@@ -1,5 +1,6 @@
 """Losslessness: speculative sampling draws from exactly the target's distribution, at every position
-of a block, the bonus token included (issue 14 item 5).
+of a block, the bonus token included: a bug that only touches the bonus token (drawn from the wrong row)
+is invisible to a test of the first drafted token.
 
 The target is a table LM (logits from the last two tokens), so the exact distribution of every new
 token is computable: propagate the distribution over (previous, current) token pairs. With k = 4 the

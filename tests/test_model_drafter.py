@@ -1,4 +1,4 @@
-"""The model drafter with partial acceptance (issue 14 item 6): a draft that is a perturbed copy of the
+"""The model drafter with partial acceptance: a draft that is a perturbed copy of the
 target agrees on some positions and not others, so every call crops and refills real KV caches.
 Output must equal plain decoding, and after every call each cache must hold exactly what a fresh
 forward pass over the tokens it claims to hold would give."""

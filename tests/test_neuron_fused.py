@@ -76,7 +76,7 @@ def test_arguments_are_a_subset_of_the_real_signatures(neuronx: ModuleType, tiny
 
 
 def test_device_sampling_says_what_seed_and_top_k_0_mean(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
-    """Documented under engine fused (issue 21 item 10): top_k 0 is a full-vocabulary top-k per position,
+    """Documented under engine fused: top_k 0 is a full-vocabulary top-k per position,
     and sampling.seed does not reach the device's sampler."""
     config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
                           sampling={"temperature": 0.8, "top_k": 0, "seed": 7})

@@ -1,4 +1,4 @@
-"""Installing neuron-ssp into a Neuron venv keeps that venv's own builds (issue 21 item 9): the EC2
+"""Installing neuron-ssp into a Neuron venv keeps that venv's own builds: the EC2
 bootstrap and the SageMaker Dockerfile pin the same set of packages, the one `neuron-ssp doctor` reports."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""k policies on models sharp enough that every branch runs (issue 14 item 3).
+"""k policies on models sharp enough that every branch runs: a random tiny model is unsure of every
+token, so the confidence policies' drafting branches would never run on it.
 
 The target is confident in most two-token contexts and hesitant in the rest (`flat_share`); the draft
 is a noisy copy of it, so drafts are accepted often but not always. Each test asserts that the branch

@@ -1,5 +1,6 @@
-"""The n_positions rule (issue 14 item 8): exactly the slots a generation writes, checked the same way
-by `validate` (topology) and before the first call (generator, model drafter)."""
+"""The n_positions rule: exactly the slots a generation writes, checked the same way by `validate`
+(topology) and before the first call (generator, model drafter), so a config that passes `validate`
+never fails mid-generation on a full KV cache, and none is refused that would fit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Every table reads in an 80-column terminal: no cell or header cut to '…'."""
+"""Every table reads in an 80-column terminal: no cell or header cut to '…'.
+
+Each command must also end with the exit code it documents and print its table: a command that stops
+early on an error prints no table, which would otherwise pass for one that fits."""
 
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ def tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(sys.modules[name], "load_with_status", lambda config: pipeline_on(target, config))
 
 
-def run_at_80(*args: str) -> str:
+def run_at_80(*args: str, exit_code: int = 0) -> str:
     result = CliRunner().invoke(main, list(args), env={"COLUMNS": "80"})
+    assert result.exit_code == exit_code, (result.output, result.exception)
     assert "Traceback" not in result.output, result.output
     assert "…" not in result.output, result.output
     table_lines = [line for line in result.output.splitlines() if line[:1] in set("┏┃┡│└├┌┗┠")]
@@ -37,9 +41,10 @@ def run_at_80(*args: str) -> str:
 def test_plan_and_validate(config: Path) -> None:
     """Today's plan table cuts every header to 'mod…', 'arc…', 'dty…'."""
     assert "total per core" in run_at_80("plan", str(config))
-    run_at_80("plan", str(config), "--all-instances")
-    run_at_80("plan", str(config), "--instance", "inf2.24xlarge")
-    run_at_80("validate", str(config))
+    assert "$/M tok" in run_at_80("plan", str(config), "--all-instances")
+    # 12 cores of 16 GiB cannot hold a 70B target and its draft: the plan says so and exits 1
+    assert "does not fit" in run_at_80("plan", str(config), "--instance", "inf2.24xlarge", exit_code=1)
+    assert ": valid" in run_at_80("validate", str(config))
 
 
 def test_doctor() -> None:
@@ -48,7 +53,8 @@ def test_doctor() -> None:
 
 def test_generation_commands(tiny_model: None, tmp_path: Path) -> None:
     prompts = str(write_prompts(tmp_path / "prompts.jsonl", PROMPT_ROWS))
-    run_at_80("compare", "--max-new-tokens", "6", "--warmup", "0", "abcabcabc")
-    run_at_80("latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0", "--prompts", prompts)
-    run_at_80("eval", "--nb-prompts", "2", "--answer-tokens", "3")
+    assert "same tokens" in run_at_80("compare", "--max-new-tokens", "6", "--warmup", "0", "abcabcabc")
+    assert "SSp ms/token" in run_at_80("latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0",
+                                       "--prompts", prompts)
+    assert "95% Wilson interval" in run_at_80("eval", "--nb-prompts", "2", "--answer-tokens", "3")
     assert "HF lookup" in run_at_80("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")

@@ -1,5 +1,6 @@
-"""The torch reference backend: sliding-window caches (issue 14 item 9) and logits kept on the model's
-device (item 10)."""
+"""The torch reference backend: sliding-window caches (a rejected draft is rolled back by cropping, and a
+window-sized cache has already dropped what a crop must restore) and logits kept on the model's device
+(no device-to-host copy per call)."""
 
 from __future__ import annotations
 

@@ -39,6 +39,7 @@ from neuron_ssp.cli.tools_report import (
 )
 from neuron_ssp.config import Config, config_from_dict
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.tools.extra import scipy_stats
 from neuron_ssp.tools.hf_baseline import HF_PROMPT_LOOKUP_TOKENS
 from neuron_ssp.tools.machine import describe_machine, machine_info
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, balanced, by_category, load_prompts
@@ -68,6 +69,15 @@ def _check_output(path: Path | None, option: str, suffix: str | None = None) -> 
     if not path.parent.is_dir():
         raise UsageError(Problem(option, str(path), "the directory does not exist",
                                  f"create {path.parent} first or write somewhere else"))
+
+
+def _check_plot(path: Path | None) -> None:
+    """A .png in an existing directory, and matplotlib installed: both known before the run, not after."""
+    _check_output(path, "--plot", ".png")
+    if path is not None:
+        from neuron_ssp.tools.plots import figure_class
+
+        figure_class()
 
 
 @contextmanager
@@ -135,8 +145,12 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     ks = parse_ks(ks_text, config.speculation.k)
     for k in ks:
         config_from_dict(with_k(config, k).model_dump())  # every k valid for this config, before any load
-    _check_output(plot_path, "--plot", ".png")
+    _check_plot(plot_path)
     _check_output(write_path, "--write")
+    if write_path is not None:
+        from neuron_ssp.tools.config_edit import check_editable
+
+        check_editable(write_path)  # a file that cannot take the new k is refused before the run
     prompts = balanced(load_prompts(prompts_file), nb_prompts)
     _set_threads(threads)
     neuron = config.platform.backend == "neuron"
@@ -200,6 +214,7 @@ def eval_command(config: Config, nb_prompts: int, answer_tokens: int, interval: 
     With --lossless: the first two new tokens sampled --samples times from each, at temperature 1
     unless --temperature is given, compared by total-variation distance with a 95% upper bound.
     """
+    scipy_stats()  # intervals, tests: the optional tools extra, checked before the model loads
     _set_threads(threads)
     if lossless:
         _eval_lossless(config, samples, lossless_prompt, as_json)
@@ -284,7 +299,7 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
             _with_drafter(config, name)
     wanted = [c.strip() for group in categories for c in group.split(",") if c.strip()]
     prompts = by_category(load_prompts(prompts_file), wanted, nb_prompts)
-    _check_output(plot_path, "--plot", ".png")
+    _check_plot(plot_path)
     if config.sampling.temperature != 0:
         status_console.print(f"bench is greedy: temperature {config.sampling.temperature} -> 0")
         config = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": 0.0})})

@@ -15,7 +15,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from neuron_ssp.cli.projection import print_projection
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import (
@@ -104,7 +103,7 @@ def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_i
         console = Console()
         _print_plan(console, deployment)
         if projection is not None:
-            print_projection(console, projection)
+            _print_projection(console, projection)
         if report.errors or report.warnings:
             _print_report(console, str(config_path), report)
     ctx.exit(0 if report.ok and deployment.fits else 1)
@@ -211,6 +210,19 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     console.print(f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
                   f"multiple of tp, {kv}. Cores needed = (weights + KV cache) / usable HBM per core, before "
                   "rounding up to a tp the platform accepts (smallest tp alone).")
+
+
+def _print_projection(console: Console, projection: Projection) -> None:
+    """`plan --engine`: the projected ms/token and speedup, each figure next to its assumption."""
+    table = Table(title=f"projection: engine {projection.engine}, k={projection.k} (no hardware; assumptions "
+                  "beside each figure)", title_justify="left")
+    for column in ("figure", "value", "assumption"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for figure in projection.figures:
+        value = "-" if figure.value is None else f"{figure.value:.2f}{figure.unit if figure.unit == 'x' else ''}"
+        value += " ms" if figure.unit == "ms" and figure.value is not None else ""
+        table.add_row(figure.name, value, figure.assumption)
+    console.print(table)
 
 
 def _cost_line(deployment: DeploymentPlan) -> str:

@@ -3,8 +3,8 @@
 Key: `<cache root>/<model>-transformers<major>`, so a 4.x and a 5.x venv sharing one cache never read
 each other's conversion. Manifest: the format, the transformers/torch that wrote the entry, the GGUF it
 came from, the size of every file and the hash of config.json, and the known answer it passed. An
-entry without one (format 1, written before issue 16: its LM head may be random under transformers
-4.4x), or with any of these changed, is stale and gets rebuilt.
+entry without one (format 1, written before conversions were checked against a known answer: its LM
+head may be random under transformers 4.4x), or with any of these changed, is stale and gets rebuilt.
 """
 
 from __future__ import annotations

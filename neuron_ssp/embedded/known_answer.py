@@ -1,8 +1,8 @@
 """Known-answer checks: refuse to generate from weights that load without error but compute garbage.
 
 A model can load "fine" and still be wrong: transformers 4.46 leaves the LM head of a tied-embedding GGUF
-random (issue 16), and a damaged cache file reads back as valid tensors. Two checks, both one forward
-pass, cheap enough to run at every load:
+random (it does not tie it to the embeddings), and a damaged cache file reads back as valid tensors.
+Two checks, both one forward pass, cheap enough to run at every load:
 
 - `greedy_answer`: the model's greedy continuation of a fixed prompt, compared with stored token ids
   (teacher-forced: prompt + expected scored in one pass, each position's argmax must be the next

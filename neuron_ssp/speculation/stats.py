@@ -16,11 +16,15 @@ Draft tokens the acceptor kept after an end-of-sequence token are not committed,
 neither accepted nor proposed. An engine that cannot stop at every EOS (transformers-neuronx's fused
 decoder stops at one id) counts what it generated past the EOS in `tokens_after_eos`: when that is
 not 0, wall time, tokens/s and its acceptance counts include that work.
+
+Totals over many generations (`merge_stats`) are ratios of sums, as Spec-Bench and vLLM report them,
+never means of per-prompt ratios, so a 10-token answer weighs less than a 128-token one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -115,3 +119,22 @@ class GenerationStats:
             "time_overhead_s": self.time_overhead_s,
             "tokens_after_eos": self.tokens_after_eos,
         }
+
+
+def merge_stats(runs: Sequence[GenerationStats]) -> GenerationStats:
+    """One GenerationStats holding the sums of `runs` (all of the same window k): every counter and
+    time is summed, the per-position lists position by position."""
+    total = GenerationStats(k=max((r.k for r in runs), default=1))
+    for run in runs:
+        for name in (f.name for f in fields(GenerationStats) if f.name != "k"):
+            mine, theirs = getattr(total, name), getattr(run, name)
+            if isinstance(mine, list):
+                setattr(total, name, [a + b for a, b in zip(mine, theirs, strict=True)])
+            else:
+                setattr(total, name, mine + theirs)
+    return total
+
+
+def throughput_ratio(faster: GenerationStats, baseline: GenerationStats) -> float:
+    """tokens/s of `faster` over tokens/s of `baseline` (0 when the baseline made nothing)."""
+    return faster.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0

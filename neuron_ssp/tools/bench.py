@@ -25,8 +25,7 @@ from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.stats import GenerationStats
-from neuron_ssp.tools.aggregate import merge_stats
+from neuron_ssp.speculation.stats import GenerationStats, merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
 from neuron_ssp.tools.per_k import KSetup
 from neuron_ssp.tools.prompt_set import BenchPrompt

@@ -1,77 +1,85 @@
-"""Write a tuned k back into a YAML config, keeping the file's comments and layout.
+"""Write a tuned k back into a YAML config, keeping the file's comments, key order and layout.
 
-A targeted line edit: the `k:` line inside the top-level `speculation:` block gets the new value (its
-trailing comment stays); a missing line or block is added. Where the file is laid out so that the
-edit cannot be made safely (flow style, anchors), the config is rewritten with a note on top.
+ruamel.yaml's round-trip mode loads the file into mappings that remember their comments, key order,
+flow or block style and quotes, so setting `speculation.k` and dumping changes that value and nothing
+else (the indentation is guessed from the file, as ruamel.yaml's docs advise); a missing
+`speculation:` section is added at the end. ruamel.yaml comes with the optional tools extra.
 """
 
 from __future__ import annotations
 
-import re
+import io
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from neuron_ssp.config import Config, read_yaml
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.tools.extra import import_extra
 
-SECTION = re.compile(r"^speculation:\s*(#.*)?$")
-TOP_LEVEL = re.compile(r"^[^\s#]")
-K_LINE = re.compile(r"^(?P<indent>\s+)k:(?P<space>\s*)(?P<value>[^#\s][^#]*?)?(?P<rest>\s*(#.*)?)$")
-INDENTED = re.compile(r"^(?P<indent>\s+)\S")
-REWRITE_NOTE = "# Written by `neuron-ssp tune-k --write`; the original layout could not be edited in place.\n"
+OPTION = "--write"
 
 
 def write_k(path: Path, k: int, config: Config) -> str:
     """Set speculation.k = k in the file at `path` (created from `config` when missing); returns how."""
     if not path.exists():
-        _rewrite(path, k, config)
+        data = config.model_dump(mode="json", exclude_none=True)
+        data["speculation"]["k"] = k
+        _write(path, _dump(_round_trip(), data))
         return "created"
-    edited = edit_k_text(path.read_text(), k)
-    if edited is not None:
-        _write(path, edited)
-        if _k_in(path) == k:
-            return "edited in place (comments kept)"
-    _rewrite(path, k, config)
-    return "rewritten (comments could not be kept)"
+    read_yaml(path)  # the config reader's own checks and messages: it parses, a mapping on top
+    _write(path, edit_k_text(path.read_text(), k, str(path)))
+    return "edited in place (comments kept)"
 
 
-def edit_k_text(text: str, k: int) -> str | None:
-    """The text with speculation.k set to k, or None when the layout is not the plain block style."""
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if SECTION.match(line.rstrip("\n"))), None)
-    if start is None:
-        if re.search(r"^speculation\s*:", text, flags=re.MULTILINE):
-            return None  # e.g. `speculation: {k: 4}`: not ours to restyle by hand
-        return text + ("" if text.endswith("\n") or not text else "\n") + f"speculation:\n  k: {k}\n"
-    end = next((i for i in range(start + 1, len(lines)) if TOP_LEVEL.match(lines[i])), len(lines))
-    indent = "  "
-    for i in range(start + 1, end):
-        line = lines[i].rstrip("\n")
-        if match := K_LINE.match(line):
-            newline = "\n" if lines[i].endswith("\n") else ""
-            lines[i] = f"{match['indent']}k:{match['space'] or ' '}{k}{match['rest']}{newline}"
-            return "".join(lines)
-        if match := INDENTED.match(line):
-            indent = match["indent"]
-    lines.insert(start + 1, f"{indent}k: {k}\n")
-    return "".join(lines)
+def check_editable(path: Path) -> None:
+    """Refuse, before a long run, a file whose k cannot be set: not a YAML mapping, or a `speculation`
+    that is not a section. A missing file is fine (write_k creates it)."""
+    if path.exists():
+        read_yaml(path)  # the config reader's own checks and messages: it parses, a mapping on top
+        edit_k_text(path.read_text(), 2, str(path))
 
 
-def _k_in(path: Path) -> int | None:
-    spec = read_yaml(path).get("speculation")
-    return spec.get("k") if isinstance(spec, dict) else None
+def edit_k_text(text: str, k: int, source: str = "the YAML text") -> str:
+    """`text` (a YAML mapping) with speculation.k set to k, everything else as it was."""
+    ruamel_yaml = import_extra("ruamel.yaml", OPTION)
+    guess_indent = import_extra("ruamel.yaml.util", OPTION).load_yaml_guess_indent
+    yaml = _round_trip()
+    try:
+        _, indent, sequence_offset = guess_indent(text)  # (its own `yaml=` argument is newer than 0.18)
+        document = yaml.load(text)
+    except ruamel_yaml.YAMLError as exc:  # e.g. a duplicate key, which PyYAML lets pass
+        raise UsageError(Problem(OPTION, source, f"the YAML cannot be edited: {str(exc).splitlines()[0]}",
+                                 "fix the file, or write k into another file")) from None
+    if indent:
+        yaml.indent(mapping=indent, sequence=indent, offset=sequence_offset or 0)
+    document = yaml.map() if document is None else document
+    if not isinstance(document, dict):
+        raise UsageError(Problem(OPTION, source, "the top level is not a mapping of sections",
+                                 "write k into a config file (keys such as `target:` and `speculation:`)"))
+    if document.get("speculation") is None:  # absent, or `speculation:` with nothing under it
+        document["speculation"] = yaml.map()
+    if not isinstance(document["speculation"], dict):
+        raise UsageError(Problem(OPTION, source, f"speculation is {document['speculation']!r}, not a section",
+                                 "make it a mapping such as `speculation: {k: 4}`"))
+    document["speculation"]["k"] = k
+    return _dump(yaml, document)
 
 
-def _rewrite(path: Path, k: int, config: Config) -> None:
-    data = config.model_dump(mode="json", exclude_none=True)
-    data["speculation"]["k"] = k
-    _write(path, REWRITE_NOTE + yaml.safe_dump(data, sort_keys=False))
+def _round_trip() -> Any:
+    yaml = import_extra("ruamel.yaml", OPTION).YAML()  # typ "rt": round trip
+    yaml.preserve_quotes = True
+    return yaml
+
+
+def _dump(yaml: Any, data: Any) -> str:
+    stream = io.StringIO()
+    yaml.dump(data, stream)
+    return stream.getvalue()
 
 
 def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
     except OSError as exc:
-        raise UsageError(Problem("--write", str(path), f"cannot write the config ({exc.strerror})",
+        raise UsageError(Problem(OPTION, str(path), f"cannot write the config ({exc.strerror})",
                                  "pass a writable path")) from None

@@ -1,23 +1,32 @@
 """PNG plots for tune-k and bench.
 
 Figures are built with `matplotlib.figure.Figure`, not pyplot: no display is needed, and importing this
-module never switches the backend of a notebook or script that also draws inline.
+module never switches the backend of a notebook or script that also draws inline. matplotlib comes with
+the optional tools extra, so it is imported when a figure is drawn.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.bench import BenchResult
+from neuron_ssp.tools.extra import import_extra
 from neuron_ssp.tools.tune_k import TuneKResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def figure_class() -> type[Figure]:
+    """matplotlib's Figure (the CLI calls this before a run whose end is a plot)."""
+    return import_extra("matplotlib.figure", "--plot").Figure
 
 
 def plot_tune_k(result: TuneKResult, path: Path, title: str) -> None:
     ks = [row.k for row in result.rows]
-    fig = Figure(figsize=(10, 4))
+    fig = figure_class()(figsize=(10, 4))
     speed, accept = fig.subplots(1, 2)
     speed.plot(ks, [r.speedup_measured for r in result.rows], "o-", label="measured")
     speed.plot(ks, [r.speedup_width_model for r in result.rows], "s--", label="width model (call cost per width)")
@@ -43,7 +52,7 @@ def plot_bench(result: BenchResult, path: Path, title: str) -> None:
         series.append(("HF prompt lookup", [g.hf_speedup("hf_lookup") for g in groups]))
     if all(g.hf_speedup("hf_assisted") is not None for g in groups):
         series.append(("HF assisted", [g.hf_speedup("hf_assisted") for g in groups]))
-    fig = Figure(figsize=(max(8, 1.4 * len(names)), 4.5))
+    fig = figure_class()(figsize=(max(8, 1.4 * len(names)), 4.5))
     ax = fig.subplots()
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series):

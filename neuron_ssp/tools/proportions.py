@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from scipy import stats
+from neuron_ssp.tools.extra import scipy_stats
 
 IntervalMethod = Literal["wald", "wilson", "clopper-pearson"]
 INTERVAL_METHODS: tuple[IntervalMethod, ...] = ("wald", "wilson", "clopper-pearson")
@@ -31,6 +31,7 @@ class Proportion:
         """A two-sided interval for the true proportion; [0, 1] when there are no trials."""
         if not self.trials:
             return 0.0, 1.0
+        stats = scipy_stats()
         if method == "wald":  # p ± z·sqrt(p(1-p)/n), clipped: zero width at p = 0 or 1
             half = stats.norm.ppf(0.5 + confidence / 2) * math.sqrt(self.value * (1.0 - self.value) / self.trials)
             return max(0.0, self.value - half), min(1.0, self.value + half)
@@ -60,6 +61,6 @@ def two_proportion_z_test(a: Proportion, b: Proportion) -> ZTest:
     if a.successes + b.successes in (0, a.trials + b.trials):
         return ZTest(0.0, 1.0)  # both all-correct or all-wrong: no evidence of a difference
     table = [[a.successes, a.trials - a.successes], [b.successes, b.trials - b.successes]]
-    result = stats.chi2_contingency(table, correction=False)
+    result = scipy_stats().chi2_contingency(table, correction=False)
     z = math.copysign(math.sqrt(result.statistic), a.value - b.value)
     return ZTest(z, float(result.pvalue))

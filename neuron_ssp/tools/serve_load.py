@@ -1,4 +1,4 @@
-"""bench-serve: load on a real `neuron-ssp serve` process over loopback, and the issue's three targets.
+"""bench-serve: load on a real `neuron-ssp serve` process over loopback, judged against three targets.
 
 1. overhead: one client, greedy; the server's end-to-end latency next to `SpeculativeGenerator.generate`
    called in this process for the same prompt and tokens, the two interleaved pair by pair;

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.speculation.stats import GenerationStats
-from neuron_ssp.tools.aggregate import merge_stats, throughput_ratio
+from neuron_ssp.speculation.stats import GenerationStats, merge_stats, throughput_ratio
 from neuron_ssp.tools.leviathan import (
     draft_length_counts,
     full_draft_fraction,

@@ -16,7 +16,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+
+from neuron_ssp.tools.extra import scipy_stats
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,10 @@ def estimate_tv(a: Sequence[Hashable], b: Sequence[Hashable], confidence: float 
                 permutations: int = 500, seed: int = 0) -> TvEstimate:
     codes_a, codes_b, kinds = _codes(a, b)
     observed = _tv(codes_a, codes_b, kinds)
-    test = stats.permutation_test((codes_a, codes_b), lambda x, y: _tv(x, y, kinds), permutation_type="independent",
-                                  vectorized=False, n_resamples=permutations, alternative="greater",
-                                  rng=np.random.default_rng(seed))
+    test = scipy_stats().permutation_test((codes_a, codes_b), lambda x, y: _tv(x, y, kinds),
+                                          permutation_type="independent", vectorized=False,
+                                          n_resamples=permutations, alternative="greater",
+                                          rng=np.random.default_rng(seed))
     return TvEstimate(observed, tv_upper_bound(observed, len(a), len(b), confidence), confidence,
                       float(np.mean(test.null_distribution)), float(test.pvalue))
 

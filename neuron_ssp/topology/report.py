@@ -1,4 +1,8 @@
-"""The outcome of validating a config: every error and warning at once, and the load order."""
+"""The outcome of validating a config: every error and warning at once, and the load order.
+
+Its own module because the rule modules (generic, engine, neuron) fill it and `validate` returns it:
+inside `validate.py` the rules would import the module that imports them.
+"""
 
 from __future__ import annotations
 
