@@ -34,6 +34,18 @@ class PlatformConfig(_Strict):
     backend: Literal["torch", "neuron"] = "torch"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # torch backend only
     instance_type: str | None = None  # neuron: e.g. trn1.32xlarge; checked by the topology rules
+    # torch backend only: what scores tokens (backends/torch/scoring.py). compact: our Llama forward with a
+    # preallocated KV cache, oneDNN-packed weights on a CPU in fp32; hf: the model's own forward;
+    # auto: compact wherever the model is a plain Llama
+    forward: Literal["auto", "compact", "hf"] = "auto"
+    compile: bool = False  # torch.compile the compact forward: CUDA's fast path; takes many minutes on a small CPU
+
+    @model_validator(mode="after")
+    def _compile_needs_compact(self) -> PlatformConfig:
+        if self.compile and self.forward == "hf":
+            raise ValueError("compile applies to the compact forward only; set forward: auto (or compact), "
+                             "or compile: false")
+        return self
 
 
 class ModelConfig(_Strict):
