@@ -16,6 +16,7 @@ transposed copy (x @ Wt) and oneDNN-packed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -23,18 +24,41 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from neuron_ssp.backends.torch.llama_weights import PACK_ROWS_HINT
+from neuron_ssp.backends.torch.llama_weights import PACK_ROWS_HINT, Linears
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import load_config
 from neuron_ssp.pipeline.load import load_pipeline
+from neuron_ssp.speculation.call_cost import WidthTimer
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, load_prompts
-from neuron_ssp.tools.width_cost import WidthTimer
+
+
+class PackedAlways(Linears):
+    """The packed kernel at one row too (the default uses F.linear there): what the width-1 ratio would be."""
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
+
+
+def packed_always(backend: TorchBackend) -> TorchBackend:
+    weights = backend._forward.w
+    layers = [dataclasses.replace(layer, **{name: _always(getattr(layer, name))
+                                            for name in ("qkv", "o", "gate_up", "down")}) for layer in weights.layers]
+    backend._forward.w = dataclasses.replace(weights, layers=layers, head=_always(weights.head))
+    return backend
+
+
+def _always(linears: Linears) -> PackedAlways:
+    twin = PackedAlways.__new__(PackedAlways)
+    twin.__dict__.update(linears.__dict__)
+    return twin
 
 
 def paths(model: torch.nn.Module, n_positions: int, compile: bool) -> dict[str, TorchBackend]:
     chosen = {"hf (before)": TorchBackend(model, n_positions, forward="hf"),
               "compact, as stored": TorchBackend(model, n_positions, pack=False),
-              "compact, packed": TorchBackend(model, n_positions, pack=True)}
+              "compact, packed": TorchBackend(model, n_positions, pack=True),
+              "packed at width 1 too": packed_always(TorchBackend(model, n_positions, pack=True))}
     if compile:
         chosen["compact, compiled"] = TorchBackend(model, n_positions, compile=True)
     return chosen

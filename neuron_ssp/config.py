@@ -21,7 +21,7 @@ DEFAULT_CONFIG = Path(__file__).parent / "data" / "default.yaml"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 BUILTIN_ACCEPTORS = ("probabilistic", "greedy", "typical")
-POLICIES = ("fixed", "adaptive", "draft-confidence", "target-confidence")
+POLICIES = ("fixed", "adaptive", "draft-confidence", "target-confidence", "cost")
 
 
 class _Strict(BaseModel):
@@ -81,7 +81,9 @@ class SpeculationConfig(_Strict):
     k: int = Field(4, ge=2, le=64)
     drafter: Literal["ngram", "model", "suffix"] = "ngram"
     acceptor: str = "probabilistic"  # a built-in name or `module:Class`
-    policy: Literal["fixed", "adaptive", "draft-confidence", "target-confidence"] = "fixed"
+    # cost: keep the part of each proposal that maximises expected tokens per second, from the target's
+    # measured cost per window width and the draft's evidence (speculation/cost_policy.py)
+    policy: Literal["fixed", "adaptive", "draft-confidence", "target-confidence", "cost"] = "fixed"
     k_min: int = Field(2, ge=2)  # adaptive: smallest window
     p_min: float = Field(0.4, ge=0.0, le=1.0)  # draft-confidence: stop drafting below this top prob
     confidence_threshold: float = Field(0.6, ge=0.0, le=1.0)  # target-confidence

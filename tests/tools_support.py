@@ -50,8 +50,9 @@ def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos
     """What load_pipeline would build, around an already loaded target (the draft is the ngram drafter)."""
     rng = torch.Generator()
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
-    generator = SpeculativeGenerator(target, build_drafter(config, target, None, rng), acceptor,
-                                     build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+    policy = build_policy(config.speculation, target)
+    generator = SpeculativeGenerator(target, build_drafter(config, target, None, rng), acceptor, policy,
+                                     config.sampling, config.speculation.k, rng)
     return Pipeline(config, tokenizer or CharTokenizer(), target, None, generator, eos or {EOS})
 
 

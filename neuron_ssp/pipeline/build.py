@@ -40,7 +40,7 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
 
         return FusedEngine.build(config, target, draft)
     return SpeculativeGenerator(target, build_drafter(config, target, draft, rng), acceptor,
-                                build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+                                build_policy(config.speculation, target), config.sampling, config.speculation.k, rng)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,

@@ -59,7 +59,7 @@ def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGener
     with_window = getattr(pipeline.target, "with_window", None)  # Neuron: the network compiled for this k
     target = with_window(config.speculation.k) if with_window is not None else pipeline.target
     return SpeculativeGenerator(target, build_drafter(config, target, pipeline.draft, rng), acceptor,
-                                build_policy(config.speculation), config.sampling, config.speculation.k, rng)
+                                build_policy(config.speculation, target), config.sampling, config.speculation.k, rng)
 
 
 def shared_target_groups(pipeline: Pipeline, ks: list[int]) -> Iterator[KGroup]:

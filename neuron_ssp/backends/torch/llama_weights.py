@@ -1,13 +1,14 @@
 """A plain Llama's weights, laid out for scoring a few tokens per call.
 
 On a CPU in fp32 each layer's q/k/v and gate/up matrices are fused and every matrix (the LM head
-included) is packed for oneDNN with `torch.ops.mkldnn._reorder_linear_weight`, the layout inductor's
-freezing pass gives fp32 linears (torch/_inductor/fx_passes/mkldnn_fusion.py). Why: MKL's sgemm
-runs one row as a matrix-vector product that streams the weights once, but 2-16 rows through a
-general GEMM that costs 1.6-2.3x as much on this model; oneDNN's packed kernel reads the weights
-once for all rows (benchmarks/scoring_speed.py prints the per-width cost of each layout). The packed
-copy costs the model's weight bytes once more. Everywhere else (CUDA, bf16/fp16, torch.compile,
-which cannot trace oneDNN tensors) the weights are used as stored, three products instead of one.
+included) is also packed for oneDNN with `torch.ops.mkldnn._reorder_linear_weight`, the layout
+inductor's freezing pass gives fp32 linears (torch/_inductor/fx_passes/mkldnn_fusion.py). Why: MKL's
+sgemm runs one row as a matrix-vector product that streams the weights once, but 2-16 rows through a
+general GEMM that costs 1.6-2.3x as much on this model; oneDNN's packed kernel reads the weights once
+for all rows. One row still goes through `F.linear` on the weights as stored: the matrix-vector
+kernel is ~10 % faster than the packed one there (benchmarks/scoring_speed.py prints the per-width
+cost of each layout). The packed copy costs the model's weight bytes once more. Everywhere else (CUDA,
+bf16/fp16, torch.compile, which cannot trace oneDNN tensors) only the weights as stored are used.
 
 One layout per (model, packing) is kept while the model lives, so draft = target shares it.
 """
@@ -47,16 +48,19 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 
 
 class Linears:
-    """One or more (out, in) matrices applied to the same input; returns one output per matrix."""
+    """One or more (out, in) matrices applied to the same input; returns one output per matrix.
+
+    `weights` are the model's own tensors (no copy); `packed`, when asked for, their fused oneDNN copy,
+    used for every call of more than one row."""
 
     def __init__(self, weights: list[torch.Tensor], pack: bool):
         self.sizes = [int(w.shape[0]) for w in weights]
-        self.weights = [] if pack else weights
+        self.weights = weights
         self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).contiguous(), PACK_ROWS_HINT) \
             if pack else None
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.packed is None:
+        if self.packed is None or x.shape[0] == 1:
             return [F.linear(x, w) for w in self.weights]
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
