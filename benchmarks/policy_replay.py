@@ -7,7 +7,8 @@ prefill time, and the per-width call cost of the target through each forward (in
 `sweep`: the real SpeculativeGenerator (drafter, policy, acceptor, loop) over a ReplayTarget that answers
 every call with the recorded tokens. That is exact for greedy decoding: the loop reads a row of a target
 call only while every token before it was accepted, and such a row is the recorded one. Time is
-estimated as the prompt's prefill + the recorded cost of each call's width + a host time per call, so
+estimated as the prompt's prefill + the cost of each call's width (the recorded curve smoothed as the
+cost policy smooths it: call_cost.affine) + a host time per call, so
 policies are ranked under one cost curve at a time (the packed compact forward's, or Hugging Face's as
 before issue 25); `neuron-ssp bench` then measures the chosen settings on the other half.
 
@@ -32,7 +33,7 @@ from neuron_ssp.drafters.base import Draft, Drafter
 from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
 from neuron_ssp.pipeline.build import build_drafter
 from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.call_cost import WidthCost, measure_width_cost
+from neuron_ssp.speculation.call_cost import WidthCost, affine, measure_width_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, Cell
 from neuron_ssp.speculation.policies import CostPolicy, WindowPolicy, build_policy
 from neuron_ssp.tools.leviathan import draft_length_counts
@@ -105,7 +106,7 @@ def replay(data: dict, overrides: dict, curve: dict[int, float], policy: WindowP
     """{category: [estimated plain ms, estimated SSp ms, tokens, drafted, accepted]} over the rows, in
     round-robin order (as bench runs them), one drafter for all of them."""
     config = load_config(overrides=overrides)
-    cost = WidthCost({int(w): ms for w, ms in curve.items()})
+    cost = affine(WidthCost({int(w): ms for w, ms in curve.items()}), max(int(w) for w in curve))
     target = ReplayTarget(49152)
     rng = torch.Generator()
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)

@@ -15,7 +15,7 @@ from neuron_ssp.drafters import Draft, ModelDrafter
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
 from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.call_cost import WidthCost, target_cost
+from neuron_ssp.speculation.call_cost import WidthCost, affine, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, best_window
 from neuron_ssp.speculation.policies import (
     AdaptivePolicy,
@@ -198,13 +198,25 @@ class PaddedTable(TableBackend):
         return super().score(token_ids, start)
 
 
-def test_the_target_is_timed_once_per_width_and_a_padded_target_at_1_and_k_only():
+def test_the_target_is_timed_once_and_a_padded_target_at_1_and_k_only():
     any_width = TableBackend(VOCAB, 0)
-    assert sorted(target_cost(any_width, 5).ms) == [1, 2, 3, 4, 5]
+    assert sorted(target_cost(any_width, 9).ms) == list(range(1, 10))  # the widths not timed lie on the line
+    assert {n for start, n in any_width.calls if start > 0} == {1, 2, 4, 8, 9}  # the widths timed
     calls = len(any_width.calls)
-    target_cost(any_width, 5)
+    target_cost(any_width, 9)
     assert len(any_width.calls) == calls  # cached: a generator built per request times nothing
     padded = PaddedTable(K)
-    assert sorted(target_cost(padded, K).ms) == [1, K] and set(padded.scored_widths) == {1, K}
+    cost = target_cost(padded, K)
+    assert set(padded.scored_widths) == {1, K} and cost.at(2) == cost.at(K)  # flat from 2 to the compiled k
     policy = build_policy(SpeculationConfig(k=K, policy="cost"), padded)
-    assert isinstance(policy, CostPolicy) and policy.chooser.cost.at(2) == policy.chooser.cost.at(K)
+    assert isinstance(policy, CostPolicy) and policy.chooser.cost is cost
+
+
+def test_the_curve_is_smoothed_to_a_line_from_width_2_on():
+    noisy = WidthCost({1: 10.0, 2: 13.0, 4: 12.0, 8: 17.0})  # width 4 timed during a quiet spell
+    line = affine(noisy, 8)
+    assert line.at(1) == 10.0 and sorted(line.ms) == list(range(1, 9))
+    assert line.at(2) < line.at(4) < line.at(8)
+    steps = [line.at(w + 1) - line.at(w) for w in range(2, 8)]
+    assert max(steps) - min(steps) < 1e-9  # one slope
+    assert affine(WidthCost({1: 10.0, 2: 15.0, 8: 12.0}), 8).at(5) == 13.5  # negative slope: flat at the mean

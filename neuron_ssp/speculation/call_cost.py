@@ -18,7 +18,7 @@ import torch
 from neuron_ssp.backends.base import ModelBackend
 
 ROUNDS = 7
-POLICY_ROUNDS = 3  # the cost policy's curve, timed at load: a few seconds on a CPU
+POLICY_ROUNDS = 3  # the cost policy's curve, timed at load: 1-3 s on a CPU
 POLICY_PROMPT_TOKENS = 64
 _TARGET_COSTS: weakref.WeakKeyDictionary[ModelBackend, WidthCost] = weakref.WeakKeyDictionary()
 
@@ -89,12 +89,30 @@ def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: l
 
 def target_cost(target: ModelBackend, k: int) -> WidthCost:
     """The target's cost per width 1..k for the cost policy, timed once per loaded target (every generator
-    built around it shares the curve). A target that pads narrower windows to its compiled width (Neuron)
-    is timed at 1 and that width only: `WidthCost.at` prices every width in between as the padded one."""
+    built around it shares the curve) and smoothed with `affine`. A target that pads narrower windows to
+    its compiled width (Neuron) is timed at 1 and that width only, so every width in between costs the
+    padded one."""
     cached = _TARGET_COSTS.get(target)
-    if cached is None or max(cached.ms) < min(k, target.max_score_width or k):
-        widths = [1, target.max_score_width] if target.max_score_width else list(range(1, k + 1))
+    if cached is None or max(cached.ms) < k:
+        padded = target.max_score_width
+        widths = [1, padded] if padded else sorted({1, 2, *range(4, k, 4), k})
         prompt = torch.arange(POLICY_PROMPT_TOKENS) % target.vocab_size
-        cached = measure_width_cost(target, prompt, widths, POLICY_ROUNDS)
+        cached = affine(measure_width_cost(target, prompt, widths, POLICY_ROUNDS), k)
         _TARGET_COSTS[target] = cached
     return cached
+
+
+def affine(cost: WidthCost, k: int) -> WidthCost:
+    """t(1) as measured and t(2..k) on the least-squares line through the measured widths >= 2 (a wide call
+    streams the weights once, then pays per row). A few timed calls per width on a shared machine jump by
+    20 % from one width to the next; the line does not. With one measured width >= 2 (Neuron: the compiled
+    k) the line is flat; a slope below 0 is noise and becomes 0."""
+    wide = sorted((w, ms) for w, ms in cost.ms.items() if w >= 2)
+    if not wide:
+        return cost
+    mean_w = statistics.fmean(w for w, _ in wide)
+    mean_ms = statistics.fmean(ms for _, ms in wide)
+    spread = sum((w - mean_w) ** 2 for w, _ in wide)
+    slope = max(0.0, sum((w - mean_w) * (ms - mean_ms) for w, ms in wide) / spread) if spread else 0.0
+    line = {w: mean_ms + slope * (w - mean_w) for w in range(2, max(k, 2) + 1)}
+    return WidthCost({1: cost.ms[1], **line}, cost.prefill_ms)
