@@ -10,7 +10,7 @@ call only while every token before it was accepted, and such a row is the record
 estimated as the prompt's prefill + the cost of each call's width (the recorded curve smoothed as the
 cost policy smooths it: call_cost.affine) + a host time per call, so
 policies are ranked under one cost curve at a time (the packed compact forward's, or Hugging Face's as
-before issue 25); `neuron-ssp bench` then measures the chosen settings on the other half.
+before the cost policy); `neuron-ssp bench` then measures the chosen settings on the other half.
 
     python benchmarks/policy_replay.py record /tmp/choose.json --half choose --threads 1
     python benchmarks/policy_replay.py sweep /tmp/choose.json
@@ -146,7 +146,8 @@ def report(name: str, per: dict[str, list[float]]) -> float:
 SETTINGS: dict[str, dict] = {
     **{f"cost k{k}": {"speculation.policy": "cost", "speculation.k": k} for k in (8, 12, 16)},
     **{f"fixed k{k}": {"speculation.policy": "fixed", "speculation.k": k} for k in (8, 12, 16)},
-    **{f"target-confidence {t} k8": {"speculation.policy": "target-confidence", "speculation.confidence_threshold": t}
+    **{f"target-confidence {t} k8": {"speculation.policy": "target-confidence", "speculation.k": 8,
+                                         "speculation.confidence_threshold": t}
        for t in (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)},
 }
 

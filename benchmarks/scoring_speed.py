@@ -1,7 +1,7 @@
 """What one target call costs per window width, for each way the torch backend can score, in ONE run.
 
 Paths, each a TorchBackend over the same loaded model (the embedded default unless --config says
-otherwise): Hugging Face's forward with its DynamicCache (the backend before issue 25), our compact
+otherwise): Hugging Face's forward with its DynamicCache (the backend before the compact forward), our compact
 forward with the weights as stored, the same with oneDNN-packed weights (the default on a CPU in
 fp32), and with --compile the compact forward through torch.compile. Every round times each path's
 prefill, then each width once, the paths and widths in an order that rotates per round, so load on a

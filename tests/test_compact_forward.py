@@ -1,4 +1,4 @@
-"""The compact Llama forward (issue 25 item 1): Hugging Face's logits within fp32 tolerance, whatever
+"""The compact Llama forward: Hugging Face's logits within fp32 tolerance, whatever
 the width, the start slot and the rollbacks before it; packed and as-stored weights alike; the models it
 does not cover go to Hugging Face's forward (auto) or are refused with the reason (compact)."""
 

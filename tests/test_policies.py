@@ -119,16 +119,16 @@ def test_adaptive_stays_within_its_bounds():
     assert policy.window(1.0) == 5
 
 
-# ---------------------------------------------------------------- cost policy (issue 25 item 2)
+# ---------------------------------------------------------------- cost policy
 
 STEEP = WidthCost({1: 10.0, 2: 17.0, 3: 20.0, 4: 23.0, 5: 26.0, 6: 29.0})  # wide calls through a slow GEMM
 FLAT = WidthCost({1: 10.0, K: 10.5})  # Neuron: every window pads to the compiled k
 MILD = WidthCost({1: 10.0, 2: 14.0, 3: 15.0, 4: 16.0, 5: 17.0, 6: 18.0})
 
 
-def point_draft(m: int, match_len: int) -> Draft:
+def point_draft(m: int, match_len: int, deterministic: bool = True) -> Draft:
     tokens = torch.arange(m)
-    return Draft(tokens, point_masses(tokens, VOCAB), match_len)
+    return Draft(tokens, point_masses(tokens, VOCAB), match_len, deterministic)
 
 
 def test_on_a_flat_curve_the_cost_policy_drafts_to_k_or_not_at_all():
@@ -153,6 +153,15 @@ def test_where_wide_calls_cost_more_the_cost_policy_keeps_only_what_the_evidence
     assert weak == 0 and strong == K - 1
     assert best_window([0.99, 0.99, 0.1, 0.1], STEEP) == 3  # two sure tokens, then noise
     assert best_window([], STEEP) == 1
+
+
+def test_a_sampled_drafts_length_does_not_sway_the_cost_policy():
+    """A draft model that stops early did so on its own tokens: weighing that length would make keeping a
+    token depend on the token (biased). The window is chosen as if the whole proposal came, then cut."""
+    only_k_pays = WidthCost({1: 10.0, K: 20.0})  # a 2-wide call costs the k-wide one: only long drafts pay
+    assert CostPolicy(K, only_k_pays).keep(point_draft(1, 0, deterministic=True), 0.95) == 0
+    assert CostPolicy(K, only_k_pays).keep(point_draft(1, 0, deterministic=False), 0.95) == 1
+    assert CostPolicy(K, only_k_pays).keep(point_draft(K - 1, 0, deterministic=False), 0.95) == K - 1
 
 
 def test_the_acceptance_model_learns_from_what_the_target_accepts():

@@ -25,7 +25,7 @@ class NgramDrafter:
 
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         tokens, n = lookup_match(sequence, max_tokens, self.ngram_max, self.ngram_min)
-        return Draft(tokens, point_masses(tokens, self.vocab_size), n)
+        return Draft(tokens, point_masses(tokens, self.vocab_size), n, deterministic=True)
 
 
 def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> torch.Tensor:

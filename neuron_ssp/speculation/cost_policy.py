@@ -89,9 +89,13 @@ class CostWindow:
         self.model = model or AcceptanceModel()
         self._pending: list[Cell] = []
 
-    def keep(self, draft: Draft, target_confidence: float) -> int:
-        cells = self.model.cells(target_confidence, draft.match_len, len(draft))
-        kept = best_window([self.model.chance(cell) for cell in cells], self.cost) - 1
+    def keep(self, draft: Draft, target_confidence: float, asked: int) -> int:
+        """`asked`: how many tokens the drafter was asked for. A sampled draft may stop early on its own
+        tokens (a stop rule), so its length is not evidence known before the tokens were drawn: the
+        window is then chosen as if the whole `asked` came, and cut to what did."""
+        horizon = len(draft) if draft.deterministic else max(asked, len(draft))
+        cells = self.model.cells(target_confidence, draft.match_len, horizon)
+        kept = min(best_window([self.model.chance(cell) for cell in cells], self.cost) - 1, len(draft))
         self._pending = cells[:kept]
         return kept
 

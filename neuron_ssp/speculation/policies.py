@@ -91,7 +91,7 @@ class CostPolicy(WindowPolicy):
         self.chooser = CostWindow(cost, model)
 
     def keep(self, draft: Draft, target_confidence: float) -> int:
-        return self.chooser.keep(draft, target_confidence)
+        return self.chooser.keep(draft, target_confidence, self.k - 1)
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.chooser.observe(drafted, accepted)
