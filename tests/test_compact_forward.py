@@ -4,6 +4,9 @@ does not cover go to Hugging Face's forward (auto) or are refused with the reaso
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 from conftest import tiny_llama
@@ -103,7 +106,18 @@ def test_compile_with_hugging_face_forward_is_refused_in_the_config():
     assert problem.field == "platform" and "compact forward" in problem.rule and "compile: false" in problem.fix
 
 
+def test_compile_without_a_cxx_compiler_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(UsageError) as err:
+        TorchBackend(tiny_llama(0), 64, compile=True)
+    problem = err.value.problems[0]
+    assert problem.field == "platform.compile" and "no-such-compiler-here" in problem.rule
+    assert "g++" in problem.fix
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="torch.compile on a CPU (inductor) needs a C++ compiler: none on PATH")
 def test_compiled_forward_matches_hugging_face(tmp_path, monkeypatch):
     """torch.compile (inductor, dynamic widths and slots) of the same forward: CUDA's fast path, run here
     on the CPU, where the code is the same."""

@@ -13,6 +13,8 @@ host, not (n, vocab) floats per call.
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Literal
 
 import torch
@@ -61,6 +63,10 @@ def _pick_forward(model: PreTrainedModel, forward: ForwardName, compile: bool, n
     if forward == "hf" and compile:
         raise ValueError("compile applies to the compact forward only (PlatformConfig refuses forward: hf with it)")
     reason = unsupported_reason(model)
+    if compile and next(model.parameters()).device.type == "cpu" and not _has_cxx():
+        raise UsageError(Problem("platform.compile", True, "torch.compile on a CPU (inductor) builds C++ kernels, "
+                                 f"and no C++ compiler ({os.environ.get('CXX', 'g++')}) is on PATH",
+                                 "install g++ (apt-get install g++) or set platform.compile: false"))
     if reason is None and forward != "hf":
         return "compact"
     if forward == "compact" or compile:
@@ -68,3 +74,7 @@ def _pick_forward(model: PreTrainedModel, forward: ForwardName, compile: bool, n
         raise UsageError(Problem(field, value, f"the compact forward cannot run {name}: {reason}",
                                  "set platform.forward: hf (Hugging Face's forward) and compile: false"))
     return "hf"
+
+
+def _has_cxx() -> bool:
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
