@@ -45,7 +45,7 @@ def record(path: Path, max_new_tokens: int, half: str) -> None:
     todo.sort(key=lambda item: item[1] % 2)  # the choose half first
     for category, position, prompt in todo:
         ids = pipeline.encode(prompt.text)
-        tokens, confidence = _greedy(pipeline, ids, max_new_tokens)
+        tokens, confidence = greedy_with_confidence(pipeline, ids, max_new_tokens)
         rows.append({"category": category, "position": position, "prompt": ids.tolist(),
                      "output": tokens, "confidence": confidence})
         print(category, position, len(tokens), flush=True)
@@ -56,7 +56,8 @@ def _in_half(position: int, half: str) -> bool:
     return half == "all" or (position % 2 == 0) == (half == "choose")
 
 
-def _greedy(pipeline, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], list[float]]:
+def greedy_with_confidence(pipeline, ids: torch.Tensor, max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """The target's greedy output and its probability for each token it chose."""
     target = pipeline.target
     logits = target.prefill(ids)
     tokens: list[int] = []

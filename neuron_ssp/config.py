@@ -21,7 +21,7 @@ DEFAULT_CONFIG = Path(__file__).parent / "data" / "default.yaml"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 BUILTIN_ACCEPTORS = ("probabilistic", "greedy", "typical")
-POLICIES = ("fixed", "adaptive", "draft-confidence", "target-confidence")
+POLICIES = ("fixed", "adaptive", "draft-confidence", "target-confidence", "cost")
 
 
 class _Strict(BaseModel):
@@ -34,6 +34,18 @@ class PlatformConfig(_Strict):
     backend: Literal["torch", "neuron"] = "torch"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # torch backend only
     instance_type: str | None = None  # neuron: e.g. trn1.32xlarge; checked by the topology rules
+    # torch backend only: what scores tokens (backends/torch/scoring.py). compact: our Llama forward with a
+    # preallocated KV cache, oneDNN-packed weights on a CPU in fp32; hf: the model's own forward;
+    # auto: compact wherever the model is a plain Llama
+    forward: Literal["auto", "compact", "hf"] = "auto"
+    compile: bool = False  # torch.compile the compact forward: CUDA's fast path; takes many minutes on a small CPU
+
+    @model_validator(mode="after")
+    def _compile_needs_compact(self) -> PlatformConfig:
+        if self.compile and self.forward == "hf":
+            raise ValueError("compile applies to the compact forward only; set forward: auto (or compact), "
+                             "or compile: false")
+        return self
 
 
 class ModelConfig(_Strict):
@@ -69,7 +81,9 @@ class SpeculationConfig(_Strict):
     k: int = Field(4, ge=2, le=64)
     drafter: Literal["ngram", "model", "suffix"] = "ngram"
     acceptor: str = "probabilistic"  # a built-in name or `module:Class`
-    policy: Literal["fixed", "adaptive", "draft-confidence", "target-confidence"] = "fixed"
+    # cost: keep the part of each proposal that maximises expected tokens per second, from the target's
+    # measured cost per window width and the draft's evidence (speculation/cost_policy.py)
+    policy: Literal["fixed", "adaptive", "draft-confidence", "target-confidence", "cost"] = "fixed"
     k_min: int = Field(2, ge=2)  # adaptive: smallest window
     p_min: float = Field(0.4, ge=0.0, le=1.0)  # draft-confidence: stop drafting below this top prob
     confidence_threshold: float = Field(0.6, ge=0.0, le=1.0)  # target-confidence

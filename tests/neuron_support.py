@@ -98,7 +98,7 @@ def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:
     drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
         else NgramDrafter(target.vocab_size)
     return SpeculativeGenerator(
-        target, drafter, acceptor, build_policy(config.speculation), config.sampling, config.speculation.k, rng
+        target, drafter, acceptor, build_policy(config.speculation, target), config.sampling, config.speculation.k, rng
     )
 
 

@@ -22,10 +22,11 @@ from conftest import TableBackend
 from lossless_support import chi_square_p_value
 
 from neuron_ssp.config import SamplingConfig
-from neuron_ssp.drafters import ModelDrafter
+from neuron_ssp.drafters import Draft, ModelDrafter
 from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor, TypicalAcceptor
-from neuron_ssp.speculation.policies import FixedPolicy
+from neuron_ssp.speculation.call_cost import WidthCost
+from neuron_ssp.speculation.policies import CostPolicy, FixedPolicy, WindowPolicy
 from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs, sample
 
 ALPHA = 1e-3
@@ -55,13 +56,14 @@ def exact_pair_distributions(target: TableBackend, params: SamplingParams) -> li
     return pairs
 
 
-def ssp_samples(sampling: SamplingConfig, acceptor_cls) -> tuple[torch.Tensor, int]:
+def ssp_samples(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None
+                ) -> tuple[torch.Tensor, int]:
     """SAMPLES generations of NEW tokens (one row each), and how many used the first block's bonus."""
     target, draft = models()
     rng = torch.Generator()
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
     gen = SpeculativeGenerator(target, ModelDrafter(draft, params, rng), acceptor_cls(params, rng),
-                               FixedPolicy(K), sampling, K, rng)
+                               policy or FixedPolicy(K), sampling, K, rng)
     rows, bonus = [], 0
     for seed in range(SAMPLES):
         gen.sampling = sampling.model_copy(update={"seed": seed})
@@ -71,11 +73,12 @@ def ssp_samples(sampling: SamplingConfig, acceptor_cls) -> tuple[torch.Tensor, i
     return torch.tensor(rows), bonus
 
 
-def p_values(sampling: SamplingConfig, acceptor_cls) -> tuple[dict[str, float], int]:
+def p_values(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None
+             ) -> tuple[dict[str, float], int]:
     """The p-value of every marginal and neighbouring-pair test, by name."""
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
     exact = exact_pair_distributions(models()[0], params)
-    tokens, bonus = ssp_samples(sampling, acceptor_cls)
+    tokens, bonus = ssp_samples(sampling, acceptor_cls, policy)
     found = {}
     for j in range(NEW):
         observed = torch.bincount(tokens[:, j], minlength=VOCAB).double()
@@ -96,6 +99,39 @@ def test_every_position_of_a_block_follows_the_target_distribution(sampling):
     assert bonus > SAMPLES / 10, f"the bonus position was reached only {bonus} times"
     failing = {name: p for name, p in found.items() if p <= ALPHA / TESTS}
     assert not failing, f"SSp differs from the target at {failing}"
+
+
+class CountingCostPolicy(CostPolicy):
+    """Counts the proposals it cut short, so the test knows the trimming branch ran."""
+
+    trimmed = 0
+
+    def keep(self, draft: Draft, target_confidence: float) -> int:
+        kept = super().keep(draft, target_confidence)
+        self.trimmed += kept < len(draft)
+        return kept
+
+
+def test_the_cost_policy_stays_lossless():
+    """It trims drafts on evidence known before they are drawn (the target's confidence, the position, what
+    it learnt from earlier calls), never on the drafted tokens, so accepted tokens keep p's distribution."""
+    policy = CountingCostPolicy(K, WidthCost({1: 1.0, 2: 1.5, 3: 1.7, 4: 2.2}))
+    found, _ = p_values(SamplingConfig(temperature=1.0), ProbabilisticAcceptor, policy)
+    assert policy.trimmed > SAMPLES / 10, f"the policy cut only {policy.trimmed} proposals short"
+    failing = {name: p for name, p in found.items() if p <= ALPHA / TESTS}
+    assert not failing, f"SSp with the cost policy differs from the target at {failing}"
+
+
+class PeekingPolicy(FixedPolicy):
+    """The bug the cost policy must not have: deciding on the drafted tokens themselves."""
+
+    def keep(self, draft: Draft, target_confidence: float) -> int:
+        return 0 if len(draft) and int(draft.tokens[0]) % 2 else len(draft)
+
+
+def test_the_test_catches_a_policy_that_peeks_at_the_draft():
+    found, _ = p_values(SamplingConfig(temperature=1.0), ProbabilisticAcceptor, PeekingPolicy(K))
+    assert min(found.values()) <= ALPHA / TESTS, found
 
 
 def test_the_test_catches_a_lossy_acceptor():

@@ -9,8 +9,9 @@ import copy
 
 import pytest
 import torch
-from conftest import backend, tiny_llama
+from conftest import tiny_llama
 
+from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
 from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
@@ -31,8 +32,16 @@ def perturbed_copy(model, scale: float, seed: int):
     return twin
 
 
-def cached_keys(torch_backend) -> list[torch.Tensor]:
-    cache = torch_backend._cache
+FORWARDS = ["compact", "hf"]  # a preallocated cache whose later slots are ignored; a DynamicCache that is cropped
+
+
+def cached_keys(torch_backend, length: int) -> list[torch.Tensor]:
+    """Keys of slots 0..length-1; a DynamicCache must hold exactly those, a preallocated one at least those."""
+    forward = torch_backend._forward
+    if torch_backend.forward_name == "compact":
+        return [layer[0, :, :length] for layer in forward.keys]
+    cache = forward._cache
+    assert cache.get_seq_length() == length
     if hasattr(cache, "layers"):
         return [layer.keys for layer in cache.layers]
     return list(cache.key_cache)  # transformers 4.4x
@@ -40,10 +49,9 @@ def cached_keys(torch_backend) -> list[torch.Tensor]:
 
 def assert_cache_holds(torch_backend, tokens: list[int]) -> None:
     """The backend's cache equals the one a fresh forward over `tokens` builds, slot for slot."""
-    fresh = backend(torch_backend.model)
+    fresh = TorchBackend(torch_backend.model, 512, forward=torch_backend.forward_name)
     fresh.prefill(torch.tensor(tokens))
-    ours, expected = cached_keys(torch_backend), cached_keys(fresh)
-    assert torch_backend._cache.get_seq_length() == len(tokens)
+    ours, expected = cached_keys(torch_backend, len(tokens)), cached_keys(fresh, len(tokens))
     for layer, (a, b) in enumerate(zip(ours, expected, strict=True)):
         assert a.shape == b.shape, f"layer {layer}: {tuple(a.shape)} != {tuple(b.shape)}"
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
@@ -65,9 +73,10 @@ class CheckedDrafter(ModelDrafter):
         return draft
 
 
-def run(k: int, sampling: SamplingConfig, new: int = 40):
+def run(k: int, sampling: SamplingConfig, forward: str, new: int = 40):
     target_model = tiny_llama(0)
-    target, draft = backend(target_model), backend(perturbed_copy(target_model, 0.2, seed=3))
+    target = TorchBackend(target_model, 512, forward=forward)
+    draft = TorchBackend(perturbed_copy(target_model, 0.2, seed=3), 512, forward=forward)
     rng = torch.Generator()
     params = sampling_params(sampling)
     drafter = CheckedDrafter(draft, params, rng)
@@ -77,10 +86,12 @@ def run(k: int, sampling: SamplingConfig, new: int = 40):
     return result, target, drafter
 
 
+@pytest.mark.parametrize("forward", FORWARDS)
 @pytest.mark.parametrize("k", [2, 3, 5, 8])
-def test_partial_acceptance_keeps_greedy_output_and_consistent_caches(k):
-    result, target, drafter = run(k, GREEDY)
-    assert result.tokens == plain_generate(backend(tiny_llama(0)), PROMPT, 40, GREEDY).tokens
+def test_partial_acceptance_keeps_greedy_output_and_consistent_caches(k, forward):
+    result, target, drafter = run(k, GREEDY, forward)
+    plain = TorchBackend(tiny_llama(0), 512, forward=forward)
+    assert result.tokens == plain_generate(plain, PROMPT, 40, GREEDY).tokens
     stats = result.stats
     assert 0.1 < stats.acceptance_rate < 0.95, stats.acceptance_rate  # partial: some kept, some rejected
     if k > 2:
@@ -91,10 +102,11 @@ def test_partial_acceptance_keeps_greedy_output_and_consistent_caches(k):
     assert_cache_holds(target, PROMPT.tolist() + result.tokens[:-1])
 
 
-def test_partial_acceptance_when_sampling_is_reproducible_and_consistent():
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_partial_acceptance_when_sampling_is_reproducible_and_consistent(forward):
     sampling = SamplingConfig(temperature=1.0, seed=11)
-    first, target, _ = run(4, sampling)
-    second, _, _ = run(4, sampling)
+    first, target, _ = run(4, sampling, forward)
+    second, _, _ = run(4, sampling, forward)
     assert first.tokens == second.tokens
     assert 0.0 < first.stats.acceptance_rate < 1.0
     assert_cache_holds(target, PROMPT.tolist() + first.tokens[:-1])

@@ -312,7 +312,7 @@ def test_sampling_runs_and_is_reproducible(neuronx: ModuleType, tiny_model_dirs:
     acceptor = ProbabilisticAcceptor(sampling_params(config.sampling), rng)
     generator = SpeculativeGenerator(
         target, ModelDrafter(draft, sampling_params(config.sampling), rng), acceptor,
-        build_policy(config.speculation), config.sampling, 4, rng
+        build_policy(config.speculation, target), config.sampling, 4, rng
     )
     first, second = generator.generate(prompt(7), 20), generator.generate(prompt(7), 20)
     assert first.tokens == second.tokens and len(first.tokens) == 20

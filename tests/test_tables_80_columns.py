@@ -57,4 +57,7 @@ def test_generation_commands(tiny_model: None, tmp_path: Path) -> None:
     assert "SSp ms/token" in run_at_80("latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0",
                                        "--prompts", prompts)
     assert "95% Wilson interval" in run_at_80("eval", "--nb-prompts", "2", "--answer-tokens", "3")
-    assert "HF lookup" in run_at_80("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")
+    bench = run_at_80("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")
+    assert "HF lookup" in bench and "SSp ÷ HF" in bench and "geomean" in bench
+    assert "report" in run_at_80("bench", "--prompts", prompts, "--prompts", prompts, "--half", "report",
+                                 "--max-new-tokens", "4")

@@ -11,8 +11,8 @@ from neuron_ssp.errors import UsageError
 from neuron_ssp.tools.bench import ALL, run_bench
 from neuron_ssp.tools.prompt_set import BenchPrompt, balanced, by_category, load_prompts
 
-SUMMARY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "hf_prompt_lookup_speedup",
-                "mean_accepted_length", "acceptance_rate", "outputs_equal"}
+SUMMARY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "ssp_vs_hf_plain",
+                "hf_prompt_lookup_speedup", "mean_accepted_length", "acceptance_rate", "outputs_equal"}
 
 
 def test_prompt_file_errors_name_the_line(tmp_path):
@@ -37,6 +37,18 @@ def test_selection_by_category_and_round_robin(tmp_path):
         balanced(prompts, 0)
 
 
+def test_halves_take_alternate_positions_per_category_after_joining_files(tmp_path):
+    first = load_prompts(write_prompts(tmp_path / "a.jsonl", [("qa", "q0"), ("qa", "q1"), ("rag", "r0")]))
+    second = load_prompts(write_prompts(tmp_path / "b.jsonl", [("qa", "q2"), ("rag", "r1"), ("qa", "q3")]))
+    choose = by_category(first + second, half="choose")
+    report = by_category(first + second, half="report")
+    assert {c: [p.text for p in g] for c, g in choose.items()} == {"qa": ["q0", "q2"], "rag": ["r0"]}
+    assert {c: [p.text for p in g] for c, g in report.items()} == {"qa": ["q1", "q3"], "rag": ["r1"]}
+    assert [p.text for p in by_category(first + second, ["qa"], 1, "report")["qa"]] == ["q1"]
+    with pytest.raises(UsageError, match="--half"):
+        by_category(first, half="other")
+
+
 def test_default_prompt_set_has_the_six_spec_bench_categories():
     categories = by_category(load_prompts())
     assert set(categories) == {"mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"}
@@ -56,6 +68,7 @@ def test_bench_rows_compare_with_hugging_face_on_the_same_model():
         assert summary["plain_tok_s"] > 0 and summary["hf_plain_tok_s"] > 0
         assert summary["hf_prompt_lookup_speedup"] > 0
         assert category.plain_vs_hf_plain > 0
+        assert summary["ssp_vs_hf_plain"] == pytest.approx(summary["ssp_tok_s"] / summary["hf_plain_tok_s"])
     assert all(m.hf_equal for m in result.overall.measures)  # HF greedy == our greedy on the same model
     assert result.overall.summary()["prompts"] == 2
 
@@ -65,6 +78,7 @@ def test_bench_without_a_hugging_face_model_leaves_its_columns_empty():
     prompts = {"copy": [BenchPrompt("copy", PROMPT_ROWS[0][1])]}
     summary = run_bench(pipeline, prompts, 8, hf_lookup_tokens=10).categories[0].summary()
     assert summary["hf_plain_tok_s"] is None and summary["hf_prompt_lookup_speedup"] is None
+    assert summary["ssp_vs_hf_plain"] is None
     assert summary["outputs_equal"] is True
 
 

@@ -21,8 +21,8 @@ pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
 
 ROW_KEYS = {"k", "alpha", "c", "mean_accepted_length", "speedup_measured", "speedup_predicted", "speedup_width_model",
             "speedup_leviathan"}
-CATEGORY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "hf_prompt_lookup_speedup",
-                 "mean_accepted_length", "acceptance_rate", "outputs_equal"}
+CATEGORY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "ssp_vs_hf_plain",
+                 "hf_prompt_lookup_speedup", "mean_accepted_length", "acceptance_rate", "outputs_equal"}
 
 
 @pytest.fixture

@@ -106,7 +106,8 @@ def _stats(tokens: int, calls: int, wall_ms: float, target_ms: float) -> Generat
 
 
 def test_width_model_prices_each_call_by_the_width_it_scored():
-    from neuron_ssp.tools.width_cost import WidthCost, predicted_speedup_for_widths
+    from neuron_ssp.speculation.call_cost import WidthCost
+    from neuron_ssp.tools.width_cost import predicted_speedup_for_widths
 
     cost = WidthCost({1: 10.0, 2: 12.0, 3: 15.0})  # no prefill timed, no host time: calls only
     plain = _stats(21, 20, 200.0, 200.0)
@@ -119,7 +120,8 @@ def test_width_model_prices_each_call_by_the_width_it_scored():
 
 
 def test_width_model_counts_prefill_and_host_time_which_dilute_the_speedup():
-    from neuron_ssp.tools.width_cost import WidthCost, predicted_speedup_for_widths
+    from neuron_ssp.speculation.call_cost import WidthCost
+    from neuron_ssp.tools.width_cost import predicted_speedup_for_widths
 
     cost = WidthCost({1: 10.0, 3: 15.0}, prefill_ms=[40.0, 60.0])  # mean prefill 50 ms per run
     plain = _stats(42, 40, 2 * 50.0 + 40 * 10.0 + 40 * 1.0, 2 * 50.0 + 40 * 10.0)  # host 1 ms per call
@@ -141,7 +143,7 @@ def test_the_default_table_fits_80_columns():
     from rich.console import Console
 
     from neuron_ssp.cli.tools_report import tune_k_table
-    from neuron_ssp.tools.width_cost import WidthCost
+    from neuron_ssp.speculation.call_cost import WidthCost
 
     result = TuneKResult([_row(k, 1.0 + k / 10) for k in range(2, 11)], 4, 128,
                          WidthCost({w: 30.0 + w for w in range(1, 11)}))

@@ -51,7 +51,7 @@ def speculative(target, draft, k: int, sampling: SamplingConfig = GREEDY) -> Spe
 def test_sliding_window_models_roll_back_rejected_drafts(k):
     target_model = tiny_sliding(0)
     draft_model = tiny_sliding(1, noise=0.2)
-    assert any(getattr(layer, "is_sliding", False) for layer in getattr(backend(target_model)._new_cache(),
+    assert any(getattr(layer, "is_sliding", False) for layer in getattr(backend(target_model)._forward._new_cache(),
                                                                           "layers", [])) or not hasattr(
         transformers.cache_utils, "DynamicSlidingWindowLayer")
     plain = plain_generate(backend(target_model), PROMPT, 40, GREEDY).tokens
@@ -76,7 +76,7 @@ def test_a_cache_that_cannot_roll_back_is_refused_up_front(monkeypatch):
 
 
 def test_full_attention_models_need_no_recording():
-    assert backend(tiny_llama(0))._recording is False
+    assert TorchBackend(tiny_llama(0), 512, forward="hf")._forward._recording is False
 
 
 class HostLogits:

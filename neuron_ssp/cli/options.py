@@ -38,7 +38,7 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--acceptor", help="probabilistic (lossless), greedy, typical (lossy) or module:Class."),
         click.option("--drafter", help="ngram (prompt lookup), suffix (learns across requests; both model-free) "
                      "or model (needs a draft: section)."),
-        click.option("--policy", help="fixed, adaptive, draft-confidence or target-confidence."),
+        click.option("--policy", help="fixed, adaptive, draft-confidence, target-confidence or cost."),
         click.option("--temperature", type=float, help="0 = greedy."),
         click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
         click.option("--top-p", type=float, help="Nucleus sampling mass in (0, 1]."),

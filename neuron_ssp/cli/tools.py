@@ -42,7 +42,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.extra import scipy_stats
 from neuron_ssp.tools.hf_baseline import HF_PROMPT_LOOKUP_TOKENS
 from neuron_ssp.tools.machine import describe_machine, machine_info
-from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, balanced, by_category, load_prompts
+from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, HALVES, balanced, by_category, load_prompts
 from neuron_ssp.tools.proportions import IntervalMethod
 
 PROMPTS_HELP = "JSONL with a 'prompt' (and 'category') field per line (default: the Spec-Bench dev set)."
@@ -263,7 +263,11 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
 
 
 @click.command("bench")
-@click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=DEFAULT_PROMPTS, help=PROMPTS_HELP)
+@click.option("--prompts", "prompts_files", type=click.Path(path_type=Path), multiple=True,
+              help=f"{PROMPTS_HELP} Repeat to join several files, in order.")
+@click.option("--half", type=click.Choice(HALVES),
+              help="Per category, only the prompts at even (choose) or odd (report) positions: choose settings "
+              "on one half, report the other.")
 @click.option("--categories", multiple=True, help="Only these categories (repeat or comma-separate).")
 @click.option("--nb-prompts", type=int, help="Prompts per category (default: all).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedups per category to this PNG.")
@@ -281,9 +285,9 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
 @_threads_option
 @_without_drafter_flag
 @with_config
-def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_prompts: int | None,
-          plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int, drafters: tuple[str, ...],
-          repeated_workload: bool, threads: int | None, as_json: bool) -> None:
+def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, categories: tuple[str, ...],
+          nb_prompts: int | None, plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int,
+          drafters: tuple[str, ...], repeated_workload: bool, threads: int | None, as_json: bool) -> None:
     """Spec-Bench method: greedy, batch 1, per category: our plain and SSp tokens/s next to HF generate().
 
     Per prompt: our plain decoding, our SSp (once per compared drafter), HF plain, HF prompt lookup
@@ -298,7 +302,8 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
         for name in names[1:]:
             _with_drafter(config, name)
     wanted = [c.strip() for group in categories for c in group.split(",") if c.strip()]
-    prompts = by_category(load_prompts(prompts_file), wanted, nb_prompts)
+    loaded = [prompt for path in prompts_files or (DEFAULT_PROMPTS,) for prompt in load_prompts(path)]
+    prompts = by_category(loaded, wanted, nb_prompts, half)
     _check_plot(plot_path)
     if config.sampling.temperature != 0:
         status_console.print(f"bench is greedy: temperature {config.sampling.temperature} -> 0")
@@ -323,7 +328,8 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
     hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
     with _progress("bench", repeat * count) as step:
         result = run_bench(pipeline, prompts, config.generation.max_new_tokens, hf_tokens, step, repeat, names)
-    title = (f"bench: greedy, {result.max_new_tokens} new tokens, {repeat} pass(es) | {describe(config)}\n"
+    chosen = f", {half} half" if half else ""
+    title = (f"bench: greedy, {result.max_new_tokens} new tokens, {repeat} pass(es){chosen} | {describe(config)}\n"
              f"{describe_machine(machine)}")
     if len(result.drafters) > 1:
         if as_json:
@@ -343,9 +349,10 @@ def bench(config: Config, prompts_file: Path, categories: tuple[str, ...], nb_pr
         echo_json(bench_json(result, machine))
         return
     console.print(bench_table(result, title))
-    console.print("speedup = SSp tok/s ÷ plain tok/s (same run); predicted = Leviathan model from the measured α, c "
-                  "and draft lengths; call cost = mean SSp target call time ÷ mean plain one (the model assumes 1x); "
-                  f"HF lookup = HF prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}).")
+    console.print("speedup = SSp tok/s ÷ our plain tok/s; SSp ÷ HF = SSp tok/s ÷ HF generate() tok/s (same run, "
+                  "interleaved per prompt); call cost = mean SSp target call time ÷ mean plain one; "
+                  f"HF lookup = HF prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
+                  "geomean over the categories.")
     hf_equal = [m.hf_equal for m in result.overall.measures if m.hf_equal is not None]
     if hf_equal:
         console.print(f"HF greedy output equals our plain output on {sum(hf_equal)}/{len(hf_equal)} prompts.")

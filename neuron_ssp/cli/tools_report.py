@@ -141,15 +141,18 @@ def bench_table(result: BenchResult, title: str) -> Group:
     characters; --json has every figure."""
     rows = [*result.categories, result.overall]
     speed = Table(title=title, title_justify="left")
-    for name in ("category", "prompts", "plain tok/s", "SSp tok/s", "speedup", "predicted", "HF lookup"):
+    for name in ("category", "prompts", "plain tok/s", "SSp tok/s", "speedup", "SSp ÷ HF", "HF lookup"):
         speed.add_column(name, justify="right")
     for c in rows:
         speed.add_row(c.category, str(c.summary()["prompts"]), f"{c.plain_tok_s:.1f}", f"{c.ssp_tok_s:.1f}",
-                      _x(c.fit.speedup_measured), _x(c.fit.speedup_predicted), _x(c.hf_speedup("hf_lookup")),
+                      _x(c.fit.speedup_measured), _x(c.ssp_vs_hf_plain), _x(c.hf_speedup("hf_lookup")),
                       style="bold" if c is result.overall else None)
+    speed.add_row("geomean", "", "", "", _x(_geomean_of([c.fit.speedup_measured for c in result.categories])),
+                  _x(_geomean_of([c.ssp_vs_hf_plain for c in result.categories])),
+                  _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])), style="bold")
     assisted = bool(result.categories) and result.categories[0].hf_speedup("hf_assisted") is not None
     costs = Table()
-    for name in ("category", "α", "accepted len", "call cost", "HF plain tok/s", "plain ÷ HF",
+    for name in ("category", "α", "accepted len", "call cost", "HF tok/s", "plain ÷ HF",
                  *(["HF assisted"] if assisted else []), "SSp = plain"):
         costs.add_column(name, justify="right")
     for c in rows:
@@ -173,6 +176,11 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values and min(values) > 0 else 0.0
 
 
+def _geomean_of(values: list[float | None]) -> float | None:
+    """The geomean over the categories; None when any is missing (no Hugging Face runs)."""
+    return None if not values or None in values else geomean([v for v in values if v is not None])
+
+
 def drafter_table(result: BenchResult, title: str) -> Group:
     """Per category, in two tables that each read at 80 characters: speed (plain tok/s, each drafter's
     speedup, HF prompt lookup's) and acceptance (each drafter's α and accepted length)."""
@@ -194,12 +202,10 @@ def drafter_table(result: BenchResult, title: str) -> Group:
         acceptance.add_row(c.category, *[cell for fit in fits
                                           for cell in (f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}")],
                            style=style)
-    lookups = [c.hf_speedup("hf_lookup") for c in result.categories]
     speed.add_row("geomean", "",
                   *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
                     for name in result.drafters],
-                  _x(geomean([v for v in lookups if v is not None])) if None not in lookups else "-", "",
-                  style="bold")
+                  _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])), "", style="bold")
     return Group(speed, acceptance)
 
 

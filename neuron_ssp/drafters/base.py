@@ -21,9 +21,19 @@ class Draft:
 
     tokens: torch.Tensor  # (m,) int64
     logits: torch.Tensor  # (m, V) float32
+    # tokens of context the proposal's source matched (prompt lookup's n, the suffix tree's match): evidence
+    # for the cost policy; 0 where the drafter does not say (a draft model)
+    match_len: int = 0
+    # True when the tokens are a function of the context alone (prompt lookup, suffix tree): a policy may
+    # then weigh the proposal's length; a sampled draft's length may depend on its own tokens (stop rules)
+    deterministic: bool = False
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    def prefix(self, m: int) -> Draft:
+        """The first m proposed tokens (what a window policy keeps of a longer proposal)."""
+        return self if m >= len(self) else Draft(self.tokens[:m], self.logits[:m], self.match_len, self.deterministic)
 
     @classmethod
     def empty(cls, vocab_size: int) -> Draft:

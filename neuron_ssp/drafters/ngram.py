@@ -24,12 +24,18 @@ class NgramDrafter:
         """Prompt lookup learns nothing across requests."""
 
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
-        tokens = lookup(sequence, max_tokens, self.ngram_max, self.ngram_min)
-        return Draft(tokens, point_masses(tokens, self.vocab_size))
+        tokens, n = lookup_match(sequence, max_tokens, self.ngram_max, self.ngram_min)
+        return Draft(tokens, point_masses(tokens, self.vocab_size), n, deterministic=True)
 
 
 def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> torch.Tensor:
-    """Longest n first; among matches of that n, the latest one that has a continuation.
+    """The proposal of `lookup_match` without its n."""
+    return lookup_match(sequence, max_tokens, ngram_max, ngram_min)[0]
+
+
+def lookup_match(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> tuple[torch.Tensor, int]:
+    """(proposal, n of the n-gram matched; 0 when none matched). Longest n first; among matches of that n,
+    the latest one that has a continuation.
 
     The continuation is an overlapping copy (as in LZ77): where it runs into the end of the sequence
     it goes on copying what it has just proposed, i.e. it repeats the last `length - start` tokens.
@@ -45,5 +51,5 @@ def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: i
             start = int(hits[-1]) + n
             period = sequence[start:]
             repeats = -(-max_tokens // period.shape[0])
-            return period.repeat(repeats)[:max_tokens].clone()
-    return sequence.new_empty(0)
+            return period.repeat(repeats)[:max_tokens].clone(), n
+    return sequence.new_empty(0), 0

@@ -143,7 +143,7 @@ class SuffixDrafter:
         context = sequence[-self.settings.max_depth:].tolist()
         path = self.best_path(context, max_tokens)
         tokens = torch.tensor(path.tokens, dtype=torch.long)
-        return Draft(tokens, point_masses(tokens, self.vocab_size))
+        return Draft(tokens, point_masses(tokens, self.vocab_size), path.match_len, deterministic=True)
 
     def best_path(self, context: list[int], max_tokens: int) -> DraftPath:
         """The higher-scoring of the two sources' drafts; this request's own text wins a tie."""

@@ -1,8 +1,9 @@
 """The speculative sampling loop, and plain decoding through the same backend for comparison.
 
-Per iteration: the policy picks a window w <= k, the drafter proposes up to w-1 tokens, the target
-scores [last committed token] + draft at their cache positions in ONE call, and the acceptor commits
-1..w tokens. Rejected positions need no cleanup: the next call overwrites them (see backends.base).
+Per iteration: the policy picks a window w <= k, the drafter proposes up to w-1 tokens, the policy
+keeps a prefix of them (the cost policy weighs the proposal's evidence against the call's cost), the
+target scores [last committed token] + draft at their cache positions in ONE call, and the acceptor
+commits 1..w tokens. Rejected positions need no cleanup: the next call overwrites them (see backends.base).
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ class SpeculativeGenerator:
             t0 = time.perf_counter()
             draft = self.drafter.propose(seq.committed(), window - 1) if window > 1 \
                 else Draft.empty(self.target.vocab_size)
+            draft = draft.prefix(self.policy.keep(draft, confidence))
             t1 = time.perf_counter()
             inputs = torch.cat([torch.tensor([seq.last]), draft.tokens])
             t2 = time.perf_counter()

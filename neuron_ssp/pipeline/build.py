@@ -56,7 +56,7 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
 
         return FusedEngine.build(config, target, draft)
     drafter = share_drafter(drafter, config, rng) if drafter is not None else build_drafter(config, target, draft, rng)
-    return SpeculativeGenerator(target, drafter, acceptor, build_policy(spec), config.sampling, spec.k, rng)
+    return SpeculativeGenerator(target, drafter, acceptor, build_policy(spec, target), config.sampling, spec.k, rng)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,

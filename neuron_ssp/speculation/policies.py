@@ -8,7 +8,11 @@ the only one that sees draft probabilities: `build_draft_stop` gives its thresho
 
 from __future__ import annotations
 
+from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SpeculationConfig
+from neuron_ssp.drafters.base import Draft
+from neuron_ssp.speculation.call_cost import WidthCost, target_cost
+from neuron_ssp.speculation.cost_policy import AcceptanceModel, CostWindow
 
 
 class WindowPolicy:
@@ -21,6 +25,10 @@ class WindowPolicy:
 
     def window(self, target_confidence: float) -> int:
         return self.k
+
+    def keep(self, draft: Draft, target_confidence: float) -> int:
+        """How many of the drafted tokens the target scores; by default all of them."""
+        return len(draft)
 
     def observe(self, drafted: int, accepted: int) -> None:
         """What the last target call kept of its draft; stateless policies ignore it."""
@@ -72,7 +80,27 @@ class TargetConfidencePolicy(WindowPolicy):
         return self.k if target_confidence >= self.threshold else 1
 
 
-def build_policy(spec: SpeculationConfig) -> WindowPolicy:
+class CostPolicy(WindowPolicy):
+    """Ask the drafter for the whole window k, then keep the part that maximises expected committed tokens
+    per unit of target time, from the target's cost per width and the evidence (cost_policy.py)."""
+
+    uses_target_confidence = True
+
+    def __init__(self, k: int, cost: WidthCost, model: AcceptanceModel | None = None):
+        super().__init__(k)
+        self.chooser = CostWindow(cost, model)
+
+    def keep(self, draft: Draft, target_confidence: float) -> int:
+        return self.chooser.keep(draft, target_confidence, self.k - 1)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.chooser.observe(drafted, accepted)
+
+
+def build_policy(spec: SpeculationConfig, target: ModelBackend) -> WindowPolicy:
+    """`target` is timed per width once (call_cost.target_cost) when the policy is 'cost'."""
+    if spec.policy == "cost":
+        return CostPolicy(spec.k, target_cost(target, spec.k))
     if spec.policy == "adaptive":
         return AdaptivePolicy(spec.k, spec.k_min)
     if spec.policy == "target-confidence":

@@ -92,6 +92,7 @@ class CategoryResult:
             "ssp_tok_s": self.ssp_tok_s,
             "speedup": self.fit.speedup_measured,
             "hf_plain_tok_s": self.hf_tok_s("hf_plain"),
+            "ssp_vs_hf_plain": self.ssp_vs_hf_plain,
             "hf_prompt_lookup_speedup": self.hf_speedup("hf_lookup"),
             "mean_accepted_length": self.fit.mean_accepted_length,
             "acceptance_rate": self.fit.alpha,
@@ -112,6 +113,12 @@ class CategoryResult:
         """Our plain tokens/s over HF generate()'s: what our decoding loop costs or saves."""
         hf = self.hf_tok_s("hf_plain")
         return self.plain_tok_s / hf if hf else None
+
+    @property
+    def ssp_vs_hf_plain(self) -> float | None:
+        """Our SSp tokens/s over HF generate()'s: the speedup a user of HF generate() gets by switching."""
+        hf = self.hf_tok_s("hf_plain")
+        return self.ssp_tok_s / hf if hf else None
 
 
 @dataclass

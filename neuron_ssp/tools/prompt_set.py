@@ -47,8 +47,9 @@ def load_prompts(path: Path = DEFAULT_PROMPTS) -> list[BenchPrompt]:
 
 
 def by_category(prompts: Sequence[BenchPrompt], categories: Sequence[str] = (),
-                per_category: int | None = None) -> dict[str, list[BenchPrompt]]:
-    """{category: its prompts} in file order, restricted to `categories` when given."""
+                per_category: int | None = None, half: str | None = None) -> dict[str, list[BenchPrompt]]:
+    """{category: its prompts} in file order, restricted to `categories` when given, to one `half`
+    (half_of) when given, then to the first `per_category`."""
     grouped: dict[str, list[BenchPrompt]] = {}
     for prompt in prompts:
         grouped.setdefault(prompt.category, []).append(prompt)
@@ -58,8 +59,22 @@ def by_category(prompts: Sequence[BenchPrompt], categories: Sequence[str] = (),
                                  f"choose from {', '.join(sorted(grouped))}"))
     if per_category is not None and per_category < 1:
         raise UsageError(Problem("--nb-prompts", per_category, "must be >= 1", "pass 1 or more"))
-    chosen = list(categories) or list(grouped)
-    return {c: grouped[c][:per_category] for c in chosen}
+    chosen = {c: grouped[c] for c in list(categories) or list(grouped)}
+    if half is not None:
+        chosen = half_of(chosen, half)
+    return {c: group[:per_category] for c, group in chosen.items()}
+
+
+HALVES = ("choose", "report")
+
+
+def half_of(grouped: dict[str, list[BenchPrompt]], half: str) -> dict[str, list[BenchPrompt]]:
+    """Per category, the prompts at even positions (`choose`: settings are chosen on them) or odd ones
+    (`report`: the figures reported for those settings), so no reported prompt was tuned on."""
+    if half not in HALVES:
+        raise UsageError(Problem("--half", half, "not a half of the prompt set", f"use one of {', '.join(HALVES)}"))
+    parity = HALVES.index(half)
+    return {category: group[parity::2] for category, group in grouped.items()}
 
 
 def balanced(prompts: Sequence[BenchPrompt], count: int) -> list[BenchPrompt]:

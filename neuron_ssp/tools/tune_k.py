@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from neuron_ssp.engines.native import plain_generate
+from neuron_ssp.speculation.call_cost import WidthCost, WidthTimer
 from neuron_ssp.speculation.stats import GenerationStats, merge_stats, throughput_ratio
 from neuron_ssp.tools.leviathan import (
     draft_length_counts,
@@ -24,7 +25,7 @@ from neuron_ssp.tools.leviathan import (
 )
 from neuron_ssp.tools.per_k import KGroup, KSetup
 from neuron_ssp.tools.prompt_set import BenchPrompt
-from neuron_ssp.tools.width_cost import WidthCost, WidthTimer, predicted_speedup_for_widths
+from neuron_ssp.tools.width_cost import predicted_speedup_for_widths
 
 # Measured speedups closer than this to the best one are within noise on a shared machine: the smaller
 # window wins (less draft work wasted, and on Neuron a smaller compiled target).

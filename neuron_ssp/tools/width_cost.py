@@ -19,81 +19,10 @@ the acceptance of each k predicts every k.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
-import torch
-
-from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.stats import GenerationStats
-
-ROUNDS = 7
-
-
-@dataclass(frozen=True)
-class WidthCost:
-    ms: dict[int, float]  # window width -> median milliseconds of one target call
-    prefill_ms: list[float] = field(default_factory=list)  # one prompt prefill per timed round
-
-    def at(self, width: int) -> float:
-        if width in self.ms:
-            return self.ms[width]
-        wider = [w for w in self.ms if w >= width]
-        return self.ms[min(wider)] if wider else self.ms[max(self.ms)]
-
-    @property
-    def mean_prefill_ms(self) -> float:
-        return statistics.fmean(self.prefill_ms) if self.prefill_ms else 0.0
-
-
-def _scorer(target: ModelBackend, width: int) -> ModelBackend:
-    """The backend that scores `width` in one call (Neuron: the network compiled for that k)."""
-    with_window = getattr(target, "with_window", None)
-    return with_window(width) if with_window is not None and width > 1 else target
-
-
-class WidthTimer:
-    """Collects timed target calls per width in rounds; tune-k runs a round after each prompt's runs, so
-    the timings see the same machine load as the runs they predict (a shared CPU drifts a lot)."""
-
-    def __init__(self, target: ModelBackend, widths: list[int]):
-        self.widths = sorted({1, *widths})
-        self.scorers = {w: _scorer(target, w) for w in self.widths}
-        self.target = target
-        self.samples: dict[int, list[float]] = {w: [] for w in self.widths}
-        self.prefill_ms: list[float] = []
-        self.rounds = 0
-
-    @torch.inference_mode()
-    def round(self, prompt_ids: torch.Tensor, repeats: int = 1) -> None:
-        """The prompt's prefill, then each width once per repeat at the slot after the prompt, in an order
-        that rotates per round."""
-        start = prompt_ids.shape[0]
-        tokens = prompt_ids[-1:].repeat(max(self.widths))
-        begin = time.perf_counter()
-        self.target.prefill(prompt_ids)
-        self.prefill_ms.append(1000.0 * (time.perf_counter() - begin))
-        for _ in range(repeats):
-            shift = self.rounds % len(self.widths)
-            for w in self.widths[shift:] + self.widths[:shift]:
-                begin = time.perf_counter()
-                self.scorers[w].score(tokens[:w], start)
-                self.samples[w].append(1000.0 * (time.perf_counter() - begin))
-            self.rounds += 1
-
-    def cost(self) -> WidthCost:
-        return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s}, list(self.prefill_ms))
-
-
-def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: list[int],
-                       rounds: int = ROUNDS) -> WidthCost:
-    """Median ms of one target call per width after one uncounted warm-up round."""
-    WidthTimer(target, widths).round(prompt_ids)  # warm-up: first calls pay one-off costs
-    timer = WidthTimer(target, widths)
-    timer.round(prompt_ids, rounds)
-    return timer.cost()
 
 
 def host_ms_per_call(stats: GenerationStats) -> float:

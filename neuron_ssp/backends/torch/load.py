@@ -45,14 +45,15 @@ def load_torch_backends(config: Config) -> tuple[TorchBackend, TorchBackend | No
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     target_model = load_hf_model(target_dir, config.target.dtype, device)
     _check_if_embedded(target_model, tokenizer, config.target.path, "target.path")
-    target = TorchBackend(target_model, config.target.n_positions, name="target")
+    platform = config.platform
+    target = TorchBackend(target_model, config.target.n_positions, "target", platform.forward, platform.compile)
     draft = None
     if draft_cfg is not None and draft_dir is not None:
         same = _same_model(target_dir, draft_dir, config.target, draft_cfg)
         draft_model = target_model if same else load_hf_model(draft_dir, draft_cfg.dtype, device)
         if not same:
             _check_if_embedded(draft_model, tokenizer, draft_cfg.path, "draft.path")
-        draft = TorchBackend(draft_model, draft_cfg.n_positions, name="draft")
+        draft = TorchBackend(draft_model, draft_cfg.n_positions, "draft", platform.forward, platform.compile)
     return target, draft, tokenizer
 
 

@@ -1,14 +1,11 @@
 """Reference backend: a Hugging Face causal LM on CPU or CUDA with a position-addressed KV cache.
 
-Rolling back a rejected draft is `DynamicCache.crop(-n)`: the n slots from `start` on are dropped
-before the new tokens are scored. A negative count means "remove n" in transformers 4.4x (what
-Neuron DLAMIs carry) and is the only form 5.x (what PyPI serves) accepts; what else differs is how a
-cache is built (`_new_cache`) and the name of the dtype argument (`load.dtype_kwarg`).
-
-Sliding-window (and linear-attention) cache layers of transformers 5.x keep only the last window of
-states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
-(as Hugging Face's assisted generation does). Recording layers then keep every state written since
-the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
+Two forwards score the tokens, and plain decoding and speculative sampling use the same one, so every
+speedup compares like with like:
+- `compact` (llama_forward.py): our forward of a plain Llama over the model's weights with a
+  preallocated cache, oneDNN-packed on a CPU in fp32, optionally through torch.compile;
+- `hf` (hf_forward.py): the model's own forward with a DynamicCache, for every other model.
+`auto` takes compact wherever it covers the model.
 
 Logits stay on the model's device: on CUDA the sampler draws there and only token ids cross to the
 host, not (n, vocab) floats per call.
@@ -16,16 +13,19 @@ host, not (n, vocab) floats per call.
 
 from __future__ import annotations
 
-import inspect
+import os
+import shutil
+from typing import Literal
 
 import torch
-import transformers
-from packaging.version import Version
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
+from neuron_ssp.backends.torch.hf_forward import HfForward
+from neuron_ssp.backends.torch.llama_forward import CompactLlama
+from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
 from neuron_ssp.errors import Problem, UsageError
 
-TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+ForwardName = Literal["auto", "compact", "hf"]
 
 
 class TorchBackend:
@@ -33,63 +33,48 @@ class TorchBackend:
 
     max_score_width: int | None = None
 
-    def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch"):
+    def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch", forward: ForwardName = "auto",
+                 compile: bool = False, pack: bool | None = None):
+        """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32)."""
         self.model = model
         self.name = name
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.n_positions = min(n_positions, int(getattr(model.config, "max_position_embeddings", n_positions)))
-        self._keep_last = _last_logits_kwarg(model)
-        self._cache: DynamicCache | None = None
-        self._recording = _needs_past_recording(self._new_cache(), name)
+        self.forward_name = _pick_forward(model, forward, compile, name)
+        self._forward: CompactLlama | HfForward
+        if self.forward_name == "hf":
+            self._forward = HfForward(model, name)
+        else:
+            weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack)
+            self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        self._cache = self._new_cache()
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), past_key_values=self._cache,
-                         use_cache=True, **self._keep_last)
-        if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
-            self._cache.activate_past_recording()
-        return out.logits[0, -1].float()
+        return self._forward.prefill(prompt_ids).float()
 
     @torch.inference_mode()
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        if self._cache is None:
-            raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
-        stale = self._cache.get_seq_length() - start
-        if stale > 0:
-            self._cache.crop(-stale)
-        n = token_ids.shape[0]
-        positions = torch.arange(start, start + n, device=self.device)
-        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
-                         position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
-        return out.logits[0].float()
-
-    def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config) if TRANSFORMERS_5 else DynamicCache()
+        return self._forward.score(token_ids, start).float()
 
 
-def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
-    """Whether the cache has layers that forget states (sliding window, linear attention), which can be
-    rolled back only with past recording; refuse up front where this transformers has none."""
-    layers = getattr(cache, "layers", [])  # 4.4x caches have no layer objects, and no window layers
-    forgetful = sorted({type(layer).__name__ for layer in layers if hasattr(layer, "record_past")})
-    if not forgetful:
-        return False
-    if not hasattr(cache, "activate_past_recording"):
-        raise UsageError(Problem(
-            f"{name}.path", ", ".join(forgetful),
-            f"the model's KV cache keeps only a sliding window (or a linear-attention state), and transformers "
-            f"{transformers.__version__} cannot roll such a cache back after a rejected draft",
-            "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
-            "full attention in every layer"))
-    return True
+def _pick_forward(model: PreTrainedModel, forward: ForwardName, compile: bool, name: str) -> str:
+    """'compact' or 'hf'; a config that asks for what this model cannot do is refused with the reason."""
+    if forward == "hf" and compile:
+        raise ValueError("compile applies to the compact forward only (PlatformConfig refuses forward: hf with it)")
+    reason = unsupported_reason(model)
+    if compile and next(model.parameters()).device.type == "cpu" and not _has_cxx():
+        raise UsageError(Problem("platform.compile", True, "torch.compile on a CPU (inductor) builds C++ kernels, "
+                                 f"and no C++ compiler ({os.environ.get('CXX', 'g++')}) is on PATH",
+                                 "install g++ (apt-get install g++) or set platform.compile: false"))
+    if reason is None and forward != "hf":
+        return "compact"
+    if forward == "compact" or compile:
+        field, value = ("platform.compile", True) if compile and forward != "compact" else ("platform.forward", forward)
+        raise UsageError(Problem(field, value, f"the compact forward cannot run {name}: {reason}",
+                                 "set platform.forward: hf (Hugging Face's forward) and compile: false"))
+    return "hf"
 
 
-def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:
-    """Ask for the last position's logits only at prefill (saves the LM head over the whole prompt)."""
-    params = inspect.signature(model.forward).parameters
-    for name in ("logits_to_keep", "num_logits_to_keep"):  # 4.50+ / 4.45-4.49
-        if name in params:
-            return {name: 1}
-    return {}
+def _has_cxx() -> bool:
+    return shutil.which(os.environ.get("CXX", "g++")) is not None

@@ -1,0 +1,87 @@
+"""Hugging Face's own forward with its `DynamicCache`: the path for every model the compact forward
+does not cover (sliding-window or biased attention, other architectures), and the reference the
+compact forward is checked against.
+
+Rolling back a rejected draft is `DynamicCache.crop(-n)`: the n slots from `start` on are dropped
+before the new tokens are scored. A negative count means "remove n" in transformers 4.4x (what
+Neuron DLAMIs carry) and is the only form 5.x (what PyPI serves) accepts; what else differs is how a
+cache is built (`_new_cache`) and the name of the dtype argument (`load.dtype_kwarg`).
+
+Sliding-window (and linear-attention) cache layers of transformers 5.x keep only the last window of
+states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
+(as Hugging Face's assisted generation does). Recording layers then keep every state written since
+the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import DynamicCache, PreTrainedModel
+
+from neuron_ssp.errors import Problem, UsageError
+
+TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+
+
+class HfForward:
+    """One sequence, one cache, through `model(...)`."""
+
+    def __init__(self, model: PreTrainedModel, name: str):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self._keep_last = _last_logits_kwarg(model)
+        self._cache: DynamicCache | None = None
+        self._recording = _needs_past_recording(self._new_cache(), name)
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        self._cache = self._new_cache()
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+                         use_cache=True, **self._keep_last)
+        if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
+            self._cache.activate_past_recording()
+        return out.logits[0, -1]
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        if self._cache is None:
+            raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
+        stale = self._cache.get_seq_length() - start
+        if stale > 0:
+            self._cache.crop(-stale)
+        n = token_ids.shape[0]
+        positions = torch.arange(start, start + n, device=self.device)
+        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+                         position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
+        return out.logits[0]
+
+    def _new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config) if TRANSFORMERS_5 else DynamicCache()
+
+
+def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
+    """Whether the cache has layers that forget states (sliding window, linear attention), which can be
+    rolled back only with past recording; refuse up front where this transformers has none."""
+    layers = getattr(cache, "layers", [])  # 4.4x caches have no layer objects, and no window layers
+    forgetful = sorted({type(layer).__name__ for layer in layers if hasattr(layer, "record_past")})
+    if not forgetful:
+        return False
+    if not hasattr(cache, "activate_past_recording"):
+        raise UsageError(Problem(
+            f"{name}.path", ", ".join(forgetful),
+            f"the model's KV cache keeps only a sliding window (or a linear-attention state), and transformers "
+            f"{transformers.__version__} cannot roll such a cache back after a rejected draft",
+            "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
+            "full attention in every layer"))
+    return True
+
+
+def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:
+    """Ask for the last position's logits only at prefill (saves the LM head over the whole prompt)."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):  # 4.50+ / 4.45-4.49
+        if name in params:
+            return {name: 1}
+    return {}

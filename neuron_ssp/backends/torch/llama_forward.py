@@ -1,0 +1,111 @@
+"""Our own forward of a plain Llama over Hugging Face's weights, with a preallocated KV cache.
+
+The cache is addressed by position, as on Neuron (`cache_ids`): a call writes the keys and values of
+slots start..start+n-1 and attends to slots 0..start+n-1, so rolling back a rejected draft costs
+nothing (later slots are ignored, then overwritten). No per-call cache object, no mask over the whole
+cache, no per-layer module dispatch: the same arithmetic as Hugging Face's LlamaForCausalLM, in the
+order it does it (tests check the logits against its forward within fp32 tolerance).
+
+Rotary tables are computed once per backend by the model's own `rotary_emb` (every rope type whose
+frequencies do not change with the length: default, linear, llama3, yarn), for its n_positions.
+
+`compile=True` runs the forward through `torch.compile` (inductor, dynamic shapes: widths and
+positions vary), the documented fast path with a static cache on CUDA. Inductor keeps its compiled
+artifacts in `TORCHINDUCTOR_CACHE_DIR`, which `compile_cache_dir` points at the package cache so a
+later run starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
+
+from neuron_ssp.backends.torch.llama_weights import LlamaWeights
+from neuron_ssp.embedded.cache import cache_root
+
+
+class CompactLlama:
+    """One sequence: its KV cache, (1, kv_heads, n_positions, head_dim) per layer for keys and for values."""
+
+    def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False):
+        self.w = weights
+        shape = (len(weights.layers), 1, weights.kv_heads, n_positions, weights.head_dim)
+        self.keys = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
+        self.values = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
+        self._layers = list(zip(weights.layers, self.keys.unbind(0), self.values.unbind(0), strict=True))
+        self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
+        self._run: Callable[..., torch.Tensor] = _compiled(self._forward) if compile else self._forward
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return self._run(prompt_ids.to(self.w.device), 0, True)[-1]
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self._run(token_ids.to(self.w.device), start, False)
+
+    def _forward(self, ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
+        w = self.w
+        n, end = ids.shape[0], start + ids.shape[0]
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        mask = _causal_mask(n, start, ids.device)
+        x = F.embedding(ids, w.embed)
+        for layer, keys, values in self._layers:
+            q, k, v = layer.qkv(_rms_norm(x, layer.attn_norm, w.eps))
+            q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin).transpose(0, 1)
+            keys[0, :, start:end] = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin).transpose(0, 1)
+            values[0, :, start:end] = v.view(n, w.kv_heads, w.head_dim).transpose(0, 1)
+            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                  is_causal=start == 0 and n > 1, enable_gqa=w.heads != w.kv_heads)
+            x = x + layer.o(attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim))[0]
+            gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))
+            x = x + layer.down(F.silu(gate) * up)[0]
+        if last_only:
+            x = x[-1:]
+        return w.head(_rms_norm(x, w.norm, w.eps))[0]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: in fp32, cast back before the weight (in fp32 torch's fused kernel: the same numbers)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary_pos_emb of Hugging Face's Llama on (n, heads, head_dim): x·cos + rotate_half(x)·sin,
+    with rotate_half(x) = roll(x, half)·(-1 on the first half), the sign folded into `sin`."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
+
+
+def _causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor | None:
+    """Row i (slot start+i) sees slots 0..start+i; None where SDPA needs no mask (one row, or is_causal
+    from slot 0)."""
+    if n == 1 or start == 0:
+        return None
+    rows = torch.arange(start, start + n, device=device).unsqueeze(1)
+    return torch.arange(start + n, device=device).unsqueeze(0) <= rows
+
+
+@torch.no_grad()
+def _rotary_tables(rotary: torch.nn.Module, weights: LlamaWeights, n_positions: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin per slot, shaped (n_positions, 1, head_dim) to broadcast over heads."""
+    positions = torch.arange(n_positions, device=weights.device).unsqueeze(0)
+    cos, sin = rotary(weights.embed[:1].unsqueeze(0), positions)
+    half = weights.head_dim // 2
+    sign = torch.ones(weights.head_dim, dtype=sin.dtype, device=sin.device)
+    sign[:half] = -1
+    return cos[0].unsqueeze(1), (sin[0] * sign).unsqueeze(1)
+
+
+def compile_cache_dir() -> str:
+    return str(cache_root() / "inductor")
+
+
+def _compiled(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
+    return torch.compile(forward, dynamic=True)

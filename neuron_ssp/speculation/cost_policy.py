@@ -1,0 +1,105 @@
+"""The cost policy: keep the part of a proposal that maximises expected tokens per unit of time.
+
+Keeping w-1 of the drafted tokens commits on average E(w) = 1 + Σ_{i<w} Π_{j≤i} p_j tokens, with p_j the
+chance that drafted token j is accepted once tokens 1..j-1 were, and costs one target call of width w,
+t(w), measured per width on the loaded target (call_cost.py). The policy keeps the w that maximises
+E(w) / t(w); w = 1 (no draft) is a plain step, 1 / t(1). A cheap wide call (Neuron, a GPU, the packed
+CPU forward) makes even a weak draft worth checking; an expensive one (a CPU through a GEMM that costs
+1.6-2x a matrix-vector product) keeps only drafts the evidence backs.
+
+On Neuron a window narrower than the compiled k pads to it, so t(w) = t(k) for every w >= 2: E grows
+with w, so the best choice is the whole proposal or nothing, i.e. "draft to k when it pays".
+
+p_j comes from `AcceptanceModel`: Beta counts per cell of evidence (the draft position, the target's
+probability for its last token, the drafter's match length), seeded with the rates measured on the
+choose half of the dev + more prompts with the embedded model and updated with every outcome the
+loop reports (over the process's lifetime), so they follow another model or workload after a few
+hundred drafted tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from neuron_ssp.drafters.base import Draft
+from neuron_ssp.speculation.call_cost import WidthCost
+
+CONFIDENCE_EDGES = (0.3, 0.7)  # the target's probability for its last token: low / middle / high
+MATCH_EDGES = (1, 3)  # match length: unknown (0, a draft model) / short (1-2) / long (3+)
+POSITIONS = 3  # draft position 1, 2, 3 and later
+PRIOR_WEIGHT = 8.0  # the prior counts as this many observed outcomes per cell
+
+Cell = tuple[int, int, int]  # (position class, confidence class, match class)
+
+
+def _bucket(value: float, edges: tuple[float, ...]) -> int:
+    return sum(value >= edge for edge in edges)
+
+
+# Acceptance rate per cell with every drafted token scored (k 16, ngram and suffix drafters), on the choose
+# half of the dev + more prompts with the embedded model: `python benchmarks/policy_replay.py prior`.
+# PRIOR[position][confidence] = (match unknown: both pooled, short match, long match)
+PRIOR = (
+    ((0.46, 0.42, 0.64), (0.52, 0.50, 0.59), (0.60, 0.54, 0.77)),
+    ((0.71, 0.70, 0.76), (0.71, 0.71, 0.71), (0.72, 0.67, 0.83)),
+    ((0.83, 0.84, 0.80), (0.83, 0.80, 0.89), (0.86, 0.78, 0.93)),
+)
+
+
+@dataclass
+class AcceptanceModel:
+    """p_j per evidence cell: (accepted + prior·w) / (judged + w), counted over the process's lifetime."""
+
+    accepted: dict[Cell, float] = field(default_factory=dict)
+    judged: dict[Cell, float] = field(default_factory=dict)
+
+    def cells(self, confidence: float, match_len: int, m: int) -> list[Cell]:
+        conf, match = _bucket(confidence, CONFIDENCE_EDGES), _bucket(match_len, MATCH_EDGES)
+        return [(min(j, POSITIONS - 1), conf, match) for j in range(m)]
+
+    def chance(self, cell: Cell) -> float:
+        position, confidence, match = cell
+        prior = PRIOR[position][confidence][match]
+        return (self.accepted.get(cell, 0.0) + prior * PRIOR_WEIGHT) / (self.judged.get(cell, 0.0) + PRIOR_WEIGHT)
+
+    def record(self, cells: list[Cell], accepted: int) -> None:
+        """The target accepted the first `accepted` of these drafted tokens; the one after was rejected."""
+        for j, cell in enumerate(cells[: accepted + 1]):
+            self.judged[cell] = self.judged.get(cell, 0.0) + 1.0
+            self.accepted[cell] = self.accepted.get(cell, 0.0) + (j < accepted)
+
+
+def best_window(chances: list[float], cost: WidthCost) -> int:
+    """The w in 1..len(chances)+1 with the most expected committed tokens per millisecond of target call."""
+    best, best_rate, expected, run = 1, 1.0 / cost.at(1), 1.0, 1.0
+    for j, p in enumerate(chances, start=2):
+        run *= p
+        expected += run
+        rate = expected / cost.at(j)
+        if rate > best_rate:
+            best, best_rate = j, rate
+    return best
+
+
+class CostWindow:
+    """What `CostPolicy` keeps of each proposal, and what it learns from the outcome."""
+
+    def __init__(self, cost: WidthCost, model: AcceptanceModel | None = None):
+        self.cost = cost
+        self.model = model or AcceptanceModel()
+        self._pending: list[Cell] = []
+
+    def keep(self, draft: Draft, target_confidence: float, asked: int) -> int:
+        """`asked`: how many tokens the drafter was asked for. A sampled draft may stop early on its own
+        tokens (a stop rule), so its length is not evidence known before the tokens were drawn: the
+        window is then chosen as if the whole `asked` came, and cut to what did."""
+        horizon = len(draft) if draft.deterministic else max(asked, len(draft))
+        cells = self.model.cells(target_confidence, draft.match_len, horizon)
+        kept = min(best_window([self.model.chance(cell) for cell in cells], self.cost) - 1, len(draft))
+        self._pending = cells[:kept]
+        return kept
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.model.record(self._pending[:drafted], accepted)
+        self._pending = []
