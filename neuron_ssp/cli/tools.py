@@ -337,9 +337,10 @@ def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, cat
                        "per_prompt": per_prompt_json(result)})
             return
         console.print(drafter_table(result, title))
+        hf_note = f"HF lookup = HF prompt lookup over HF plain (prompt_lookup_num_tokens={hf_tokens}); " \
+            if hf_tokens else "no Hugging Face runs; "
         console.print("each drafter's speedup = its SSp tok/s ÷ plain tok/s (same run, interleaved per prompt); "
-                      f"HF lookup = HF prompt lookup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
-                      "geomean over the categories.")
+                      f"{hf_note}geomean over the categories.")
         return
     if plot_path is not None:
         from neuron_ssp.tools.plots import plot_bench
@@ -349,10 +350,11 @@ def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, cat
         echo_json(bench_json(result, machine))
         return
     console.print(bench_table(result, title))
-    console.print("speedup = SSp tok/s ÷ our plain tok/s; SSp ÷ HF = SSp tok/s ÷ HF generate() tok/s (same run, "
-                  "interleaved per prompt); call cost = mean SSp target call time ÷ mean plain one; "
-                  f"HF lookup = HF prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
-                  "geomean over the categories.")
+    hf_note = ("SSp ÷ HF = SSp tok/s ÷ HF generate() tok/s (same run, interleaved per prompt); HF lookup = HF "
+               f"prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}); ") \
+        if hf_tokens else "no Hugging Face runs (--no-hf, or a Neuron backend); "
+    console.print("speedup = SSp tok/s ÷ our plain tok/s (same run, interleaved per prompt); call cost = mean SSp "
+                  f"target call time ÷ mean plain one; {hf_note}geomean over the categories.")
     hf_equal = [m.hf_equal for m in result.overall.measures if m.hf_equal is not None]
     if hf_equal:
         console.print(f"HF greedy output equals our plain output on {sum(hf_equal)}/{len(hf_equal)} prompts.")
