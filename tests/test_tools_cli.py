@@ -82,7 +82,7 @@ def test_bench_json_has_the_documented_shape(tiny_model, prompts, tmp_path):
 def test_bench_table_is_greedy_whatever_the_config(tiny_model, prompts):
     result = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--temperature", "0.7")
     assert result.exit_code == 0, result.output
-    assert "temperature 0.7 -> 0" in result.output and "HF prompt lookup" in result.output
+    assert "temperature 0.7 -> 0" in result.output and "prompt_lookup_num_tokens=10" in result.output
 
 
 def test_eval_json(tiny_model):

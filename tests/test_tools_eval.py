@@ -8,6 +8,7 @@ from conftest import TableBackend
 from tools_support import CharTokenizer, pipeline_on, tiny_config, tiny_pipeline
 
 from neuron_ssp.errors import UsageError
+from neuron_ssp.speculation.policies import FixedPolicy
 from neuron_ssp.tools.eval_math import MathOutcome, MathProblem, first_integer, make_problems, run_math_eval
 from neuron_ssp.tools.lossless import check_lossless
 from neuron_ssp.tools.prefix_memo import PrefixMemo
@@ -69,6 +70,15 @@ def test_lossless_check_on_a_lossless_sampler():
     assert report.drafted_share > 0.5  # the repeated text makes the drafter propose
     assert report.estimate.p_value > 0.001
     assert report.estimate.tv < report.estimate.upper_bound < 0.4
+
+
+def test_lossless_check_counts_only_the_drafts_the_target_checked(monkeypatch):
+    """A policy that keeps none of the proposals (the cost policy where drafting does not pay) leaves the
+    acceptor unexercised; the report must say so, not count the discarded proposals."""
+    monkeypatch.setattr(FixedPolicy, "keep", lambda self, draft, confidence: 0)
+    pipeline = pipeline_on(TableBackend(12, seed=0), tiny_config(), CharTokenizer(12))
+    report = check_lossless(pipeline, "abcdefghi" * 2, samples=50, temperature=1.0)
+    assert report.drafted_share == 0 and report.acceptance_rate == 0
 
 
 def test_lossless_check_catches_a_lossy_acceptor():

@@ -255,8 +255,9 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
     for line in lossless_lines(report):
         console.print(line)
     if report.drafted_share == 0:
-        console.print("[yellow]the drafter proposed nothing on this prompt, so the acceptor was not exercised: "
-                      "pass --prompt with text the answer copies from[/yellow]")
+        console.print("[yellow]the target checked no draft on this prompt (the drafter found nothing to propose, or "
+                      "the window policy kept none of it), so the acceptor was not exercised: pass --prompt with "
+                      "text the answer copies from, or --policy fixed[/yellow]")
 
 
 # ---------------------------------------------------------------- bench

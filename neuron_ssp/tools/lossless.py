@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from neuron_ssp.config import SamplingConfig
-from neuron_ssp.drafters.base import Draft, Drafter
+from neuron_ssp.drafters.base import Draft
 from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation.policies import WindowPolicy
 from neuron_ssp.tools.per_k import generator_for_k
 from neuron_ssp.tools.prefix_memo import PrefixMemo
 from neuron_ssp.tools.tv_distance import TvEstimate, estimate_tv
@@ -38,7 +39,7 @@ class LosslessReport:
     samples: int  # per method
     temperature: float
     estimate: TvEstimate
-    drafted_share: float  # SSp samples whose second token came through a draft check
+    drafted_share: float  # SSp samples whose second token came through a draft check (drafted and kept)
     acceptance_rate: float  # of the drafted tokens in those checks
     forward_passes: int
     distinct_pairs: int
@@ -49,25 +50,20 @@ class _Enough(Exception):
     """Raised from the token callback once two tokens are committed: the rest is not needed."""
 
 
-class _DraftLog:
-    """Wraps a drafter to count what it proposed in each sample's first speculative call."""
+class _CheckLog:
+    """Records how many drafted tokens the target checked in each sample's first speculative call: what the
+    window policy kept of the drafter's proposal (the cost policy may keep none of it)."""
 
-    def __init__(self, inner: Drafter):
-        self.inner = inner
-        self.first_draft: int | None = None
+    def __init__(self, policy: WindowPolicy):
+        self._keep = policy.keep
+        policy.keep = self.keep  # type: ignore[method-assign]
+        self.first_checked: int | None = None
 
-    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
-        self.first_draft = None
-        self.inner.begin(prompt_ids, max_new_tokens)
-
-    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
-        draft = self.inner.propose(sequence, max_tokens)
-        if self.first_draft is None:
-            self.first_draft = len(draft)
-        return draft
-
-    def finish(self, sequence: torch.Tensor) -> None:
-        self.inner.finish(sequence)
+    def keep(self, draft: Draft, target_confidence: float) -> int:
+        kept = self._keep(draft, target_confidence)
+        if self.first_checked is None:
+            self.first_checked = kept
+        return kept
 
 
 def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: float, seed: int = 0,
@@ -80,7 +76,7 @@ def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: f
     sampling = pipeline.config.sampling.model_copy(update={"temperature": temperature})
     memo = PrefixMemo(pipeline.target)
     generator = _memo_generator(pipeline, memo, sampling)
-    log = generator.drafter
+    log = _CheckLog(generator.policy)
     ids = pipeline.encode(prompt)
     eos = pipeline.eos_token_ids
     plain: list[Pair] = []
@@ -91,12 +87,13 @@ def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: f
         plain_sampling = sampling.model_copy(update={"seed": seed + 2 * i})
         plain.append(_pair(plain_generate(memo, ids, 2, plain_sampling, eos).tokens))
         generator.sampling = sampling.model_copy(update={"seed": seed + 2 * i + 1})
+        log.first_checked = None
         tokens = _first_two(generator, ids, eos)
         ssp.append(_pair(tokens))
-        if log.first_draft:
+        if log.first_checked:
             drafted_samples += 1
-            drafted += log.first_draft
-            accepted += min(len(tokens) - 2, log.first_draft)
+            drafted += log.first_checked
+            accepted += min(len(tokens) - 2, log.first_checked)
         if on_step:
             on_step()
     return LosslessReport(
@@ -112,9 +109,7 @@ def _memo_generator(pipeline: Pipeline, memo: PrefixMemo, sampling: SamplingConf
     draft = PrefixMemo(pipeline.draft) if pipeline.draft is not None else None
     config = pipeline.config.model_copy(update={"sampling": sampling})
     shadow = dataclasses.replace(pipeline, config=config, target=memo, draft=draft)
-    generator = generator_for_k(shadow, config.speculation.k)
-    generator.drafter = _DraftLog(generator.drafter)
-    return generator
+    return generator_for_k(shadow, config.speculation.k)
 
 
 def _first_two(generator: SpeculativeGenerator, ids: torch.Tensor, eos: set[int]) -> list[int]:
