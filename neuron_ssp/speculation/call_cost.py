@@ -12,15 +12,27 @@ import statistics
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from neuron_ssp.backends.base import ModelBackend
+
+class Timed(Protocol):
+    """What timing needs of a target: backends.base.ModelBackend has it (the loop's pieces sit below the
+    backends, so they name only what they use)."""
+
+    vocab_size: int
+    max_score_width: int | None
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor: ...
+
 
 ROUNDS = 7
 POLICY_ROUNDS = 3  # the cost policy's curve, timed at load: 1-3 s on a CPU
 POLICY_PROMPT_TOKENS = 64
-_TARGET_COSTS: weakref.WeakKeyDictionary[ModelBackend, WidthCost] = weakref.WeakKeyDictionary()
+_TARGET_COSTS: weakref.WeakKeyDictionary[Timed, WidthCost] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -39,7 +51,7 @@ class WidthCost:
         return statistics.fmean(self.prefill_ms) if self.prefill_ms else 0.0
 
 
-def _scorer(target: ModelBackend, width: int) -> ModelBackend:
+def _scorer(target: Timed, width: int) -> Timed:
     """The backend that scores `width` in one call (Neuron: the network compiled for that k)."""
     with_window = getattr(target, "with_window", None)
     return with_window(width) if with_window is not None and width > 1 else target
@@ -49,7 +61,7 @@ class WidthTimer:
     """Collects timed target calls per width in rounds; tune-k runs a round after each prompt's runs, so
     the timings see the same machine load as the runs they predict (a shared CPU drifts a lot)."""
 
-    def __init__(self, target: ModelBackend, widths: list[int]):
+    def __init__(self, target: Timed, widths: list[int]):
         self.widths = sorted({1, *widths})
         self.scorers = {w: _scorer(target, w) for w in self.widths}
         self.target = target
@@ -78,7 +90,7 @@ class WidthTimer:
         return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s}, list(self.prefill_ms))
 
 
-def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: list[int],
+def measure_width_cost(target: Timed, prompt_ids: torch.Tensor, widths: list[int],
                        rounds: int = ROUNDS) -> WidthCost:
     """Median ms of one target call per width after one uncounted warm-up round."""
     WidthTimer(target, widths).round(prompt_ids)  # warm-up: first calls pay one-off costs
@@ -87,7 +99,7 @@ def measure_width_cost(target: ModelBackend, prompt_ids: torch.Tensor, widths: l
     return timer.cost()
 
 
-def target_cost(target: ModelBackend, k: int) -> WidthCost:
+def target_cost(target: Timed, k: int) -> WidthCost:
     """The target's cost per width 1..k for the cost policy, timed once per loaded target (every generator
     built around it shares the curve) and smoothed with `affine`. A target that pads narrower windows to
     its compiled width (Neuron) is timed at 1 and that width only, so every width in between costs the

@@ -20,9 +20,19 @@ hundred drafted tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from neuron_ssp.drafters.base import Draft
 from neuron_ssp.speculation.call_cost import WidthCost
+
+
+class Proposal(Protocol):
+    """What the policy reads of a drafter's proposal (drafters.base.Draft has it)."""
+
+    match_len: int
+    deterministic: bool
+
+    def __len__(self) -> int: ...
+
 
 CONFIDENCE_EDGES = (0.3, 0.7)  # the target's probability for its last token: low / middle / high
 MATCH_EDGES = (1, 3)  # match length: unknown (0, a draft model) / short (1-2) / long (3+)
@@ -89,7 +99,7 @@ class CostWindow:
         self.model = model or AcceptanceModel()
         self._pending: list[Cell] = []
 
-    def keep(self, draft: Draft, target_confidence: float, asked: int) -> int:
+    def keep(self, draft: Proposal, target_confidence: float, asked: int) -> int:
         """`asked`: how many tokens the drafter was asked for. A sampled draft may stop early on its own
         tokens (a stop rule), so its length is not evidence known before the tokens were drawn: the
         window is then chosen as if the whole `asked` came, and cut to what did."""

@@ -8,11 +8,9 @@ the only one that sees draft probabilities: `build_draft_stop` gives its thresho
 
 from __future__ import annotations
 
-from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SpeculationConfig
-from neuron_ssp.drafters.base import Draft
-from neuron_ssp.speculation.call_cost import WidthCost, target_cost
-from neuron_ssp.speculation.cost_policy import AcceptanceModel, CostWindow
+from neuron_ssp.speculation.call_cost import Timed, WidthCost, target_cost
+from neuron_ssp.speculation.cost_policy import AcceptanceModel, CostWindow, Proposal
 
 
 class WindowPolicy:
@@ -26,7 +24,7 @@ class WindowPolicy:
     def window(self, target_confidence: float) -> int:
         return self.k
 
-    def keep(self, draft: Draft, target_confidence: float) -> int:
+    def keep(self, draft: Proposal, target_confidence: float) -> int:
         """How many of the drafted tokens the target scores; by default all of them."""
         return len(draft)
 
@@ -90,14 +88,14 @@ class CostPolicy(WindowPolicy):
         super().__init__(k)
         self.chooser = CostWindow(cost, model)
 
-    def keep(self, draft: Draft, target_confidence: float) -> int:
+    def keep(self, draft: Proposal, target_confidence: float) -> int:
         return self.chooser.keep(draft, target_confidence, self.k - 1)
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.chooser.observe(drafted, accepted)
 
 
-def build_policy(spec: SpeculationConfig, target: ModelBackend) -> WindowPolicy:
+def build_policy(spec: SpeculationConfig, target: Timed) -> WindowPolicy:
     """`target` is timed per width once (call_cost.target_cost) when the policy is 'cost'."""
     if spec.policy == "cost":
         return CostPolicy(spec.k, target_cost(target, spec.k))
