@@ -17,11 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from neuron_ssp.config import SamplingConfig
-from neuron_ssp.drafters.base import Draft
 from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation.policies import WindowPolicy
 from neuron_ssp.tools.per_k import generator_for_k
 from neuron_ssp.tools.prefix_memo import PrefixMemo
 from neuron_ssp.tools.tv_distance import TvEstimate, estimate_tv
@@ -47,23 +45,7 @@ class LosslessReport:
 
 
 class _Enough(Exception):
-    """Raised from the token callback once two tokens are committed: the rest is not needed."""
-
-
-class _CheckLog:
-    """Records how many drafted tokens the target checked in each sample's first speculative call: what the
-    window policy kept of the drafter's proposal (the cost policy may keep none of it)."""
-
-    def __init__(self, policy: WindowPolicy):
-        self._keep = policy.keep
-        policy.keep = self.keep  # type: ignore[method-assign]
-        self.first_checked: int | None = None
-
-    def keep(self, draft: Draft, target_confidence: float) -> int:
-        kept = self._keep(draft, target_confidence)
-        if self.first_checked is None:
-            self.first_checked = kept
-        return kept
+    """Raised from the commit callback once two tokens are committed: the rest is not needed."""
 
 
 def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: float, seed: int = 0,
@@ -76,7 +58,6 @@ def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: f
     sampling = pipeline.config.sampling.model_copy(update={"temperature": temperature})
     memo = PrefixMemo(pipeline.target)
     generator = _memo_generator(pipeline, memo, sampling)
-    log = _CheckLog(generator.policy)
     ids = pipeline.encode(prompt)
     eos = pipeline.eos_token_ids
     plain: list[Pair] = []
@@ -87,13 +68,12 @@ def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: f
         plain_sampling = sampling.model_copy(update={"seed": seed + 2 * i})
         plain.append(_pair(plain_generate(memo, ids, 2, plain_sampling, eos).tokens))
         generator.sampling = sampling.model_copy(update={"seed": seed + 2 * i + 1})
-        log.first_checked = None
-        tokens = _first_two(generator, ids, eos)
+        tokens, checked = _first_two(generator, ids, eos)
         ssp.append(_pair(tokens))
-        if log.first_checked:
+        if checked:
             drafted_samples += 1
-            drafted += log.first_checked
-            accepted += min(len(tokens) - 2, log.first_checked)
+            drafted += checked
+            accepted += min(len(tokens) - 2, checked)
         if on_step:
             on_step()
     return LosslessReport(
@@ -112,18 +92,23 @@ def _memo_generator(pipeline: Pipeline, memo: PrefixMemo, sampling: SamplingConf
     return generator_for_k(shadow, config.speculation.k)
 
 
-def _first_two(generator: SpeculativeGenerator, ids: torch.Tensor, eos: set[int]) -> list[int]:
-    """All tokens committed up to the call that brought the total to two or more (a full window first)."""
+def _first_two(generator: SpeculativeGenerator, ids: torch.Tensor, eos: set[int]) -> tuple[list[int], int]:
+    """All tokens committed up to the call that brought the total to two or more (a full window first),
+    and how many drafted tokens the target checked in the first call after the prompt's token: what the
+    window policy kept of the proposal (the cost policy may keep none), as the loop reports it."""
     committed: list[int] = []
+    checked: list[int] = []
 
-    def collect(tokens: list[int]) -> None:
+    def collect(tokens: list[int], _accepted: int | None, drafted: int) -> None:
+        if committed:  # not the token drawn from the prompt's logits
+            checked.append(drafted)
         committed.extend(tokens)
         if len(committed) >= 2:
             raise _Enough
 
     with contextlib.suppress(_Enough):
-        generator.generate(ids, generator.k + 1, eos, on_tokens=collect)
-    return committed
+        generator.generate(ids, generator.k + 1, eos, on_commit=collect)
+    return committed, checked[0] if checked else 0
 
 
 def _pair(tokens: list[int]) -> Pair:
