@@ -6,20 +6,20 @@ import torch
 from conftest import TableBackend
 
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.drafters.ngram import lookup
+from neuron_ssp.drafters.ngram import lookup_match
 from neuron_ssp.speculation.sampling import SamplingParams
 
 
 def test_lookup_prefers_the_longest_ngram_then_the_latest_match():
     seq = torch.tensor([1, 2, 3, 9, 9, 2, 3, 8, 7, 1, 2, 3])
-    assert lookup(seq, 3, ngram_max=3, ngram_min=1).tolist() == [9, 9, 2]  # 3-gram [1,2,3] at 0
+    assert lookup_match(seq, 3, ngram_max=3, ngram_min=1)[0].tolist() == [9, 9, 2]  # 3-gram [1,2,3] at 0
     seq2 = torch.tensor([5, 3, 4, 6, 3, 4, 7, 3])
-    assert lookup(seq2, 2, ngram_max=3, ngram_min=1).tolist() == [4, 7]  # latest 1-gram [3]
+    assert lookup_match(seq2, 2, ngram_max=3, ngram_min=1)[0].tolist() == [4, 7]  # latest 1-gram [3]
 
 
 def test_lookup_without_a_match_proposes_nothing():
-    assert lookup(torch.tensor([1, 2, 3, 4]), 3, 3, 1).numel() == 0
-    assert lookup(torch.tensor([1]), 3, 3, 1).numel() == 0
+    assert lookup_match(torch.tensor([1, 2, 3, 4]), 3, 3, 1)[0].numel() == 0
+    assert lookup_match(torch.tensor([1]), 3, 3, 1)[0].numel() == 0
 
 
 def test_model_drafter_feeds_only_uncached_tokens():

@@ -13,7 +13,7 @@ from conftest import backend, tiny_llama
 
 from neuron_ssp.config import SamplingConfig, SuffixConfig, config_from_dict
 from neuron_ssp.drafters import NgramDrafter, SuffixDrafter, SuffixHistory
-from neuron_ssp.drafters.ngram import lookup
+from neuron_ssp.drafters.ngram import lookup_match
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.drafters.suffix_tree import SuffixTree
 from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
@@ -220,13 +220,13 @@ def test_a_corrupt_file_gives_a_clear_error_and_an_empty_start(tmp_path, caplog,
 
 def test_long_single_token_run_drafts_the_full_window():
     run = torch.tensor([3] + [1] * 40)
-    assert lookup(run, 7, ngram_max=3, ngram_min=2).tolist() == [1] * 7
+    assert lookup_match(run, 7, ngram_max=3, ngram_min=2)[0].tolist() == [1] * 7
     assert NgramDrafter(VOCAB).propose(run, 7).tokens.tolist() == [1] * 7
     drafter = SuffixDrafter(VOCAB, SuffixConfig())
     drafter.begin(run[:5], 16)
     assert drafter.propose(run, 7).tokens.tolist() == [1] * 7
     periodic = torch.tensor([9, 4, 5, 6, 4, 5, 6, 4, 5])  # a short period repeats too
-    assert lookup(periodic, 5, 3, 2).tolist() == [6, 4, 5, 6, 4]
+    assert lookup_match(periodic, 5, 3, 2)[0].tolist() == [6, 4, 5, 6, 4]
 
 
 def test_config_block_and_errors():

@@ -28,11 +28,6 @@ class NgramDrafter:
         return Draft(tokens, point_masses(tokens, self.vocab_size), n, deterministic=True)
 
 
-def lookup(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> torch.Tensor:
-    """The proposal of `lookup_match` without its n."""
-    return lookup_match(sequence, max_tokens, ngram_max, ngram_min)[0]
-
-
 def lookup_match(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_min: int) -> tuple[torch.Tensor, int]:
     """(proposal, n of the n-gram matched; 0 when none matched). Longest n first; among matches of that n,
     the latest one that has a continuation.
