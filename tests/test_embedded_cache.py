@@ -82,3 +82,27 @@ def test_a_stale_entry_is_converted_again_and_a_current_one_is_not(tmp_path, ggu
     embedded.embedded_model_dir("smollm2-135m-instruct", "target.path")
     assert conversions == [target, target]
     assert "Rebuilding" in capsys.readouterr().err
+
+
+def test_the_conversion_parses_a_gguf_once_and_restores_the_reader(tmp_path):
+    """transformers and our tokenizer fix each open the GGUF; inside the conversion they share one parse."""
+    import gguf
+
+    from neuron_ssp.embedded.gguf_convert import _gguf_parsed_once
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original = gguf.GGUFReader
+    with _gguf_parsed_once():
+        from gguf import GGUFReader  # what transformers does inside load_gguf_checkpoint
+
+        first, second = GGUFReader(path), GGUFReader(str(path))
+        assert first is second
+        assert int(first.fields["tokenizer.ggml.bos_token_id"].parts[-1][0]) == 1
+    assert gguf.GGUFReader is original
+    assert gguf.GGUFReader(path) is not first

@@ -43,6 +43,18 @@ def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history()
     assert history.stored_tokens > before
 
 
+def test_requests_with_their_own_sampling_keep_learning_acceptance_greedy_and_sampled_apart():
+    """The cost policy's counts must outlive a request: a derived generator learns into the pipeline's,
+    the loaded generator's for the same kind of decoding, one shared set for the other kind."""
+    pipeline = tiny_pipeline(**{"speculation.policy": "cost", "speculation.k": 4})
+    greedy_counts = pipeline.generator.policy.acceptance
+    derived = pipeline._generator_for(SamplingConfig(seed=5))  # greedy with another seed: derived, same kind
+    assert derived is not pipeline.generator and derived.policy.acceptance is greedy_counts
+    sampled = [pipeline._generator_for(SamplingConfig(temperature=0.9, seed=s)) for s in (1, 2)]
+    assert sampled[0].policy.acceptance is sampled[1].policy.acceptance
+    assert sampled[0].policy.acceptance is not greedy_counts  # sampled outcomes are not pooled with greedy ones
+
+
 def test_a_fresh_seed_per_sampled_request_without_one_and_the_config_seed_for_greedy():
     pipeline = tiny_pipeline()
     drawn = [pipeline.request_sampling(temperature=1.5) for _ in range(2)]

@@ -64,10 +64,11 @@ def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str)
 def dequantise(gguf_path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """The GGUF's tokenizer and a plain (savable) fp32 model with its head tied where the GGUF ties it."""
     directory, name = str(gguf_path.parent), gguf_path.name
-    with _quiet_transformers():  # 4.46 warns of the untied head ("newly initialized") and of `legacy`: both handled
+    # 4.46 warns of the untied head ("newly initialized") and of `legacy`: both handled
+    with _quiet_transformers(), _gguf_parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
         quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, output_loading_info=True)
-    _match_gguf_tokenizer(tokenizer, gguf_path)
+        _match_gguf_tokenizer(tokenizer, gguf_path)
     return tokenizer, _tied_plain_copy(quantised, set(info.get("missing_keys", ())))
 
 
@@ -115,6 +116,30 @@ def _match_gguf_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -
         tokenizer.add_bos_token = False  # LlamaTokenizerFast (4.4x) rebuilds its post-processor and saves the flag
     # decode text exactly as generated: 4.46 defaults to cleaning up spaces ("a ," -> "a,"), 5.x does not
     tokenizer.clean_up_tokenization_spaces = False
+
+
+@contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """transformers opens the GGUF three times (tokenizer, config, weights) and we once more; parsing its
+    metadata (49k vocabulary strings, 49k merges) takes seconds each time, most of a first run. Both import
+    `gguf.GGUFReader` when they call it, so for the conversion it hands out one read-only reader per file."""
+    import gguf
+
+    original = gguf.GGUFReader
+    readers: dict[str, gguf.GGUFReader] = {}
+
+    def parsed_once(path: str | Path, mode: str = "r") -> gguf.GGUFReader:
+        if mode != "r":
+            return original(path, mode)
+        if str(path) not in readers:
+            readers[str(path)] = original(path, mode)
+        return readers[str(path)]
+
+    gguf.GGUFReader = parsed_once
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
 
 
 @contextmanager

@@ -4,7 +4,8 @@ Backends are loaded once (pipeline.load); everything built here is cheap and sha
 `build_generator` is the one factory for "rng + acceptor + generator": the loader, the server's
 per-request sampling, bench and tune-k all build through it. A pipeline's drafter is built once and
 shared by the generators derived from it, so the suffix drafter's history (what it learnt from earlier
-requests) survives a request that brings its own temperature or seed.
+requests) survives a request that brings its own temperature or seed; so do the cost policy's
+acceptance counts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, sampling_params
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import build_draft_stop, build_policy
 
 
@@ -32,13 +34,14 @@ class Generator(Protocol):
 
 
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None,
-                    drafter: Drafter | None = None) -> Generator:
+                    drafter: Drafter | None = None, acceptance: AcceptanceModel | None = None) -> Generator:
     """rng + acceptor + generator for `config`: our loop by default; transformers-neuronx's own loop
     with `engine: library`, its on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or
     NxD Inference's fused speculation with `engine: fused` and `neuron.library: nxdi`.
 
     The rng draws where the logits are (CUDA: no copies). `drafter`: an already built one to share (its
     history included); it follows `config.sampling` (a draft model samples with the request's settings).
+    `acceptance`: the cost policy's acceptance counts to keep learning into (see `Pipeline`).
     """
     spec = config.speculation
     rng = torch.Generator(device=sampling_device(config))
@@ -56,7 +59,8 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
 
         return FusedEngine.build(config, target, draft)
     drafter = share_drafter(drafter, config, rng) if drafter is not None else build_drafter(config, target, draft, rng)
-    return SpeculativeGenerator(target, drafter, acceptor, build_policy(spec, target), config.sampling, spec.k, rng)
+    policy = build_policy(spec, target, acceptance)
+    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,

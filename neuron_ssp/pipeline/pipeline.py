@@ -5,7 +5,7 @@ decodes the result."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -24,6 +24,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, build_generator, refuse_unhonoured
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
+from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
@@ -44,6 +45,9 @@ class Pipeline:
     draft: ModelBackend | None
     generator: Generator
     eos_token_ids: set[int]
+    # the cost policy's acceptance counts for requests whose decoding (greedy or sampled) differs from the
+    # loaded generator's: sampled drafts are accepted less often, so the two are not pooled
+    _other_acceptance: AcceptanceModel = field(default_factory=AcceptanceModel, repr=False)
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
         """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
@@ -113,12 +117,19 @@ class Pipeline:
 
     def _generator_for(self, sampling: SamplingConfig) -> Generator:
         """The loaded generator for the config's sampling; else one derived from it: same models, same
-        drafter (and history), its own acceptor and rng. Nothing is rebuilt."""
+        drafter (and history), the same acceptance counts for the same kind of decoding (greedy or
+        sampled), its own acceptor and rng. Nothing is rebuilt."""
         refuse_unhonoured(self.config, sampling)
         if sampling == self.config.sampling or self.config.speculation.engine == "fused":
             return self.generator  # fused: what is left (a seed under greedy decoding) changes nothing
         config = self.config.model_copy(update={"sampling": sampling})
-        return build_generator(config, self.target, self.draft, getattr(self.generator, "drafter", None))
+        return build_generator(config, self.target, self.draft, getattr(self.generator, "drafter", None),
+                               self._acceptance_for(sampling))
+
+    def _acceptance_for(self, sampling: SamplingConfig) -> AcceptanceModel:
+        loaded = getattr(getattr(self.generator, "policy", None), "acceptance", None)
+        same_kind = (sampling.temperature == 0) == (self.config.sampling.temperature == 0)
+        return loaded if same_kind and loaded is not None else self._other_acceptance
 
     def speculative(self, prompt: str, on_text: TextCallback | None = None,
                     max_new_tokens: int | None = None) -> TextResult:

@@ -13,9 +13,9 @@ with w, so the best choice is the whole proposal or nothing, i.e. "draft to k wh
 p_j comes from `AcceptanceModel`: Beta counts per cell of evidence (the draft position, the target's
 probability for its last token, the drafter's match length), seeded with the rates measured on the
 choose half of the dev + more prompts with the embedded model and updated with every outcome the
-loop reports (over the generator's lifetime: the pipeline's own generator keeps learning across
-generations; a generator derived for one request's sampling starts again from the prior), so they
-follow another model or workload after a few hundred drafted tokens.
+loop reports (over the pipeline's lifetime: its own generator keeps learning across generations, and a
+generator derived for one request's sampling learns into the same counts, one set for greedy and one
+for sampled decoding), so they follow another model or workload after a few hundred drafted tokens.
 """
 
 from __future__ import annotations

@@ -88,6 +88,11 @@ class CostPolicy(WindowPolicy):
         super().__init__(k)
         self.chooser = CostWindow(cost, model)
 
+    @property
+    def acceptance(self) -> AcceptanceModel:
+        """The counts it learns; a generator derived for another request can share them."""
+        return self.chooser.model
+
     def keep(self, draft: Proposal, target_confidence: float) -> int:
         return self.chooser.keep(draft, target_confidence, self.k - 1)
 
@@ -95,10 +100,11 @@ class CostPolicy(WindowPolicy):
         self.chooser.observe(drafted, accepted)
 
 
-def build_policy(spec: SpeculationConfig, target: Timed) -> WindowPolicy:
-    """`target` is timed per width once (call_cost.target_cost) when the policy is 'cost'."""
+def build_policy(spec: SpeculationConfig, target: Timed, acceptance: AcceptanceModel | None = None) -> WindowPolicy:
+    """`target` is timed per width once (call_cost.target_cost) when the policy is 'cost'; `acceptance`:
+    counts to learn into (shared with other generators), else fresh ones from the prior."""
     if spec.policy == "cost":
-        return CostPolicy(spec.k, target_cost(target, spec.k))
+        return CostPolicy(spec.k, target_cost(target, spec.k), acceptance)
     if spec.policy == "adaptive":
         return AdaptivePolicy(spec.k, spec.k_min)
     if spec.policy == "target-confidence":

@@ -23,7 +23,7 @@ def import_extra(module: str, needed_for: str) -> ModuleType:
         package = module.split(".")[0]
         raise RuntimeProblem(Problem(
             needed_for, package, f"needs the package {package}, which is not installed (the optional "
-            "'tools' extra)", f"install the tools extra: {INSTALL_TOOLS} (./setup.sh installs it)")) from None
+            "'tools' extra)", f"install the tools extra: {INSTALL_TOOLS} (./setup.sh dev installs it)")) from None
 
 
 def scipy_stats() -> ModuleType:
