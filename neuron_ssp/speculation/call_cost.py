@@ -115,11 +115,13 @@ def target_cost(target: Timed, k: int) -> WidthCost:
 
 
 def affine(cost: WidthCost, k: int) -> WidthCost:
-    """t(1) as measured and t(2..k) on the least-squares line through the measured widths >= 2 (a wide call
-    streams the weights once, then pays per row). A few timed calls per width on a shared machine jump by
-    20 % from one width to the next; the line does not. With one measured width >= 2 (Neuron: the compiled
-    k) the line is flat; a slope below 0 is noise and becomes 0."""
-    wide = sorted((w, ms) for w, ms in cost.ms.items() if w >= 2)
+    """t(1) and t(2) as measured, t(3..k) on the least-squares line through the measured widths >= 3 (a
+    wide call streams the weights once, then pays per row). One and two rows run other kernels than
+    wider calls on a CPU (matrix-vector and MKL's small GEMM on the weights as stored, then the packed
+    GEMM), so they stay off the line. A few timed calls per width on a shared machine jump by 20 % from
+    one width to the next; the line does not. With one measured width >= 3 (Neuron: the compiled k) the
+    line is flat; a slope below 0 is noise and becomes 0."""
+    wide = sorted((w, ms) for w, ms in cost.ms.items() if w >= 3)
     if not wide:
         return cost
     mean_w = statistics.fmean(w for w, _ in wide)
@@ -127,4 +129,5 @@ def affine(cost: WidthCost, k: int) -> WidthCost:
     spread = sum((w - mean_w) ** 2 for w, _ in wide)
     slope = max(0.0, sum((w - mean_w) * (ms - mean_ms) for w, ms in wide) / spread) if spread else 0.0
     line = {w: mean_ms + slope * (w - mean_w) for w in range(2, max(k, 2) + 1)}
-    return WidthCost({1: cost.ms[1], **line}, cost.prefill_ms)
+    measured = {w: ms for w, ms in cost.ms.items() if w <= 2}
+    return WidthCost({**line, **measured}, cost.prefill_ms)

@@ -3,12 +3,13 @@
 On a CPU in fp32 each layer's q/k/v and gate/up matrices are fused and every matrix (the LM head
 included) is also packed for oneDNN with `torch.ops.mkldnn._reorder_linear_weight`, the layout
 inductor's freezing pass gives fp32 linears (torch/_inductor/fx_passes/mkldnn_fusion.py). Why: MKL's
-sgemm runs one row as a matrix-vector product that streams the weights once, but 2-16 rows through a
+sgemm runs one row as a matrix-vector product that streams the weights once, but 4-16 rows through a
 general GEMM that costs 1.6-2.3x as much on this model; oneDNN's packed kernel reads the weights once
-for all rows. One row still goes through `F.linear` on the weights as stored: the matrix-vector
-kernel is ~10 % faster than the packed one there (benchmarks/scoring_speed.py prints the per-width
-cost of each layout). The packed copy costs the model's weight bytes once more. Everywhere else (CUDA,
-bf16/fp16, torch.compile, which cannot trace oneDNN tensors) only the weights as stored are used.
+for all rows. One or two rows still go through `F.linear` on the weights as stored: MKL's kernels
+there are ~10-20 % faster than the packed one; from three rows on the packed one wins
+(benchmarks/gemm_rows.py and scoring_speed.py print the cost per row count of each layout). The
+packed copy costs the model's weight bytes once more. Everywhere else (CUDA, bf16/fp16,
+torch.compile, which cannot trace oneDNN tensors) only the weights as stored are used.
 
 One layout per (model, packing) is kept while the model lives, so draft = target shares it.
 """
@@ -25,6 +26,7 @@ from transformers import PreTrainedModel
 # rope types whose frequencies depend on the sequence length: one table for all positions would be wrong
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 PACK_ROWS_HINT = 8  # the row count oneDNN tunes the packed layout for; measured flat from 1 to 16 rows
+STORED_ROWS = 2  # up to this many rows F.linear on the weights as stored beats the packed kernel (gemm_rows.py)
 
 _LAYOUTS: weakref.WeakKeyDictionary[PreTrainedModel, dict[bool, LlamaWeights]] = weakref.WeakKeyDictionary()
 
@@ -51,7 +53,7 @@ class Linears:
     """One or more (out, in) matrices applied to the same input; returns one output per matrix.
 
     `weights` are the model's own tensors (no copy); `packed`, when asked for, their fused oneDNN copy,
-    used for every call of more than one row."""
+    used for every call of more than STORED_ROWS rows."""
 
     def __init__(self, weights: list[torch.Tensor], pack: bool):
         self.sizes = [int(w.shape[0]) for w in weights]
@@ -60,7 +62,7 @@ class Linears:
             if pack else None
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.packed is None or x.shape[0] == 1:
+        if self.packed is None or x.shape[0] <= STORED_ROWS:
             return [F.linear(x, w) for w in self.weights]
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
