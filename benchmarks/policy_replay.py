@@ -150,6 +150,12 @@ SETTINGS: dict[str, dict] = {
                                          "speculation.confidence_threshold": t}
        for t in (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)},
 }
+# prompt lookup's n-gram range under the cost policy (ngram drafter only): a 1-token match is weak
+# evidence, worth checking only where a 2-wide call costs about what a 1-wide one does
+NGRAM_SETTINGS: dict[str, dict] = {
+    f"cost k16 ngram {low}..{high}": {"speculation.policy": "cost", "speculation.k": 16,
+                                      "speculation.ngram_min": low, "speculation.ngram_max": high}
+    for low, high in ((1, 3), (1, 4), (2, 4), (3, 4))}
 
 
 def sweep(path: Path, curve_name: str, drafters: list[str]) -> None:
@@ -157,7 +163,8 @@ def sweep(path: Path, curve_name: str, drafters: list[str]) -> None:
     curve = data["curves"][curve_name]
     print(f"curve {curve_name}: " + " ".join(f"{w}:{curve[str(w)] / curve['1']:.2f}" for w in (2, 4, 8, 12, 16)))
     for drafter in drafters:
-        for name, overrides in SETTINGS.items():
+        settings = {**SETTINGS, **NGRAM_SETTINGS} if drafter == "ngram" else SETTINGS
+        for name, overrides in settings.items():
             report(f"{drafter} {name}", replay(data, {**overrides, "speculation.drafter": drafter}, curve))
 
 

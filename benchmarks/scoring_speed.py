@@ -33,7 +33,7 @@ from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, load_prompts
 
 
 class PackedAlways(Linears):
-    """The packed kernel at one row too (the default uses F.linear there): what the width-1 ratio would be."""
+    """The packed kernel at one and two rows too (the default uses F.linear there): what those ratios would be."""
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
