@@ -13,7 +13,7 @@ policies are ranked under one cost curve at a time (the packed compact forward's
 before the cost policy); `neuron-ssp bench` then measures the chosen settings on the other half.
 
     python benchmarks/policy_replay.py record /tmp/choose.json --half choose --threads 1
-    python benchmarks/policy_replay.py sweep /tmp/choose.json
+    python benchmarks/policy_replay.py sweep /tmp/choose.json [--curve compact|hf|flat]
 """
 
 from __future__ import annotations
@@ -159,8 +159,10 @@ NGRAM_SETTINGS: dict[str, dict] = {
 
 
 def sweep(path: Path, curve_name: str, drafters: list[str]) -> None:
+    """`flat`: every width priced as the compact forward's width-1 call, what a free wide call would give."""
     data = json.loads(path.read_text())
-    curve = data["curves"][curve_name]
+    compact = data["curves"]["compact"]
+    curve = {w: compact["1"] for w in compact} if curve_name == "flat" else data["curves"][curve_name]
     print(f"curve {curve_name}: " + " ".join(f"{w}:{curve[str(w)] / curve['1']:.2f}" for w in (2, 4, 8, 12, 16)))
     for drafter in drafters:
         settings = {**SETTINGS, **NGRAM_SETTINGS} if drafter == "ngram" else SETTINGS
@@ -207,7 +209,7 @@ def main() -> None:
     parser.add_argument("--half", choices=("choose", "report"), default="choose")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--curve", choices=("compact", "hf"), default="compact")
+    parser.add_argument("--curve", choices=("compact", "hf", "flat"), default="compact")
     parser.add_argument("--drafters", default="ngram,suffix")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
