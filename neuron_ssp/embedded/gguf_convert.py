@@ -64,10 +64,11 @@ def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str)
 def dequantise(gguf_path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """The GGUF's tokenizer and a plain (savable) fp32 model with its head tied where the GGUF ties it."""
     directory, name = str(gguf_path.parent), gguf_path.name
-    # 4.46 warns of the untied head ("newly initialized") and of `legacy`: both handled
-    with _quiet_transformers(), _gguf_parsed_once():
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-        quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, output_loading_info=True)
+    with _gguf_parsed_once():
+        with _quiet_transformers():  # 4.46 warns of the untied head ("newly initialized") and of `legacy`: handled
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+            quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                                   output_loading_info=True)
         _match_gguf_tokenizer(tokenizer, gguf_path)
     return tokenizer, _tied_plain_copy(quantised, set(info.get("missing_keys", ())))
 

@@ -59,7 +59,8 @@ PRIOR = (
 
 @dataclass
 class AcceptanceModel:
-    """p_j per evidence cell: (accepted + prior·w) / (judged + w), counted over the generator's lifetime."""
+    """p_j per evidence cell: (accepted + prior·w) / (judged + w), counted for as long as it is held (a
+    pipeline's generators share one per kind of decoding, greedy or sampled)."""
 
     accepted: dict[Cell, float] = field(default_factory=dict)
     judged: dict[Cell, float] = field(default_factory=dict)
