@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import backend, tiny_llama
@@ -11,6 +13,8 @@ from neuron_ssp.engines.native import GenerationResult
 from neuron_ssp.errors import UsageError
 from neuron_ssp.pipeline.build import build_generator
 from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.speculation import policies
+from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.stats import GenerationStats
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
@@ -43,16 +47,43 @@ def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history()
     assert history.stored_tokens > before
 
 
-def test_requests_with_their_own_sampling_keep_learning_acceptance_greedy_and_sampled_apart():
-    """The cost policy's counts must outlive a request: a derived generator learns into the pipeline's,
-    the loaded generator's for the same kind of decoding, one shared set for the other kind."""
+def test_greedy_requests_keep_learning_acceptance_and_sampled_ones_start_from_the_prior():
+    """The cost policy's counts must outlive a greedy request (a derived generator learns into the loaded
+    one's); a sampled request gets its own, so nothing another request taught changes its draws."""
     pipeline = tiny_pipeline(**{"speculation.policy": "cost", "speculation.k": 4})
     greedy_counts = pipeline.generator.policy.acceptance
-    derived = pipeline._generator_for(SamplingConfig(seed=5))  # greedy with another seed: derived, same kind
+    derived = pipeline._generator_for(SamplingConfig(seed=5))  # greedy with another seed: derived, same counts
     assert derived is not pipeline.generator and derived.policy.acceptance is greedy_counts
     sampled = [pipeline._generator_for(SamplingConfig(temperature=0.9, seed=s)) for s in (1, 2)]
-    assert sampled[0].policy.acceptance is sampled[1].policy.acceptance
-    assert sampled[0].policy.acceptance is not greedy_counts  # sampled outcomes are not pooled with greedy ones
+    assert sampled[0].policy.acceptance is not sampled[1].policy.acceptance
+    assert all(generator.policy.acceptance is not greedy_counts for generator in sampled)
+
+
+def test_a_sampled_config_derives_a_generator_per_request_and_greedy_requests_share_one_set_of_counts():
+    pipeline = tiny_pipeline(**{"speculation.policy": "cost", "speculation.k": 4, "sampling.temperature": 0.8})
+    assert pipeline._generator_for(pipeline.config.sampling) is not pipeline.generator  # its counts learn
+    greedy = [pipeline._generator_for(SamplingConfig(seed=s)) for s in (1, 2)]
+    assert greedy[0].policy.acceptance is greedy[1].policy.acceptance is not pipeline.generator.policy.acceptance
+    fixed = tiny_pipeline(**{"sampling.temperature": 0.8})  # policy fixed: nothing learnt, the loaded one serves
+    assert fixed._generator_for(fixed.config.sampling) is fixed.generator
+
+
+def test_a_sampled_requests_seed_reproduces_it_whatever_earlier_requests_taught_the_cost_policy(monkeypatch):
+    """Which drafted tokens the cost policy keeps decides which random numbers the acceptor draws, so a
+    sampled request must not choose windows from counts other requests changed."""
+    cheap_wide_calls = WidthCost({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15})  # not this machine's timing: deterministic
+    monkeypatch.setattr(policies, "target_cost", lambda target, k: cheap_wide_calls)
+    config = load_config(None, {"speculation.policy": "cost", "speculation.k": 4, "speculation.drafter": "model",
+                                "draft.path": "tiny"})  # a draft model proposes at every step
+    target, draft = backend(tiny_llama(0)), backend(tiny_llama(1))
+    pipeline = Pipeline(config, None, target, draft, build_generator(config, target, draft), set())
+    hot = SamplingConfig(temperature=1.0, seed=7)
+    first = pipeline.generate_ids(PROMPT, 24, hot)
+    assert first.stats.draft_tokens > 0
+    counts = pipeline._generator_for(hot).policy.acceptance  # what the next request would read
+    for cell in itertools.product(range(3), repeat=3):  # every cell: no drafted token ever accepted
+        counts.judged[cell], counts.accepted[cell] = 1e6, 0.0
+    assert pipeline.generate_ids(PROMPT, 24, hot).tokens == first.tokens
 
 
 def test_a_fresh_seed_per_sampled_request_without_one_and_the_config_seed_for_greedy():

@@ -4,8 +4,8 @@ Backends are loaded once (pipeline.load); everything built here is cheap and sha
 `build_generator` is the one factory for "rng + acceptor + generator": the loader, the server's
 per-request sampling, bench and tune-k all build through it. A pipeline's drafter is built once and
 shared by the generators derived from it, so the suffix drafter's history (what it learnt from earlier
-requests) survives a request that brings its own temperature or seed; so do the cost policy's
-acceptance counts.
+requests) survives a request that brings its own temperature or seed; greedy requests also share the
+cost policy's acceptance counts (`Pipeline._generator_for` says why sampled ones do not).
 """
 
 from __future__ import annotations

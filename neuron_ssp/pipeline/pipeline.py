@@ -45,9 +45,8 @@ class Pipeline:
     draft: ModelBackend | None
     generator: Generator
     eos_token_ids: set[int]
-    # the cost policy's acceptance counts for requests whose decoding (greedy or sampled) differs from the
-    # loaded generator's: sampled drafts are accepted less often, so the two are not pooled
-    _other_acceptance: AcceptanceModel = field(default_factory=AcceptanceModel, repr=False)
+    # the cost policy's acceptance counts for greedy requests when the loaded generator samples
+    _greedy_acceptance: AcceptanceModel = field(default_factory=AcceptanceModel, repr=False)
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
         """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
@@ -117,19 +116,32 @@ class Pipeline:
 
     def _generator_for(self, sampling: SamplingConfig) -> Generator:
         """The loaded generator for the config's sampling; else one derived from it: same models, same
-        drafter (and history), the same acceptance counts for the same kind of decoding (greedy or
-        sampled), its own acceptor and rng. Nothing is rebuilt."""
+        drafter (and history), its own acceptor and rng. Nothing is rebuilt.
+
+        The cost policy's acceptance counts are shared by greedy generations only: the window it chooses
+        cannot change a greedy output, but under sampling it decides which random numbers the acceptor
+        draws, so counts other requests changed would keep a seed from reproducing its output. A sampled
+        request therefore starts from the prior, also when it asks for the loaded generator's sampling."""
         refuse_unhonoured(self.config, sampling)
-        if sampling == self.config.sampling or self.config.speculation.engine == "fused":
-            return self.generator  # fused: what is left (a seed under greedy decoding) changes nothing
+        if self.config.speculation.engine == "fused":
+            return self.generator  # what is left (a seed under greedy decoding) changes nothing
+        if sampling == self.config.sampling and (sampling.temperature == 0 or self._loaded_acceptance is None):
+            return self.generator
         config = self.config.model_copy(update={"sampling": sampling})
         return build_generator(config, self.target, self.draft, getattr(self.generator, "drafter", None),
                                self._acceptance_for(sampling))
 
-    def _acceptance_for(self, sampling: SamplingConfig) -> AcceptanceModel:
-        loaded = getattr(getattr(self.generator, "policy", None), "acceptance", None)
-        same_kind = (sampling.temperature == 0) == (self.config.sampling.temperature == 0)
-        return loaded if same_kind and loaded is not None else self._other_acceptance
+    @property
+    def _loaded_acceptance(self) -> AcceptanceModel | None:
+        return getattr(getattr(self.generator, "policy", None), "acceptance", None)
+
+    def _acceptance_for(self, sampling: SamplingConfig) -> AcceptanceModel | None:
+        """Greedy: the loaded generator's counts when it decodes greedily, else the pipeline's greedy set;
+        sampled: None (fresh counts from the prior)."""
+        if sampling.temperature > 0:
+            return None
+        loaded = self._loaded_acceptance
+        return loaded if loaded is not None and self.config.sampling.temperature == 0 else self._greedy_acceptance
 
     def speculative(self, prompt: str, on_text: TextCallback | None = None,
                     max_new_tokens: int | None = None) -> TextResult:

@@ -13,9 +13,10 @@ with w, so the best choice is the whole proposal or nothing, i.e. "draft to k wh
 p_j comes from `AcceptanceModel`: Beta counts per cell of evidence (the draft position, the target's
 probability for its last token, the drafter's match length), seeded with the rates measured on the
 choose half of the dev + more prompts with the embedded model and updated with every outcome the
-loop reports (over the pipeline's lifetime: its own generator keeps learning across generations, and a
-generator derived for one request's sampling learns into the same counts, one set for greedy and one
-for sampled decoding), so they follow another model or workload after a few hundred drafted tokens.
+loop reports, so they follow another model or workload after a few hundred drafted tokens. A pipeline's
+greedy generations share one set of counts; a sampled one starts from the prior, because the windows it
+chooses decide which random numbers the acceptor draws, and a seed must reproduce its output
+(`Pipeline._generator_for`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ PRIOR = (
 @dataclass
 class AcceptanceModel:
     """p_j per evidence cell: (accepted + prior·w) / (judged + w), counted for as long as it is held (a
-    pipeline's generators share one per kind of decoding, greedy or sampled)."""
+    pipeline's greedy generations share one)."""
 
     accepted: dict[Cell, float] = field(default_factory=dict)
     judged: dict[Cell, float] = field(default_factory=dict)
