@@ -2,8 +2,9 @@
 
 The 30 layers' matrices of SmolLM2-135M (q/k/v fused 960x576, o 576x576, gate/up fused 3072x576,
 down 576x1536; random weights of the same shapes, 425 MB, more than the caches hold) are applied to
-1, 2, 4, 8 and 16 rows: MKL as stored (F.linear), a contiguous transposed copy (x @ Wt), and oneDNN's
-packed layout for several row hints (`torch.ops.mkldnn._reorder_linear_weight`). With --inductor, 20
+1, 2, 4, 8 and 16 rows: MKL as stored (F.linear), a contiguous transposed copy (x @ Wt), oneDNN's
+packed layout for several row hints (`torch.ops.mkldnn._reorder_linear_weight`) and our row kernel's
+panels (row_kernel.c, where a C compiler builds it). With --inductor, 20
 stacked 3072x576 linears also go through torch.compile with freezing and max-autotune (its C++ GEMM
 template against MKL's packed GEMM; needs g++), compiled per row count: whether compiling buys a
 cheaper wide call than packing does.
@@ -17,16 +18,19 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+
+from neuron_ssp.backends.torch.row_kernel import row_kernel
 
 ROWS = (1, 2, 4, 8, 16)
 LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 LAYERS = 30
 
 
-def timed(apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights: list[torch.Tensor],
+def timed(apply: Callable[[torch.Tensor, Any], torch.Tensor], weights: list[Any],
           inputs: list[int], rows: int, repeats: int = 5) -> float:
     """Median ms of applying every matrix once to `rows` rows, after one uncounted pass."""
     xs = {n: torch.randn(rows, n) for n in set(inputs)}
@@ -56,6 +60,10 @@ def layouts() -> None:
                 timed(lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""), packed, inputs, m)
                 for m in ROWS]
             del packed
+        kernel = row_kernel()
+        if kernel is not None:
+            panels = [kernel.pack(w) for w in weights]
+            results["row kernel (panels)"] = [timed(kernel.linear, panels, inputs, m) for m in ROWS]
     flops = 2 * sum(w.numel() for w in weights)
     print(f"{LAYERS} layers' matrices ({sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32), median ms per pass, "
           f"{torch.get_num_threads()} thread(s)")

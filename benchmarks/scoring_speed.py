@@ -2,13 +2,14 @@
 
 Paths, each a TorchBackend over the same loaded model (the embedded default unless --config says
 otherwise): Hugging Face's forward with its DynamicCache (the backend before the compact forward), our compact
-forward with the weights as stored, the same with oneDNN-packed weights (the default on a CPU in
-fp32), and with --compile the compact forward through torch.compile. Every round times each path's
+forward with the weights as stored, with oneDNN's packed kernel from three rows on (the default on a CPU
+in fp32 before the row kernel, and still where no C compiler builds it), with the row kernel (the
+default), and with --compile the compact forward through torch.compile. Every round times each path's
 prefill, then each width once, the paths and widths in an order that rotates per round, so load on a
 shared machine hits them alike; the table gives medians, each width's cost ÷ that path's width-1 cost
 (what speculation pays for a wide call) and ÷ the Hugging Face path's width-1 cost (what it costs
 against the backend before). The LM head is timed alone too: as stored (F.linear), as a contiguous
-transposed copy (x @ Wt) and oneDNN-packed.
+transposed copy (x @ Wt), oneDNN-packed and through the row kernel.
 
     python benchmarks/scoring_speed.py --threads 1 [--rounds 12] [--widths 1,2,3,4,6,8,12,16]
 """
@@ -24,7 +25,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import PACK_ROWS_HINT, Linears
+from neuron_ssp.backends.torch.row_kernel import row_kernel
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import load_config
 from neuron_ssp.pipeline.load import load_pipeline
@@ -32,33 +35,30 @@ from neuron_ssp.speculation.call_cost import WidthTimer
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, load_prompts
 
 
-class PackedAlways(Linears):
-    """The packed kernel at one and two rows too (the default uses F.linear there): what those ratios would be."""
+class OneDnnPacked(Linears):
+    """oneDNN's packed kernel from three rows on, F.linear as stored below, torch ops between: the forward
+    without the row kernel (where no C compiler builds it)."""
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
+    def __init__(self, linears: Linears):
+        self.__dict__.update(linears.__dict__)
+        self.kernel = self.panels = None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat(self.weights).contiguous(), PACK_ROWS_HINT)
 
 
-def packed_always(backend: TorchBackend) -> TorchBackend:
+def onednn_packed(backend: TorchBackend) -> TorchBackend:
     weights = backend._forward.w
-    layers = [dataclasses.replace(layer, **{name: _always(getattr(layer, name))
+    layers = [dataclasses.replace(layer, **{name: OneDnnPacked(getattr(layer, name))
                                             for name in ("qkv", "o", "gate_up", "down")}) for layer in weights.layers]
-    backend._forward.w = dataclasses.replace(weights, layers=layers, head=_always(weights.head))
+    onednn = dataclasses.replace(weights, layers=layers, head=OneDnnPacked(weights.head), layout="oneDNN packed")
+    backend._forward = CompactLlama(onednn, backend.model.model.rotary_emb, backend.n_positions)
     return backend
-
-
-def _always(linears: Linears) -> PackedAlways:
-    twin = PackedAlways.__new__(PackedAlways)
-    twin.__dict__.update(linears.__dict__)
-    return twin
 
 
 def paths(model: torch.nn.Module, n_positions: int, compile: bool) -> dict[str, TorchBackend]:
     chosen = {"hf (before)": TorchBackend(model, n_positions, forward="hf"),
               "compact, as stored": TorchBackend(model, n_positions, pack=False),
-              "compact, packed": TorchBackend(model, n_positions, pack=True),
-              "packed at width 1 too": packed_always(TorchBackend(model, n_positions, pack=True))}
+              "compact, oneDNN": onednn_packed(TorchBackend(model, n_positions, pack=True)),
+              "compact, row kernel": TorchBackend(model, n_positions, pack=True)}
     if compile:
         chosen["compact, compiled"] = TorchBackend(model, n_positions, compile=True)
     return chosen
@@ -81,6 +81,10 @@ def lm_head_table(model: torch.nn.Module, widths: list[int], rounds: int) -> Non
     ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "as stored (F.linear)": lambda x: F.linear(x, weight), "transposed (x @ Wt)": lambda x: x @ transposed,
         "oneDNN-packed": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    kernel = row_kernel()
+    if kernel is not None:
+        panels = kernel.pack(weight)
+        ways["row kernel"] = lambda x: kernel.linear(x, panels)
     inputs = {w: torch.randn(w, weight.shape[1]) for w in widths}
     samples: dict[tuple[str, int], list[float]] = {(name, w): [] for name in ways for w in widths}
     with torch.inference_mode():

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import transformers
 
+from neuron_ssp.backends.torch.row_kernel import row_kernel, unavailable_reason
+
 
 def cpu_model() -> str:
     """`lscpu`'s model name (what the docs quote), else /proc/cpuinfo's, else the platform's."""
@@ -38,6 +40,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
+        "cpu_kernel": "row kernel" if row_kernel() is not None else f"oneDNN packed ({unavailable_reason()})",
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -47,4 +50,5 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 def describe_machine(info: dict[str, Any]) -> str:
     gpu = f", {info['gpu']}" if info.get("gpu") else ""
     return (f"{info['cpu']} ({info['cores']} cores, {info['torch_threads']} torch threads){gpu}, "
-            f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}")
+            f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
+            f"CPU fp32 kernel: {info.get('cpu_kernel', 'not recorded')}")

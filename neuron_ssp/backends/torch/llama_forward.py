@@ -9,6 +9,9 @@ order it does it (tests check the logits against its forward within fp32 toleran
 Rotary tables are computed once per backend by the model's own `rotary_emb` (every rope type whose
 frequencies do not change with the length: default, linear, llama3, yarn), for its n_positions.
 
+With the row kernel built (llama_weights.py, row_kernel.py), a call of up to MAX_ROWS rows runs each
+decoder layer as one C call (llama_layer.c): the same arithmetic without ~25 torch dispatches a layer.
+
 `compile=True` runs the forward through `torch.compile` (inductor, dynamic shapes: widths and
 positions vary), the documented fast path with a static cache on CUDA. Inductor keeps its compiled
 artifacts in `TORCHINDUCTOR_CACHE_DIR`, which `compile_cache_dir` points at the package cache so a
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
+from neuron_ssp.backends.torch.row_kernel import MAX_ROWS, LayerShape, RowKernel, row_kernel
 from neuron_ssp.embedded.cache import cache_root
 
 
@@ -38,6 +42,11 @@ class CompactLlama:
         self._layers = list(zip(weights.layers, self.keys.unbind(0), self.values.unbind(0), strict=True))
         self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
         self._run: Callable[..., torch.Tensor] = _compiled(self._forward) if compile else self._forward
+        self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
+        self._rotary = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
+        self._shape = LayerShape(hidden=int(weights.embed.shape[1]), heads=weights.heads, kv_heads=weights.kv_heads,
+                                 head_dim=weights.head_dim, inter=weights.layers[0].gate_up.sizes[0] if weights.layers
+                                 else 0, eps=weights.eps)
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self._run(prompt_ids.to(self.w.device), 0, True)[-1]
@@ -47,10 +56,22 @@ class CompactLlama:
 
     def _forward(self, ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
         w = self.w
-        n, end = ids.shape[0], start + ids.shape[0]
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        mask = _causal_mask(n, start, ids.device)
         x = F.embedding(ids, w.embed)
+        if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
+            for layer, keys, values in self._layers:
+                self._kernel.layer(x, start, layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys[0], values[0]),
+                                   self._rotary, self._shape)
+        else:
+            x = self._torch_layers(x, start)
+        if last_only:
+            x = x[-1:]
+        return w.head(_rms_norm(x, w.norm, w.eps))[0]
+
+    def _torch_layers(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        w = self.w
+        n, end = x.shape[0], start + x.shape[0]
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        mask = _causal_mask(n, start, x.device)
         for layer, keys, values in self._layers:
             q, k, v = layer.qkv(_rms_norm(x, layer.attn_norm, w.eps))
             q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin).transpose(0, 1)
@@ -62,9 +83,7 @@ class CompactLlama:
             x = x + layer.o(attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim))[0]
             gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))
             x = x + layer.down(F.silu(gate) * up)[0]
-        if last_only:
-            x = x[-1:]
-        return w.head(_rms_norm(x, w.norm, w.eps))[0]
+        return x
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

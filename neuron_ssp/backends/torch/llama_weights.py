@@ -1,21 +1,22 @@
 """A plain Llama's weights, laid out for scoring a few tokens per call.
 
 On a CPU in fp32 each layer's q/k/v and gate/up matrices are fused and every matrix (the LM head
-included) is also packed for oneDNN with `torch.ops.mkldnn._reorder_linear_weight`, the layout
-inductor's freezing pass gives fp32 linears (torch/_inductor/fx_passes/mkldnn_fusion.py). Why: MKL's
+included) is repacked for a kernel that reads the weights once for all rows of a call. Why: MKL's
 sgemm runs one row as a matrix-vector product that streams the weights once, but 4-16 rows through a
-general GEMM that costs 1.6-2.3x as much on this model; oneDNN's packed kernel reads the weights once
-for all rows. One or two rows still go through `F.linear` on the weights as stored: MKL's kernels
-there are ~10-20 % faster than the packed one; from three rows on the packed one wins
-(benchmarks/gemm_rows.py and scoring_speed.py print the cost per row count of each layout). The
-packed copy costs the model's weight bytes once more. Everywhere else (CUDA, bf16/fp16,
-torch.compile, which cannot trace oneDNN tensors) only the weights as stored are used.
+general GEMM that costs 1.6-2.3x as much on this model. The layout is our row kernel's panels
+(row_kernel.py: 1 to 64 rows; beyond, F.linear on the weights as stored) where a C compiler built it,
+else oneDNN's packed layout (`torch.ops.mkldnn._reorder_linear_weight`, the one inductor's freezing
+pass gives fp32 linears), used from three rows on: at one or two rows MKL on the weights as stored is
+~10-20 % faster than it (benchmarks/gemm_rows.py prints the cost per row count of each layout). Either
+copy costs the model's weight bytes once more. Everywhere else (CUDA, bf16/fp16, torch.compile, which
+cannot trace either) only the weights as stored are used.
 
 One layout per (model, packing) is kept while the model lives, so draft = target shares it.
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -23,10 +24,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 from transformers import PreTrainedModel
 
+from neuron_ssp.backends.torch.row_kernel import MAX_ROWS, Panels, row_kernel, unavailable_reason
+
 # rope types whose frequencies depend on the sequence length: one table for all positions would be wrong
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 PACK_ROWS_HINT = 8  # the row count oneDNN tunes the packed layout for; measured flat from 1 to 16 rows
-STORED_ROWS = 2  # up to this many rows F.linear on the weights as stored beats the packed kernel (gemm_rows.py)
+STORED_ROWS = 2  # up to this many rows F.linear on the weights as stored beats oneDNN's packed kernel (gemm_rows.py)
 
 _LAYOUTS: weakref.WeakKeyDictionary[PreTrainedModel, dict[bool, LlamaWeights]] = weakref.WeakKeyDictionary()
 
@@ -52,19 +55,26 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 class Linears:
     """One or more (out, in) matrices applied to the same input; returns one output per matrix.
 
-    `weights` are the model's own tensors (no copy); `packed`, when asked for, their fused oneDNN copy,
-    used for every call of more than STORED_ROWS rows."""
+    `weights` are the model's own tensors (no copy); with `pack`, also their fused copy for the row kernel
+    (every call of up to MAX_ROWS rows), or where it is unavailable for oneDNN (more than STORED_ROWS rows)."""
 
     def __init__(self, weights: list[torch.Tensor], pack: bool):
         self.sizes = [int(w.shape[0]) for w in weights]
         self.weights = weights
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).contiguous(), PACK_ROWS_HINT) \
-            if pack else None
+        self.kernel = row_kernel() if pack else None
+        fused = torch.cat(weights).contiguous() if pack else None
+        self.panels = self.kernel.pack(fused) if self.kernel is not None else None
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(fused, PACK_ROWS_HINT) \
+            if pack and self.kernel is None else None
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.packed is None or x.shape[0] <= STORED_ROWS:
+        rows = x.shape[0]
+        if self.panels is not None and rows <= MAX_ROWS:
+            out = self.kernel.linear(x, self.panels)
+        elif self.packed is not None and rows > STORED_ROWS:
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        else:
             return [F.linear(x, w) for w in self.weights]
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
         return list(out.split(self.sizes, dim=-1)) if len(self.sizes) > 1 else [out]
 
 
@@ -76,6 +86,13 @@ class LlamaLayer:
     mlp_norm: torch.Tensor
     gate_up: Linears
     down: Linears
+
+    def panels(self) -> tuple[Panels, Panels, Panels, Panels]:
+        """The row kernel's copies of q/k/v, o, gate/up and down (the layout must be "row kernel")."""
+        matrices = (self.qkv.panels, self.o.panels, self.gate_up.panels, self.down.panels)
+        if any(panels is None for panels in matrices):
+            raise RuntimeError("this layer's weights are not laid out for the row kernel")
+        return matrices  # type: ignore[return-value]  (checked just above)
 
 
 @dataclass(frozen=True)
@@ -89,6 +106,7 @@ class LlamaWeights:
     head_dim: int
     eps: float
     packed: bool
+    layout: str  # what the few-row calls run on: "row kernel", "oneDNN packed" or "as stored"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -117,6 +135,9 @@ def llama_weights(model: PreTrainedModel, pack: bool) -> LlamaWeights:
 def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
     config = model.config
     heads = int(config.num_attention_heads)
+    if pack and row_kernel() is None:
+        warnings.warn(f"the row kernel is unavailable ({unavailable_reason()}); wide calls use oneDNN's packed "
+                      "kernel, ~1.3x slower at width 8 (docs/benchmarks.md)", stacklevel=3)
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -132,4 +153,11 @@ def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
         head=Linears([model.get_output_embeddings().weight], pack), heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-        eps=float(config.rms_norm_eps), packed=pack)
+        eps=float(config.rms_norm_eps), packed=pack,
+        layout=_layout_name(pack))
+
+
+def _layout_name(pack: bool) -> str:
+    if not pack:
+        return "as stored"
+    return "row kernel" if row_kernel() is not None else "oneDNN packed"

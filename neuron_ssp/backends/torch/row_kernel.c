@@ -1,0 +1,91 @@
+/* Few-row fp32 matrix products for speculative scoring on a CPU: y (rows, n) = x (rows, k) @ w.T.
+ *
+ * The weights are repacked once into panels of PANEL_COLS output columns, each panel k rows of
+ * PANEL_COLS contiguous floats, so the whole matrix streams from memory once, in order, whatever the
+ * row count: up to BLOCK_ROWS rows share each panel row while it is in registers (3 x 8 = 24 vector
+ * accumulators), more rows re-read the panel from L2. Every output element is one chain of fused
+ * multiply-adds over k in order, so a row's result does not depend on how many rows came with it
+ * (a width-8 call gives each row the bits a width-1 call gives it).
+ *
+ * GCC/Clang vector extensions: 16 floats per vector (one AVX-512 register; two AVX2 ones).
+ */
+#include <stddef.h>
+#include <string.h>
+
+typedef float vec __attribute__((vector_size(64), aligned(4)));
+
+#define PANEL_VECS 3
+#define PANEL_COLS (16 * PANEL_VECS)
+#define BLOCK_ROWS 8
+#define PREFETCH_FLOATS 1024 /* 4 KiB ahead of the panel row being read, into L2 */
+
+int panel_cols(void) { return PANEL_COLS; }
+
+/* w (n, k) row-major -> panels (ceil(n / PANEL_COLS), k, PANEL_COLS), zero beyond column n */
+void pack_panels(const float *w, float *panels, int n, int k) {
+    int count = (n + PANEL_COLS - 1) / PANEL_COLS;
+    for (int p = 0; p < count; p++) {
+        float *dst = panels + (ptrdiff_t)p * k * PANEL_COLS;
+        for (int c = 0; c < PANEL_COLS; c++) {
+            int col = p * PANEL_COLS + c;
+            for (int i = 0; i < k; i++)
+                dst[(ptrdiff_t)i * PANEL_COLS + c] = col < n ? w[(ptrdiff_t)col * k + i] : 0.0f;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void panel_block(
+    const float *restrict panel, const float *restrict x, int rows, int k, float *restrict out) {
+    vec acc[BLOCK_ROWS][PANEL_VECS];
+    for (int m = 0; m < BLOCK_ROWS; m++)
+        for (int v = 0; v < PANEL_VECS; v++) acc[m][v] = (vec){0};
+    for (int i = 0; i < k; i++) {
+        const float *row = panel + (ptrdiff_t)i * PANEL_COLS;
+        vec w[PANEL_VECS];
+        for (int v = 0; v < PANEL_VECS; v++) {
+            __builtin_prefetch(row + PREFETCH_FLOATS + 16 * v, 0, 2);
+            w[v] = *(const vec *)(row + 16 * v);
+        }
+        for (int m = 0; m < BLOCK_ROWS; m++)
+            if (m < rows) {
+                float s = x[(ptrdiff_t)m * k + i];
+                vec b = {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s};
+                for (int v = 0; v < PANEL_VECS; v++) acc[m][v] += w[v] * b;
+            }
+    }
+    for (int m = 0; m < BLOCK_ROWS; m++)
+        if (m < rows)
+            for (int v = 0; v < PANEL_VECS; v++) *(vec *)(out + m * PANEL_COLS + 16 * v) = acc[m][v];
+}
+
+/* one copy of the loop per row count, so the accumulators stay in registers */
+static void panel_rows(const float *panel, const float *x, int rows, int k, float *out) {
+    switch (rows) {
+    case 1: panel_block(panel, x, 1, k, out); break;
+    case 2: panel_block(panel, x, 2, k, out); break;
+    case 3: panel_block(panel, x, 3, k, out); break;
+    case 4: panel_block(panel, x, 4, k, out); break;
+    case 5: panel_block(panel, x, 5, k, out); break;
+    case 6: panel_block(panel, x, 6, k, out); break;
+    case 7: panel_block(panel, x, 7, k, out); break;
+    default: panel_block(panel, x, 8, k, out); break;
+    }
+}
+
+/* y (rows, n) = x (rows, k) @ w.T, w given as pack_panels' panels; x and y row-major contiguous */
+void panel_linear(const float *x, const float *panels, float *y, int rows, int n, int k, int threads) {
+    int count = (n + PANEL_COLS - 1) / PANEL_COLS;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int p = 0; p < count; p++) {
+        float out[BLOCK_ROWS * PANEL_COLS];
+        int cols = n - p * PANEL_COLS < PANEL_COLS ? n - p * PANEL_COLS : PANEL_COLS;
+        const float *panel = panels + (ptrdiff_t)p * k * PANEL_COLS;
+        for (int m0 = 0; m0 < rows; m0 += BLOCK_ROWS) {
+            int block = rows - m0 < BLOCK_ROWS ? rows - m0 : BLOCK_ROWS;
+            panel_rows(panel, x + (ptrdiff_t)m0 * k, block, k, out);
+            for (int m = 0; m < block; m++)
+                memcpy(y + (ptrdiff_t)(m0 + m) * n + (ptrdiff_t)p * PANEL_COLS, out + m * PANEL_COLS,
+                       sizeof(float) * cols);
+        }
+    }
+}

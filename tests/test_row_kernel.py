@@ -1,0 +1,97 @@
+"""The row kernel (row_kernel.c, llama_layer.c): Hugging Face's numbers within fp32 tolerance, each row's
+bits independent of the rows that came with it (so a wide call and one-token calls agree exactly), any
+shape, any thread count; without a compiler the forward falls back to oneDNN and says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from conftest import tiny_llama
+from test_compact_forward import rope_llama
+
+from neuron_ssp.backends.torch import row_kernel as kernel_module
+from neuron_ssp.backends.torch.llama_weights import llama_weights
+from neuron_ssp.backends.torch.scoring import TorchBackend
+
+KERNEL = kernel_module.row_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"row kernel not built: {kernel_module.unavailable_reason()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out_features", "in_features"), [(97, 48), (130, 40), (5, 3), (960, 576)])
+def test_products_match_float64_for_any_shape_and_row_count(out_features, in_features):
+    torch.manual_seed(out_features)
+    weight = torch.randn(out_features, in_features)
+    panels = KERNEL.pack(weight)
+    for rows in (1, 2, 7, 8, 9, 17, 64):
+        x = torch.randn(rows, in_features)
+        exact = F.linear(x.double(), weight.double())
+        torch.testing.assert_close(KERNEL.linear(x, panels).double(), exact, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_thread_count():
+    torch.manual_seed(1)
+    weight, x = torch.randn(200, 64), torch.randn(16, 64)
+    panels = KERNEL.pack(weight)
+    together = KERNEL.linear(x, panels)
+    for row in (0, 7, 8, 15):
+        assert torch.equal(KERNEL.linear(x[row:row + 1], panels), together[row:row + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(KERNEL.linear(x, panels), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_kernel
+@pytest.mark.parametrize("model", [tiny_llama(0), rope_llama({"rope_type": "llama3", "factor": 8.0,
+                                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                               "original_max_position_embeddings": 64})],
+                         ids=["mha-head_dim-8", "gqa-llama3-rope"])
+def test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(model):
+    prompt = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7, 3, 2])
+    ours, reference, stepwise = (TorchBackend(model, 512, pack=True), TorchBackend(model, 512, forward="hf"),
+                                 TorchBackend(model, 512, pack=True))
+    assert ours._forward.w.layout == "row kernel" and ours._forward._kernel is not None
+    torch.testing.assert_close(ours.prefill(prompt), reference.prefill(prompt), atol=1e-4, rtol=1e-4)
+    stepwise.prefill(prompt)
+    window = torch.tensor([4, 8, 15, 16, 23, 42])
+    wide = ours.score(window, len(prompt))
+    torch.testing.assert_close(wide, reference.score(window, len(prompt)), atol=1e-4, rtol=1e-4)
+    one_by_one = torch.cat([stepwise.score(window[i:i + 1], len(prompt) + i) for i in range(len(window))])
+    assert torch.equal(wide, one_by_one)
+
+
+def test_without_a_compiler_the_forward_keeps_onednn_and_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "no-such-cc")
+    kernel_module._built.cache_clear()
+    kernel_module.row_kernel.cache_clear()
+    try:
+        assert kernel_module.row_kernel() is None
+        assert "no C compiler (no-such-cc)" in kernel_module.unavailable_reason()
+        with pytest.warns(UserWarning, match="row kernel is unavailable .*no C compiler"):
+            weights = llama_weights(tiny_llama(3), pack=True)
+        assert weights.layout == "oneDNN packed" and weights.layers[0].qkv.packed is not None
+    finally:
+        kernel_module._built.cache_clear()
+        kernel_module.row_kernel.cache_clear()
+
+
+@pytest.mark.skipif(KERNEL is None, reason="needs a working C compiler to fail on purpose")
+def test_a_failed_build_is_a_reason_not_a_crash_and_a_good_one_is_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
+    kernel_module._built.cache_clear()
+    try:
+        monkeypatch.setenv("CC", "false")
+        assert "could not build row_kernel.c, llama_layer.c" in kernel_module.unavailable_reason()
+        kernel_module._built.cache_clear()
+        monkeypatch.delenv("CC")
+        assert kernel_module.unavailable_reason() is None
+        assert len(list((tmp_path / "kernels").glob("row_kernel-*.so"))) == 1
+        assert not list((tmp_path / "kernels").glob("tmp*"))
+    finally:
+        kernel_module._built.cache_clear()
