@@ -4,6 +4,8 @@ shape, any thread count; without a compiler the forward falls back to oneDNN and
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -95,3 +97,32 @@ def test_a_failed_build_is_a_reason_not_a_crash_and_a_good_one_is_cached(monkeyp
         assert not list((tmp_path / "kernels").glob("tmp*"))
     finally:
         kernel_module._built.cache_clear()
+
+
+def _has_avx2() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@pytest.mark.skipif(KERNEL is None or not _has_avx2(), reason="needs a C compiler and an x86 CPU with AVX2")
+def test_the_avx2_build_of_machines_without_avx512_computes_the_same(monkeypatch, tmp_path):
+    """Laptops and many CI machines have AVX2 only: 8-float vectors, narrower panels, fewer rows a block."""
+    monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel_module, "FLAG_SETS", (("-O3", "-march=x86-64-v3", "-fopenmp"),))
+    kernel_module._built.cache_clear()
+    kernel_module.row_kernel.cache_clear()
+    try:
+        avx2 = kernel_module.row_kernel()
+        assert avx2 is not None and avx2.panel_cols == 16
+        torch.manual_seed(2)
+        weight, x = torch.randn(97, 40), torch.randn(13, 40)
+        together = avx2.linear(x, avx2.pack(weight))
+        torch.testing.assert_close(together.double(), F.linear(x.double(), weight.double()), atol=1e-5, rtol=1e-5)
+        assert torch.equal(avx2.linear(x[6:7], avx2.pack(weight)), together[6:7])
+        test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(tiny_llama(4))
+    finally:
+        kernel_module._built.cache_clear()
+        kernel_module.row_kernel.cache_clear()

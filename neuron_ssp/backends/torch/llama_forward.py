@@ -32,17 +32,24 @@ from neuron_ssp.embedded.cache import cache_root
 
 
 class CompactLlama:
-    """One sequence: its KV cache, (1, kv_heads, n_positions, head_dim) per layer for keys and for values."""
+    """One sequence: its KV cache, (1, kv_heads, n_positions, head_dim) per layer for keys and for values.
+
+    With the row kernel the keys are stored transposed, (1, kv_heads, head_dim, n_positions), so that
+    llama_layer.c scores a vector of slots at a time; `keys` is then a transposed view of that storage,
+    and the torch ops (long prefills) read and write it in the usual shape."""
 
     def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False):
         self.w = weights
+        self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
         shape = (len(weights.layers), 1, weights.kv_heads, n_positions, weights.head_dim)
-        self.keys = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
+        if self._kernel is not None:
+            self.keys = torch.zeros(shape[:3] + shape[3:][::-1], dtype=weights.dtype).transpose(-1, -2)
+        else:
+            self.keys = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
         self.values = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
         self._layers = list(zip(weights.layers, self.keys.unbind(0), self.values.unbind(0), strict=True))
         self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
         self._run: Callable[..., torch.Tensor] = _compiled(self._forward) if compile else self._forward
-        self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
         self._rotary = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
         self._shape = LayerShape(hidden=int(weights.embed.shape[1]), heads=weights.heads, kv_heads=weights.kv_heads,
                                  head_dim=weights.head_dim, inter=weights.layers[0].gate_up.sizes[0] if weights.layers
@@ -59,8 +66,8 @@ class CompactLlama:
         x = F.embedding(ids, w.embed)
         if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
             for layer, keys, values in self._layers:
-                self._kernel.layer(x, start, layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys[0], values[0]),
-                                   self._rotary, self._shape)
+                self._kernel.layer(x, start, layer.panels(), (layer.attn_norm, layer.mlp_norm),
+                                   (keys[0].transpose(-1, -2), values[0]), self._rotary, self._shape)
         else:
             x = self._torch_layers(x, start)
         if last_only:
@@ -77,8 +84,10 @@ class CompactLlama:
             q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin).transpose(0, 1)
             keys[0, :, start:end] = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin).transpose(0, 1)
             values[0, :, start:end] = v.view(n, w.kv_heads, w.head_dim).transpose(0, 1)
-            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call); contiguous
+            # keys (the row kernel's transposed ones are copied: SDPA took 2x as long on the strided view)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys[:, :, :end].contiguous(), values[:, :, :end],
+                                                  attn_mask=mask,
                                                   is_causal=start == 0 and n > 1, enable_gqa=w.heads != w.kv_heads)
             x = x + layer.o(attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim))[0]
             gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))

@@ -10,9 +10,13 @@
 #include <stddef.h>
 #include <string.h>
 
-typedef float vec __attribute__((vector_size(64), aligned(4)));
-typedef int ivec __attribute__((vector_size(64), aligned(4)));
+#ifdef __AVX512F__
 #define LANES 16
+#else
+#define LANES 8 /* AVX2, NEON: two or one registers a vector */
+#endif
+typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
+typedef int ivec __attribute__((vector_size(4 * LANES), aligned(4)));
 
 void panel_linear(const float *x, const float *panels, float *y, int rows, int n, int k, int threads);
 
@@ -90,28 +94,98 @@ static void rotate(const float *x, const float *cos, const float *sin, float *ou
     for (int i = half; i < head_dim; i++) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
 }
 
-/* softmax(q.K^T / sqrt(d)) V over slots 0..last for one query row of one head */
-static void attend(const float *q, const float *keys, const float *values, int last, int head_dim,
-                   float *scores, float *out) {
-    float scale = 1.0f / sqrtf((float)head_dim), top = -INFINITY;
-    int slots = last + 1;
-    for (int s = 0; s < slots; s++) {
-        scores[s] = dot(q, keys + (ptrdiff_t)s * head_dim, head_dim) * scale;
-        top = scores[s] > top ? scores[s] : top;
+#define QUERY_BLOCK 8 /* queries sharing each loaded key / value vector: 8 accumulators */
+
+int query_block(void) { return QUERY_BLOCK; }
+
+/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale, keys_t (head_dim, n_positions):
+ * keys stored transposed, so 16 (8) slots' scores fill one vector with no horizontal sums */
+static inline __attribute__((always_inline)) void score_block(
+    const float *restrict queries, int count, const float *restrict keys_t, int n_positions, int slots,
+    int head_dim, float scale, float *restrict scores) {
+    for (int j = 0; j < slots; j += LANES) {
+        vec acc[QUERY_BLOCK];
+        for (int q = 0; q < QUERY_BLOCK; q++) acc[q] = (vec){0};
+        for (int d = 0; d < head_dim; d++) {
+            vec key = load(keys_t + (ptrdiff_t)d * n_positions, j, slots);
+            for (int q = 0; q < QUERY_BLOCK; q++)
+                if (q < count) acc[q] += key * queries[(ptrdiff_t)q * head_dim + d];
+        }
+        for (int q = 0; q < QUERY_BLOCK; q++)
+            if (q < count) store(scores + (ptrdiff_t)q * slots, j, slots, acc[q] * scale);
     }
-    vec sum = {0};
-    for (int s = 0; s < slots; s += LANES) {
-        vec e = exp_lanes(load(scores, s, slots) - top);
-        if (s + LANES > slots)
-            for (int lane = slots - s; lane < LANES; lane++) e[lane] = 0.0f;
-        store(scores, s, slots, e);
-        sum += e;
-    }
-    float norm = 1.0f / total(sum);
+}
+
+/* out (count, head_dim) = probs (count, slots) . values (slots, head_dim) * norm per query */
+static inline __attribute__((always_inline)) void value_block(
+    const float *restrict probs, const float *restrict norms, int count, const float *restrict values,
+    int slots, int head_dim, float *restrict out, ptrdiff_t out_stride) {
     for (int i = 0; i < head_dim; i += LANES) {
-        vec acc = {0};
-        for (int s = 0; s < slots; s++) acc += scores[s] * load(values + (ptrdiff_t)s * head_dim, i, head_dim);
-        store(out, i, head_dim, acc * norm);
+        vec acc[QUERY_BLOCK];
+        for (int q = 0; q < QUERY_BLOCK; q++) acc[q] = (vec){0};
+        for (int j = 0; j < slots; j++) {
+            vec value = load(values + (ptrdiff_t)j * head_dim, i, head_dim);
+            for (int q = 0; q < QUERY_BLOCK; q++)
+                if (q < count) acc[q] += value * probs[(ptrdiff_t)q * slots + j];
+        }
+        for (int q = 0; q < QUERY_BLOCK; q++)
+            if (q < count) store(out + q * out_stride, i, head_dim, acc[q] * norms[q]);
+    }
+}
+
+/* one copy of each loop per query count, so the accumulators stay in registers */
+#define BY_COUNT(call_with)                                                               \
+    switch (count) {                                                                      \
+    case 1: call_with(1); break; case 2: call_with(2); break; case 3: call_with(3); break; \
+    case 4: call_with(4); break; case 5: call_with(5); break; case 6: call_with(6); break; \
+    case 7: call_with(7); break; default: call_with(8); break;                            \
+    }
+
+/* each query's probabilities over slots 0..its own slot (zero beyond, so a query's bits do not depend
+ * on the later rows of its call), unnormalised; norms[q] = 1 / their sum */
+static void softmax_rows(float *scores, int count, int slots, const int *last, float *norms) {
+    for (int q = 0; q < count; q++) {
+        float *row = scores + (ptrdiff_t)q * slots, top = -INFINITY;
+        for (int j = 0; j <= last[q]; j++) top = row[j] > top ? row[j] : top;
+        vec sum = {0};
+        for (int j = 0; j < slots; j += LANES) {
+            vec e = exp_lanes(load(row, j, slots) - top);
+            for (int lane = 0; lane < LANES; lane++)
+                if (j + lane > last[q]) e[lane] = 0.0f;
+            store(row, j, slots, e);
+            sum += e;
+        }
+        norms[q] = 1.0f / total(sum);
+    }
+}
+
+/* causal attention of one kv head's query group: queries (rows x group, head_dim), row r's queries at slot
+ * start + r; keys_t (head_dim, n_positions), values (n_positions, head_dim); out row r, head group*kv+g */
+static void attend(const float *queries, int rows, int group, int start, const float *keys_t,
+                   const float *values, int n_positions, int head_dim, float *work, float *out, int out_width,
+                   int head0) {
+    int total_queries = rows * group, slots = start + rows;
+    float scale = 1.0f / sqrtf((float)head_dim);
+    float *scores = work, *norms = scores + (ptrdiff_t)total_queries * slots;
+    int *last = (int *)(norms + total_queries);
+    for (int q = 0; q < total_queries; q++) last[q] = start + q / group;
+    for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
+        int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
+#define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, n_positions, slots, head_dim, \
+                              scale, scores + (ptrdiff_t)q0 * slots)
+        BY_COUNT(SCORES)
+#undef SCORES
+    }
+    softmax_rows(scores, total_queries, slots, last, norms);
+    float *block = (float *)(last + total_queries); /* QUERY_BLOCK x head_dim */
+    for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
+        int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
+#define VALUES(n) value_block(scores + (ptrdiff_t)q0 * slots, norms + q0, n, values, slots, head_dim, block, head_dim)
+        BY_COUNT(VALUES)
+#undef VALUES
+        for (int q = q0; q < q0 + count; q++) /* query q: row q / group, head head0 + q % group */
+            memcpy(out + (ptrdiff_t)(q / group) * out_width + (ptrdiff_t)(head0 + q % group) * head_dim,
+                   block + (ptrdiff_t)(q - q0) * head_dim, sizeof(float) * (size_t)head_dim);
     }
 }
 
@@ -123,8 +197,9 @@ static void silu_times(const float *gate, const float *up, float *out, int count
     }
 }
 
-/* x (rows, hidden) is updated in place; keys/values (kv_heads, n_positions, head_dim) get slots
- * start..start+rows-1; cos/sin (n_positions, head_dim); scratch holds llama_layer_scratch() floats */
+/* x (rows, hidden) is updated in place; keys (kv_heads, head_dim, n_positions: transposed) and values
+ * (kv_heads, n_positions, head_dim) get slots start..start+rows-1; cos/sin (n_positions, head_dim);
+ * scratch holds LayerShape.scratch_floats (row_kernel.py) floats */
 void llama_layer(float *x, int rows, int start, const float *attn_norm, const float *qkv, const float *o,
                  const float *mlp_norm, const float *gate_up, const float *down, float *keys, float *values,
                  int n_positions, const float *cos, const float *sin, int hidden, int heads, int kv_heads,
@@ -137,8 +212,8 @@ void llama_layer(float *x, int rows, int start, const float *attn_norm, const fl
     float *mixed = fused + (ptrdiff_t)rows * fused_width;      /* rows x max(q_width, inter) */
     int mixed_width = q_width > inter ? q_width : inter;
     float *projected = mixed + (ptrdiff_t)rows * mixed_width;  /* rows x hidden */
-    float *q = projected + (ptrdiff_t)rows * hidden;           /* head_dim */
-    float *scores = q + head_dim;                              /* start + rows */
+    float *queries = projected + (ptrdiff_t)rows * hidden;    /* rows x group x head_dim */
+    float *work = queries + (ptrdiff_t)rows * group * head_dim; /* see attend */
 
     rms_norm(x, attn_norm, normed, rows, hidden, eps);
     panel_linear(normed, qkv, fused, rows, qkv_width, hidden, threads);
@@ -147,21 +222,23 @@ void llama_layer(float *x, int rows, int start, const float *attn_norm, const fl
         const float *row = fused + (ptrdiff_t)r * qkv_width;
         const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
         for (int h = 0; h < kv_heads; h++) {
-            float *key = keys + ((ptrdiff_t)h * n_positions + slot) * head_dim;
+            float *key_t = keys + (ptrdiff_t)h * head_dim * n_positions + slot;
             float *value = values + ((ptrdiff_t)h * n_positions + slot) * head_dim;
-            rotate(row + q_width + h * head_dim, c, s, key, head_dim);
+            rotate(row + q_width + h * head_dim, c, s, queries, head_dim);
+            for (int i = 0; i < head_dim; i++) key_t[(ptrdiff_t)i * n_positions] = queries[i];
             for (int i = 0; i < head_dim; i++) value[i] = row[q_width + kv_width + h * head_dim + i];
         }
     }
-    for (int r = 0; r < rows; r++) {
-        int slot = start + r;
-        const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
-        for (int h = 0; h < heads; h++) {
-            int kv = h / group;
-            rotate(fused + (ptrdiff_t)r * qkv_width + h * head_dim, c, s, q, head_dim);
-            attend(q, keys + (ptrdiff_t)kv * n_positions * head_dim, values + (ptrdiff_t)kv * n_positions * head_dim,
-                   slot, head_dim, scores, mixed + (ptrdiff_t)r * q_width + h * head_dim);
+    for (int h = 0; h < kv_heads; h++) {
+        for (int r = 0; r < rows; r++) {
+            int slot = start + r;
+            const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
+            for (int g = 0; g < group; g++)
+                rotate(fused + (ptrdiff_t)r * qkv_width + (h * group + g) * head_dim, c, s,
+                       queries + ((ptrdiff_t)r * group + g) * head_dim, head_dim);
         }
+        attend(queries, rows, group, start, keys + (ptrdiff_t)h * head_dim * n_positions,
+               values + (ptrdiff_t)h * n_positions * head_dim, n_positions, head_dim, work, mixed, q_width, h * group);
     }
     panel_linear(mixed, o, projected, rows, hidden, q_width, threads);
     for (ptrdiff_t i = 0; i < (ptrdiff_t)rows * hidden; i++) x[i] += projected[i];

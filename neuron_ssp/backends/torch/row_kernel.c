@@ -2,22 +2,31 @@
  *
  * The weights are repacked once into panels of PANEL_COLS output columns, each panel k rows of
  * PANEL_COLS contiguous floats, so the whole matrix streams from memory once, in order, whatever the
- * row count: up to BLOCK_ROWS rows share each panel row while it is in registers (3 x 8 = 24 vector
- * accumulators), more rows re-read the panel from L2. Every output element is one chain of fused
+ * row count: up to BLOCK_ROWS rows share each panel row while it is in registers (PANEL_VECS x
+ * BLOCK_ROWS vector accumulators, below), more rows re-read the panel from L2. Every output element is one chain of fused
  * multiply-adds over k in order, so a row's result does not depend on how many rows came with it
  * (a width-8 call gives each row the bits a width-1 call gives it).
  *
- * GCC/Clang vector extensions: 16 floats per vector (one AVX-512 register; two AVX2 ones).
+ * GCC/Clang vector extensions, sized to the register file: with AVX-512 (32 registers of 16 floats)
+ * 3 x 8 = 24 accumulators of 16 floats; elsewhere (AVX2: 16 registers of 8 floats; NEON) 2 x 6 = 12
+ * accumulators of 8 floats, so the accumulators never spill.
  */
 #include <stddef.h>
 #include <string.h>
 
-typedef float vec __attribute__((vector_size(64), aligned(4)));
-
+#ifdef __AVX512F__
+#define LANES 16
 #define PANEL_VECS 3
-#define PANEL_COLS (16 * PANEL_VECS)
 #define BLOCK_ROWS 8
-#define PREFETCH_FLOATS 1024 /* 4 KiB ahead of the panel row being read, into L2 */
+#else
+#define LANES 8
+#define PANEL_VECS 2
+#define BLOCK_ROWS 6
+#endif
+typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
+
+#define PANEL_COLS (LANES * PANEL_VECS)
+#define PREFETCH_FLOATS 1024 /* the first block of rows prefetches 4 KiB ahead of its panel row, into L2 */
 
 int panel_cols(void) { return PANEL_COLS; }
 
@@ -35,7 +44,7 @@ void pack_panels(const float *w, float *panels, int n, int k) {
 }
 
 static inline __attribute__((always_inline)) void panel_block(
-    const float *restrict panel, const float *restrict x, int rows, int k, float *restrict out) {
+    const float *restrict panel, const float *ahead, const float *restrict x, int rows, int k, float *restrict out) {
     vec acc[BLOCK_ROWS][PANEL_VECS];
     for (int m = 0; m < BLOCK_ROWS; m++)
         for (int v = 0; v < PANEL_VECS; v++) acc[m][v] = (vec){0};
@@ -43,32 +52,34 @@ static inline __attribute__((always_inline)) void panel_block(
         const float *row = panel + (ptrdiff_t)i * PANEL_COLS;
         vec w[PANEL_VECS];
         for (int v = 0; v < PANEL_VECS; v++) {
-            __builtin_prefetch(row + PREFETCH_FLOATS + 16 * v, 0, 2);
-            w[v] = *(const vec *)(row + 16 * v);
+            __builtin_prefetch(ahead + (ptrdiff_t)i * PANEL_COLS + LANES * v, 0, 2);
+            w[v] = *(const vec *)(row + LANES * v);
         }
         for (int m = 0; m < BLOCK_ROWS; m++)
             if (m < rows) {
-                float s = x[(ptrdiff_t)m * k + i];
-                vec b = {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s};
-                for (int v = 0; v < PANEL_VECS; v++) acc[m][v] += w[v] * b;
+                float s = x[(ptrdiff_t)m * k + i]; /* vector * scalar: the scalar is broadcast */
+                for (int v = 0; v < PANEL_VECS; v++) acc[m][v] += w[v] * s;
             }
     }
     for (int m = 0; m < BLOCK_ROWS; m++)
         if (m < rows)
-            for (int v = 0; v < PANEL_VECS; v++) *(vec *)(out + m * PANEL_COLS + 16 * v) = acc[m][v];
+            for (int v = 0; v < PANEL_VECS; v++) *(vec *)(out + m * PANEL_COLS + LANES * v) = acc[m][v];
 }
 
 /* one copy of the loop per row count, so the accumulators stay in registers */
-static void panel_rows(const float *panel, const float *x, int rows, int k, float *out) {
+static void panel_rows(const float *panel, const float *ahead, const float *x, int rows, int k, float *out) {
     switch (rows) {
-    case 1: panel_block(panel, x, 1, k, out); break;
-    case 2: panel_block(panel, x, 2, k, out); break;
-    case 3: panel_block(panel, x, 3, k, out); break;
-    case 4: panel_block(panel, x, 4, k, out); break;
-    case 5: panel_block(panel, x, 5, k, out); break;
-    case 6: panel_block(panel, x, 6, k, out); break;
-    case 7: panel_block(panel, x, 7, k, out); break;
-    default: panel_block(panel, x, 8, k, out); break;
+    case 1: panel_block(panel, ahead, x, 1, k, out); break;
+    case 2: panel_block(panel, ahead, x, 2, k, out); break;
+    case 3: panel_block(panel, ahead, x, 3, k, out); break;
+    case 4: panel_block(panel, ahead, x, 4, k, out); break;
+    case 5: panel_block(panel, ahead, x, 5, k, out); break;
+    case 6: panel_block(panel, ahead, x, 6, k, out); break;
+#if BLOCK_ROWS == 8
+    case 7: panel_block(panel, ahead, x, 7, k, out); break;
+    case 8: panel_block(panel, ahead, x, 8, k, out); break;
+#endif
+    default: break;
     }
 }
 
@@ -82,7 +93,9 @@ void panel_linear(const float *x, const float *panels, float *y, int rows, int n
         const float *panel = panels + (ptrdiff_t)p * k * PANEL_COLS;
         for (int m0 = 0; m0 < rows; m0 += BLOCK_ROWS) {
             int block = rows - m0 < BLOCK_ROWS ? rows - m0 : BLOCK_ROWS;
-            panel_rows(panel, x + (ptrdiff_t)m0 * k, block, k, out);
+            /* later blocks find this panel in L2 and fetch the next one meanwhile */
+            const float *ahead = m0 == 0 || p + 1 == count ? panel + PREFETCH_FLOATS : panel + (ptrdiff_t)k * PANEL_COLS;
+            panel_rows(panel, ahead, x + (ptrdiff_t)m0 * k, block, k, out);
             for (int m = 0; m < block; m++)
                 memcpy(y + (ptrdiff_t)(m0 + m) * n + (ptrdiff_t)p * PANEL_COLS, out + m * PANEL_COLS,
                        sizeof(float) * cols);

@@ -54,11 +54,13 @@ class LayerShape:
     inter: int
     eps: float
 
-    def scratch_floats(self, rows: int, start: int) -> int:
+    def scratch_floats(self, rows: int, start: int, query_block: int) -> int:
         """What llama_layer.c lays out in its scratch buffer for `rows` rows after `start` cached slots."""
         q_width = self.heads * self.head_dim
         fused = max(q_width + 2 * self.kv_heads * self.head_dim, 2 * self.inter)
-        return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + self.head_dim + start + rows
+        queries = rows * (self.heads // self.kv_heads)
+        attention = queries * (self.head_dim + start + rows + 2) + query_block * self.head_dim
+        return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + attention
 
 
 class RowKernel:
@@ -75,6 +77,7 @@ class RowKernel:
                                 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p,
                                                                                 ctypes.c_int])
         self._layer.restype = None
+        self.query_block = int(library.query_block())
 
     def pack(self, weight: torch.Tensor) -> Panels:
         weight = weight.detach().contiguous()
@@ -88,15 +91,18 @@ class RowKernel:
               norms: tuple[torch.Tensor, torch.Tensor], cache: tuple[torch.Tensor, torch.Tensor],
               rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape) -> None:
         """One decoder layer on x (rows, hidden), in place; writes the rows' keys and values at start..
-        `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys and values (kv_heads, n_positions,
-        head_dim), contiguous; `rotary`: cos and sign-folded sin tables (n_positions, head_dim)."""
+        `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (kv_heads, head_dim, n_positions:
+        transposed) and values (kv_heads, n_positions, head_dim), contiguous; `rotary`: cos and sign-folded
+        sin tables (n_positions, head_dim)."""
         rows = x.shape[0]
         qkv, o, gate_up, down = matrices
         keys, values = cache
-        scratch = torch.empty(shape.scratch_floats(rows, start), dtype=torch.float32)
+        if not (x.is_contiguous() and keys.is_contiguous() and values.is_contiguous()):
+            raise ValueError("llama_layer.c reads x and the cache as contiguous arrays")
+        scratch = torch.empty(shape.scratch_floats(rows, start, self.query_block), dtype=torch.float32)
         self._layer(x.data_ptr(), rows, start, norms[0].data_ptr(), qkv.data.data_ptr(), o.data.data_ptr(),
                     norms[1].data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr(), keys.data_ptr(),
-                    values.data_ptr(), keys.shape[-2], rotary[0].data_ptr(), rotary[1].data_ptr(), shape.hidden,
+                    values.data_ptr(), values.shape[-2], rotary[0].data_ptr(), rotary[1].data_ptr(), shape.hidden,
                     shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps, scratch.data_ptr(),
                     torch.get_num_threads())
 
