@@ -126,3 +126,14 @@ def test_the_avx2_build_of_machines_without_avx512_computes_the_same(monkeypatch
     finally:
         kernel_module._built.cache_clear()
         kernel_module.row_kernel.cache_clear()
+
+
+@needs_kernel
+def test_slots_past_the_cache_are_refused_before_the_c_code_could_write_there():
+    backend = TorchBackend(tiny_llama(0), 16, pack=True)
+    backend.prefill(torch.tensor([1, 2, 3]))
+    backend.score(torch.tensor([4, 5]), 14)  # slots 14, 15: the last two
+    with pytest.raises(IndexError, match="cache slots 15..16 are outside the cache's 16"):
+        backend.score(torch.tensor([4, 5]), 15)
+    with pytest.raises(ValueError, match="takes 64 inputs"):
+        KERNEL.linear(torch.zeros(2, 32), KERNEL.pack(torch.zeros(8, 64)))

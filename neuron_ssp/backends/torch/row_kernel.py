@@ -99,6 +99,8 @@ class RowKernel:
         keys, values = cache
         if not (x.is_contiguous() and keys.is_contiguous() and values.is_contiguous()):
             raise ValueError("llama_layer.c reads x and the cache as contiguous arrays")
+        if start < 0 or start + rows > values.shape[-2]:  # C does not check: it would write past the cache
+            raise IndexError(f"cache slots {start}..{start + rows - 1} are outside the cache's {values.shape[-2]}")
         scratch = torch.empty(shape.scratch_floats(rows, start, self.query_block), dtype=torch.float32)
         self._layer(x.data_ptr(), rows, start, norms[0].data_ptr(), qkv.data.data_ptr(), o.data.data_ptr(),
                     norms[1].data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr(), keys.data_ptr(),
@@ -109,6 +111,8 @@ class RowKernel:
     def linear(self, x: torch.Tensor, panels: Panels) -> torch.Tensor:
         """x (rows, in) fp32 -> (rows, out); the caller keeps rows <= MAX_ROWS."""
         x = x.contiguous()
+        if x.dim() != 2 or x.shape[1] != panels.in_features:
+            raise ValueError(f"x is {tuple(x.shape)}, the matrix takes {panels.in_features} inputs a row")
         y = torch.empty(x.shape[0], panels.out_features, dtype=torch.float32)
         self._linear(x.data_ptr(), panels.data.data_ptr(), y.data_ptr(), x.shape[0], panels.out_features,
                      panels.in_features, torch.get_num_threads())
