@@ -98,39 +98,38 @@ static void rotate(const float *x, const float *cos, const float *sin, float *ou
 
 int query_block(void) { return QUERY_BLOCK; }
 
-/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale, keys_t (head_dim, n_positions):
- * keys stored transposed, so 16 (8) slots' scores fill one vector with no horizontal sums */
-static inline __attribute__((always_inline)) void score_block(
-    const float *restrict queries, int count, const float *restrict keys_t, int n_positions, int slots,
-    int head_dim, float scale, float *restrict scores) {
-    for (int j = 0; j < slots; j += LANES) {
-        vec acc[QUERY_BLOCK];
-        for (int q = 0; q < QUERY_BLOCK; q++) acc[q] = (vec){0};
-        for (int d = 0; d < head_dim; d++) {
-            vec key = load(keys_t + (ptrdiff_t)d * n_positions, j, slots);
-            for (int q = 0; q < QUERY_BLOCK; q++)
-                if (q < count) acc[q] += key * queries[(ptrdiff_t)q * head_dim + d];
-        }
+/* for each query q < count: out[q] lanes at..at+LANES-1 = scale[q] * sum over t < terms of
+ * weights[q][t] * rows[t] (lanes at.., zero past limit), rows[t] = rows + t * row_stride. Both products of
+ * attention are this loop: scores (rows: transposed keys, one per head dimension; weights: the queries;
+ * 16 (8) slots per vector, no horizontal sums) and outputs (rows: values, one per slot; weights: the
+ * probabilities). One loaded row serves every query of the block. */
+static inline __attribute__((always_inline)) void weighted_rows(
+    const float *restrict rows, ptrdiff_t row_stride, int at, int limit, int terms, const float *restrict weights,
+    ptrdiff_t weight_stride, int count, const float *restrict scale, float *restrict out, ptrdiff_t out_stride) {
+    vec acc[QUERY_BLOCK];
+    for (int q = 0; q < QUERY_BLOCK; q++) acc[q] = (vec){0};
+    for (int t = 0; t < terms; t++) {
+        vec row = load(rows + (ptrdiff_t)t * row_stride, at, limit);
         for (int q = 0; q < QUERY_BLOCK; q++)
-            if (q < count) store(scores + (ptrdiff_t)q * slots, j, slots, acc[q] * scale);
+            if (q < count) acc[q] += row * weights[(ptrdiff_t)q * weight_stride + t];
     }
+    for (int q = 0; q < QUERY_BLOCK; q++)
+        if (q < count) store(out + (ptrdiff_t)q * out_stride, at, limit, acc[q] * scale[q]);
 }
 
-/* out (count, head_dim) = probs (count, slots) . values (slots, head_dim) * norm per query */
+/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale[q], keys_t (head_dim, n_positions) */
+static inline __attribute__((always_inline)) void score_block(
+    const float *queries, int count, const float *keys_t, int n_positions, int slots, int head_dim,
+    const float *scale, float *scores) {
+    for (int j = 0; j < slots; j += LANES)
+        weighted_rows(keys_t, n_positions, j, slots, head_dim, queries, head_dim, count, scale, scores, slots);
+}
+
+/* out (count, head_dim) = probs (count, slots) . values (slots, head_dim) * norms[q] */
 static inline __attribute__((always_inline)) void value_block(
-    const float *restrict probs, const float *restrict norms, int count, const float *restrict values,
-    int slots, int head_dim, float *restrict out, ptrdiff_t out_stride) {
-    for (int i = 0; i < head_dim; i += LANES) {
-        vec acc[QUERY_BLOCK];
-        for (int q = 0; q < QUERY_BLOCK; q++) acc[q] = (vec){0};
-        for (int j = 0; j < slots; j++) {
-            vec value = load(values + (ptrdiff_t)j * head_dim, i, head_dim);
-            for (int q = 0; q < QUERY_BLOCK; q++)
-                if (q < count) acc[q] += value * probs[(ptrdiff_t)q * slots + j];
-        }
-        for (int q = 0; q < QUERY_BLOCK; q++)
-            if (q < count) store(out + q * out_stride, i, head_dim, acc[q] * norms[q]);
-    }
+    const float *probs, const float *norms, int count, const float *values, int slots, int head_dim, float *out) {
+    for (int i = 0; i < head_dim; i += LANES)
+        weighted_rows(values, head_dim, i, head_dim, slots, probs, slots, count, norms, out, head_dim);
 }
 
 /* one copy of each loop per query count, so the accumulators stay in registers */
@@ -165,14 +164,15 @@ static void attend(const float *queries, int rows, int group, int start, const f
                    const float *values, int n_positions, int head_dim, float *work, float *out, int out_width,
                    int head0) {
     int total_queries = rows * group, slots = start + rows;
-    float scale = 1.0f / sqrtf((float)head_dim);
+    float scales[QUERY_BLOCK];
+    for (int q = 0; q < QUERY_BLOCK; q++) scales[q] = 1.0f / sqrtf((float)head_dim);
     float *scores = work, *norms = scores + (ptrdiff_t)total_queries * slots;
     int *last = (int *)(norms + total_queries);
     for (int q = 0; q < total_queries; q++) last[q] = start + q / group;
     for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
         int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
 #define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, n_positions, slots, head_dim, \
-                              scale, scores + (ptrdiff_t)q0 * slots)
+                              scales, scores + (ptrdiff_t)q0 * slots)
         BY_COUNT(SCORES)
 #undef SCORES
     }
@@ -180,7 +180,7 @@ static void attend(const float *queries, int rows, int group, int start, const f
     float *block = (float *)(last + total_queries); /* QUERY_BLOCK x head_dim */
     for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
         int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
-#define VALUES(n) value_block(scores + (ptrdiff_t)q0 * slots, norms + q0, n, values, slots, head_dim, block, head_dim)
+#define VALUES(n) value_block(scores + (ptrdiff_t)q0 * slots, norms + q0, n, values, slots, head_dim, block)
         BY_COUNT(VALUES)
 #undef VALUES
         for (int q = q0; q < q0 + count; q++) /* query q: row q / group, head head0 + q % group */
