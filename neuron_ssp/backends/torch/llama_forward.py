@@ -54,6 +54,10 @@ class CompactLlama:
         self._shape = LayerShape(hidden=int(weights.embed.shape[1]), heads=weights.heads, kv_heads=weights.kv_heads,
                                  head_dim=weights.head_dim, inter=weights.layers[0].gate_up.sizes[0] if weights.layers
                                  else 0, eps=weights.eps)
+        # what llama_layer.c takes per layer, gathered once rather than on every call
+        self._kernel_layers = [
+            (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys[0].transpose(-1, -2), values[0]))
+            for layer, keys, values in self._layers] if self._kernel is not None else []
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self._run(prompt_ids.to(self.w.device), 0, True)[-1]
@@ -65,9 +69,8 @@ class CompactLlama:
         w = self.w
         x = F.embedding(ids, w.embed)
         if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
-            for layer, keys, values in self._layers:
-                self._kernel.layer(x, start, layer.panels(), (layer.attn_norm, layer.mlp_norm),
-                                   (keys[0].transpose(-1, -2), values[0]), self._rotary, self._shape)
+            for matrices, norms, cache in self._kernel_layers:
+                self._kernel.layer(x, start, matrices, norms, cache, self._rotary, self._shape)
         else:
             x = self._torch_layers(x, start)
         if last_only:
@@ -84,15 +87,20 @@ class CompactLlama:
             q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin).transpose(0, 1)
             keys[0, :, start:end] = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin).transpose(0, 1)
             values[0, :, start:end] = v.view(n, w.kv_heads, w.head_dim).transpose(0, 1)
-            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call); contiguous
-            # keys (the row kernel's transposed ones are copied: SDPA took 2x as long on the strided view)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), keys[:, :, :end].contiguous(), values[:, :, :end],
+            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
+            attn = F.scaled_dot_product_attention(q.unsqueeze(0), _head_dim_dense(keys[:, :, :end]), values[:, :, :end],
                                                   attn_mask=mask,
                                                   is_causal=start == 0 and n > 1, enable_gqa=w.heads != w.kv_heads)
             x = x + layer.o(attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim))[0]
             gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))
             x = x + layer.down(F.silu(gate) * up)[0]
         return x
+
+
+def _head_dim_dense(keys: torch.Tensor) -> torch.Tensor:
+    """The keys as SDPA reads them fast: the row kernel's transposed keys are copied (SDPA took 2x as long on
+    the strided view); keys stored the usual way are passed as they are."""
+    return keys if keys.stride(-1) == 1 else keys.contiguous()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -105,8 +105,11 @@ class LlamaWeights:
     kv_heads: int
     head_dim: int
     eps: float
-    packed: bool
     layout: str  # what the few-row calls run on: "row kernel", "oneDNN packed" or "as stored"
+
+    @property
+    def packed(self) -> bool:
+        return self.layout != "as stored"
 
     @property
     def dtype(self) -> torch.dtype:
@@ -153,8 +156,7 @@ def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
         head=Linears([model.get_output_embeddings().weight], pack), heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-        eps=float(config.rms_norm_eps), packed=pack,
-        layout=_layout_name(pack))
+        eps=float(config.rms_norm_eps), layout=_layout_name(pack))
 
 
 def _layout_name(pack: bool) -> str:
