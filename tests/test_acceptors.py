@@ -17,7 +17,7 @@ from neuron_ssp.speculation.acceptors import (
     ZeroPaddedAcceptor,
     build_acceptor,
 )
-from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs
+from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, logits_to_probs
 
 
 def test_greedy_acceptor_keeps_the_agreeing_prefix_then_the_target_token():
@@ -38,6 +38,24 @@ def test_probabilistic_accepts_a_token_the_target_prefers_and_rejects_an_impossi
     assert acceptor(torch.tensor([[1]]), draft, target)[0, 0] == 1
     rejected = acceptor(torch.tensor([[2]]), draft, target)
     assert rejected.shape == (1, 1) and rejected[0, 0] != 2  # resampled from max(0, p - q)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_probabilistic_at_temperature_0_keeps_what_rejection_sampling_keeps(seed):
+    """The greedy shortcut against the rule itself: at a temperature low enough that p and q are point
+    masses numerically, rejection sampling keeps and adds exactly the tokens the shortcut returns,
+    drafts that are not the draft's own argmax included."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab, m = 50, 6
+    target = torch.randn(1, m + 1, vocab, generator=gen) * 3
+    draft_scores = torch.randn(1, m, vocab, generator=gen) * 3
+    ids = target[0, :m].argmax(-1)
+    ids[int(torch.randint(m, (1,), generator=gen))] = int(torch.randint(vocab, (1,), generator=gen))
+    ids[-1] = int(draft_scores[0, -1].argmax())
+    greedy = ProbabilisticAcceptor(SamplingParams(0.0))(ids.view(1, -1), draft_scores, target)
+    cold = ProbabilisticAcceptor(SamplingParams(1e-4), torch.Generator().manual_seed(seed))
+    assert greedy.tolist() == cold(ids.view(1, -1), draft_scores, target).tolist()
+    assert greedy.tolist() == GreedyAcceptor()(ids.view(1, -1), draft_scores, target).tolist()
 
 
 def test_top_k_and_top_p_truncate_the_distribution():
@@ -175,3 +193,20 @@ def test_an_unknown_builtin_name_gets_the_nearest_one():
     with pytest.raises(UsageError) as err:
         build_acceptor("probabalistic", SamplingParams(), None)
     assert "did you mean 'probabilistic'?" in err.value.problems[0].fix
+
+
+@pytest.mark.parametrize(("bad_row", "expected"), [
+    (None, None),                                           # every row usable
+    ([0.0, float("-inf"), 1.0, 2.0], None),                 # one impossible token is allowed
+    ([3e38, 3e38, 0.0, 0.0], None),                         # finite, though its sum overflows
+    ([0.0, float("nan"), 1.0, 2.0], 2),
+    ([0.0, float("inf"), 1.0, 2.0], 2),
+    ([float("-inf")] * 4, 2),                               # no distribution left
+])
+def test_first_non_finite_row_names_the_first_unusable_row(bad_row, expected):
+    logits = torch.randn(4, 4)
+    if bad_row is not None:
+        logits[2] = torch.tensor(bad_row)
+        logits[3] = float("nan")
+        expected = expected if expected is not None else 3
+    assert first_non_finite_row(logits) == expected

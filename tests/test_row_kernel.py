@@ -53,8 +53,9 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_thread_count
                                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                                                "original_max_position_embeddings": 64})],
                          ids=["mha-head_dim-8", "gqa-llama3-rope"])
-def test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(model):
-    prompt = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7, 3, 2])
+@pytest.mark.parametrize("prompt_len", [12, 75])  # 75: the window's slots span several vectors of the softmax
+def test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(model, prompt_len):
+    prompt = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7, 3, 2] * 7)[:prompt_len]
     ours, reference, stepwise = (TorchBackend(model, 512, pack=True), TorchBackend(model, 512, forward="hf"),
                                  TorchBackend(model, 512, pack=True))
     assert ours._forward.w.layout == "row kernel" and ours._forward._kernel is not None
@@ -122,7 +123,7 @@ def test_the_avx2_build_of_machines_without_avx512_computes_the_same(monkeypatch
         together = avx2.linear(x, avx2.pack(weight))
         torch.testing.assert_close(together.double(), F.linear(x.double(), weight.double()), atol=1e-5, rtol=1e-5)
         assert torch.equal(avx2.linear(x[6:7], avx2.pack(weight)), together[6:7])
-        test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(tiny_llama(4))
+        test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(tiny_llama(4), 75)
     finally:
         kernel_module._built.cache_clear()
         kernel_module.row_kernel.cache_clear()
@@ -137,3 +138,10 @@ def test_slots_past_the_cache_are_refused_before_the_c_code_could_write_there():
         backend.score(torch.tensor([4, 5]), 15)
     with pytest.raises(ValueError, match="takes 64 inputs"):
         KERNEL.linear(torch.zeros(2, 32), KERNEL.pack(torch.zeros(8, 64)))
+    with pytest.raises(ValueError, match="at most 64 rows"):  # C's buffers hold 64
+        KERNEL.linear(torch.zeros(65, 64), KERNEL.pack(torch.zeros(8, 64)))
+    forward = backend._forward
+    matrices, norms, (keys, values) = forward._kernel_layers[0]
+    with pytest.raises(ValueError, match="dense"):  # keys whose rows are shorter than the cache
+        KERNEL.layer(torch.zeros(1, forward._shape.hidden), 0, matrices, norms, (keys[..., :8], values),
+                     forward._rotary, forward._shape)

@@ -54,10 +54,16 @@ class ProbabilisticAcceptor(TokenAcceptor):
     Keeps draft token d with probability min(1, p(d)/q(d)); on the first rejection draws from
     norm(max(0, p - q)); if all are kept, draws a bonus token from the target's last row. The output
     is distributed exactly as the target's, for any temperature/top-k/top-p applied to both p and q.
+
+    At temperature 0 p and q are point masses and the rule keeps d exactly when it is the target's
+    argmax, then adds the target's argmax: greedy acceptance, computed as such rather than through
+    (m+1, V) one-hots and a draw from one (~4 ms a step on the embedded model's 49k vocabulary).
     """
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
+        if self.sampling.greedy:
+            return greedy_acceptance(draft_ids, target_scores)
         p = logits_to_probs(target_scores[0], self.sampling)
         ids = draft_ids[0].to(p.device)
         m = ids.shape[0]
@@ -93,12 +99,17 @@ class GreedyAcceptor(TokenAcceptor):
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
-        best = target_scores[0].argmax(-1)
-        ids = draft_ids[0].to(best.device)
-        m = ids.shape[0]
-        mismatch = (ids != best[:m]).nonzero()
-        kept = int(mismatch[0]) if mismatch.numel() else m
-        return torch.cat([ids[:kept], best[kept:kept + 1]]).view(1, -1)
+        return greedy_acceptance(draft_ids, target_scores)
+
+
+def greedy_acceptance(draft_ids: torch.Tensor, target_scores: torch.Tensor) -> torch.Tensor:
+    """The drafted tokens up to the first that is not the target's argmax, then the target's argmax."""
+    best = target_scores[0].argmax(-1)
+    ids = draft_ids[0].to(best.device)
+    m = ids.shape[0]
+    mismatch = (ids != best[:m]).nonzero()
+    kept = int(mismatch[0]) if mismatch.numel() else m
+    return torch.cat([ids[:kept], best[kept:kept + 1]]).view(1, -1)
 
 
 class TypicalAcceptor(TokenAcceptor):

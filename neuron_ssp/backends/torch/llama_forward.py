@@ -27,15 +27,15 @@ import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
-from neuron_ssp.backends.torch.row_kernel import MAX_ROWS, LayerShape, RowKernel, row_kernel
+from neuron_ssp.backends.torch.row_kernel import KEY_PADDING, MAX_ROWS, LayerShape, RowKernel, row_kernel
 from neuron_ssp.embedded.cache import cache_root
 
 
 class CompactLlama:
     """One sequence: its KV cache, (1, kv_heads, n_positions, head_dim) per layer for keys and for values.
 
-    With the row kernel the keys are stored transposed, (1, kv_heads, head_dim, n_positions), so that
-    llama_layer.c scores a vector of slots at a time; `keys` is then a transposed view of that storage,
+    With the row kernel the keys are stored transposed, (1, kv_heads, head_dim, n_positions + KEY_PADDING), so
+    that llama_layer.c scores a vector of slots at a time; `keys` is then a transposed view of that storage,
     and the torch ops (long prefills) read and write it in the usual shape."""
 
     def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False):
@@ -43,7 +43,8 @@ class CompactLlama:
         self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
         shape = (len(weights.layers), 1, weights.kv_heads, n_positions, weights.head_dim)
         if self._kernel is not None:
-            self.keys = torch.zeros(shape[:3] + shape[3:][::-1], dtype=weights.dtype).transpose(-1, -2)
+            padded = torch.zeros(shape[:3] + (weights.head_dim, n_positions + KEY_PADDING), dtype=weights.dtype)
+            self.keys = padded[..., :n_positions].transpose(-1, -2)
         else:
             self.keys = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
         self.values = torch.zeros(shape, dtype=weights.dtype, device=weights.device)

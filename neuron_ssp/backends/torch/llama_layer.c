@@ -117,12 +117,12 @@ static inline __attribute__((always_inline)) void weighted_rows(
         if (q < count) store(out + (ptrdiff_t)q * out_stride, at, limit, acc[q] * scale[q]);
 }
 
-/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale[q], keys_t (head_dim, n_positions) */
+/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale[q], keys_t (head_dim, key_stride) */
 static inline __attribute__((always_inline)) void score_block(
-    const float *queries, int count, const float *keys_t, int n_positions, int slots, int head_dim,
+    const float *queries, int count, const float *keys_t, int key_stride, int slots, int head_dim,
     const float *scale, float *scores) {
     for (int j = 0; j < slots; j += LANES)
-        weighted_rows(keys_t, n_positions, j, slots, head_dim, queries, head_dim, count, scale, scores, slots);
+        weighted_rows(keys_t, key_stride, j, slots, head_dim, queries, head_dim, count, scale, scores, slots);
 }
 
 /* out (count, head_dim) = probs (count, slots) . values (slots, head_dim) * norms[q] */
@@ -143,14 +143,20 @@ static inline __attribute__((always_inline)) void value_block(
 /* each query's probabilities over slots 0..its own slot (zero beyond, so a query's bits do not depend
  * on the later rows of its call), unnormalised; norms[q] = 1 / their sum */
 static void softmax_rows(float *scores, int count, int slots, const int *last, float *norms) {
+    ivec lane = {0};
+    for (int i = 0; i < LANES; i++) lane[i] = i;
     for (int q = 0; q < count; q++) {
         float *row = scores + (ptrdiff_t)q * slots, top = -INFINITY;
-        for (int j = 0; j <= last[q]; j++) top = row[j] > top ? row[j] : top;
-        vec sum = {0};
+        vec tops = {0};
+        tops -= INFINITY;
+        for (int j = 0; j <= last[q]; j += LANES) { /* lanes past last[q] keep -inf */
+            vec v = load(row, j, slots);
+            tops = pick(lane + j <= last[q] & v > tops, v, tops);
+        }
+        for (int i = 0; i < LANES; i++) top = tops[i] > top ? tops[i] : top;
+        vec sum = {0}, zero = {0};
         for (int j = 0; j < slots; j += LANES) {
-            vec e = exp_lanes(load(row, j, slots) - top);
-            for (int lane = 0; lane < LANES; lane++)
-                if (j + lane > last[q]) e[lane] = 0.0f;
+            vec e = pick(lane + j <= last[q], exp_lanes(load(row, j, slots) - top), zero);
             store(row, j, slots, e);
             sum += e;
         }
@@ -159,9 +165,9 @@ static void softmax_rows(float *scores, int count, int slots, const int *last, f
 }
 
 /* causal attention of one kv head's query group: queries (rows x group, head_dim), row r's queries at slot
- * start + r; keys_t (head_dim, n_positions), values (n_positions, head_dim); out row r, head group*kv+g */
+ * start + r; keys_t (head_dim, key_stride), values (n_positions, head_dim); out row r, head group*kv+g */
 static void attend(const float *queries, int rows, int group, int start, const float *keys_t,
-                   const float *values, int n_positions, int head_dim, float *work, float *out, int out_width,
+                   int key_stride, const float *values, int head_dim, float *work, float *out, int out_width,
                    int head0) {
     int total_queries = rows * group, slots = start + rows;
     float scales[QUERY_BLOCK];
@@ -171,7 +177,7 @@ static void attend(const float *queries, int rows, int group, int start, const f
     for (int q = 0; q < total_queries; q++) last[q] = start + q / group;
     for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
         int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
-#define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, n_positions, slots, head_dim, \
+#define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, key_stride, slots, head_dim, \
                               scales, scores + (ptrdiff_t)q0 * slots)
         BY_COUNT(SCORES)
 #undef SCORES
@@ -197,12 +203,14 @@ static void silu_times(const float *gate, const float *up, float *out, int count
     }
 }
 
-/* x (rows, hidden) is updated in place; keys (kv_heads, head_dim, n_positions: transposed) and values
+/* x (rows, hidden) is updated in place; keys (kv_heads, head_dim, key_stride: transposed; key_stride >=
+ * n_positions, padded so that a slot's head_dim floats fall in different L1 sets) and values
  * (kv_heads, n_positions, head_dim) get slots start..start+rows-1; cos/sin (n_positions, head_dim);
  * scratch holds LayerShape.scratch_floats (row_kernel.py) floats */
 void llama_layer(float *x, int rows, int start, const float *attn_norm, const float *qkv, const float *o,
                  const float *mlp_norm, const float *gate_up, const float *down, float *keys, float *values,
-                 int n_positions, const float *cos, const float *sin, int hidden, int heads, int kv_heads,
+                 int key_stride, int n_positions, const float *cos, const float *sin, int hidden, int heads,
+                 int kv_heads,
                  int head_dim, int inter, float eps, float *scratch, int threads) {
     int q_width = heads * head_dim, kv_width = kv_heads * head_dim, qkv_width = q_width + 2 * kv_width;
     int group = heads / kv_heads;
@@ -222,10 +230,10 @@ void llama_layer(float *x, int rows, int start, const float *attn_norm, const fl
         const float *row = fused + (ptrdiff_t)r * qkv_width;
         const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
         for (int h = 0; h < kv_heads; h++) {
-            float *key_t = keys + (ptrdiff_t)h * head_dim * n_positions + slot;
+            float *key_t = keys + (ptrdiff_t)h * head_dim * key_stride + slot;
             float *value = values + ((ptrdiff_t)h * n_positions + slot) * head_dim;
             rotate(row + q_width + h * head_dim, c, s, queries, head_dim);
-            for (int i = 0; i < head_dim; i++) key_t[(ptrdiff_t)i * n_positions] = queries[i];
+            for (int i = 0; i < head_dim; i++) key_t[(ptrdiff_t)i * key_stride] = queries[i];
             for (int i = 0; i < head_dim; i++) value[i] = row[q_width + kv_width + h * head_dim + i];
         }
     }
@@ -237,8 +245,8 @@ void llama_layer(float *x, int rows, int start, const float *attn_norm, const fl
                 rotate(fused + (ptrdiff_t)r * qkv_width + (h * group + g) * head_dim, c, s,
                        queries + ((ptrdiff_t)r * group + g) * head_dim, head_dim);
         }
-        attend(queries, rows, group, start, keys + (ptrdiff_t)h * head_dim * n_positions,
-               values + (ptrdiff_t)h * n_positions * head_dim, n_positions, head_dim, work, mixed, q_width, h * group);
+        attend(queries, rows, group, start, keys + (ptrdiff_t)h * head_dim * key_stride, key_stride,
+               values + (ptrdiff_t)h * n_positions * head_dim, head_dim, work, mixed, q_width, h * group);
     }
     panel_linear(mixed, o, projected, rows, hidden, q_width, threads);
     for (ptrdiff_t i = 0; i < (ptrdiff_t)rows * hidden; i++) x[i] += projected[i];

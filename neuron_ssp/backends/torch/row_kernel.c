@@ -3,7 +3,9 @@
  * The weights are repacked once into panels of PANEL_COLS output columns, each panel k rows of
  * PANEL_COLS contiguous floats, so the whole matrix streams from memory once, in order, whatever the
  * row count: up to BLOCK_ROWS rows share each panel row while it is in registers (PANEL_VECS x
- * BLOCK_ROWS vector accumulators, below), more rows re-read the panel from L2. Every output element is one chain of fused
+ * BLOCK_ROWS vector accumulators, below). More rows take the panel CHUNK_STEPS rows at a time, every
+ * block of rows in turn, so the later blocks read the chunk from L1 while the stream from memory goes
+ * on (the accumulators are parked in `out` between chunks). Every output element is one chain of fused
  * multiply-adds over k in order, so a row's result does not depend on how many rows came with it
  * (a width-8 call gives each row the bits a width-1 call gives it).
  *
@@ -26,7 +28,8 @@
 typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
 
 #define PANEL_COLS (LANES * PANEL_VECS)
-#define PREFETCH_FLOATS 1024 /* the first block of rows prefetches 4 KiB ahead of its panel row, into L2 */
+#define PREFETCH_FLOATS 1024 /* prefetched 4 KiB ahead of the panel row being read, into L2 */
+#define CHUNK_STEPS 32 /* panel rows per chunk with more than BLOCK_ROWS rows: 6 KiB (AVX-512), 2 KiB */
 
 int panel_cols(void) { return PANEL_COLS; }
 
@@ -43,21 +46,24 @@ void pack_panels(const float *w, float *panels, int n, int k) {
     }
 }
 
+/* out (rows, PANEL_COLS) = or += (resume) x (rows, steps; rows x_stride apart) @ panel (steps, PANEL_COLS) */
 static inline __attribute__((always_inline)) void panel_block(
-    const float *restrict panel, const float *ahead, const float *restrict x, int rows, int k, float *restrict out) {
+    const float *restrict panel, const float *restrict x, int x_stride, int rows, int steps, int resume,
+    float *restrict out) {
     vec acc[BLOCK_ROWS][PANEL_VECS];
     for (int m = 0; m < BLOCK_ROWS; m++)
-        for (int v = 0; v < PANEL_VECS; v++) acc[m][v] = (vec){0};
-    for (int i = 0; i < k; i++) {
+        for (int v = 0; v < PANEL_VECS; v++)
+            acc[m][v] = resume && m < rows ? *(const vec *)(out + m * PANEL_COLS + LANES * v) : (vec){0};
+    for (int i = 0; i < steps; i++) {
         const float *row = panel + (ptrdiff_t)i * PANEL_COLS;
         vec w[PANEL_VECS];
         for (int v = 0; v < PANEL_VECS; v++) {
-            __builtin_prefetch(ahead + (ptrdiff_t)i * PANEL_COLS + LANES * v, 0, 2);
+            __builtin_prefetch(row + PREFETCH_FLOATS + LANES * v, 0, 2);
             w[v] = *(const vec *)(row + LANES * v);
         }
         for (int m = 0; m < BLOCK_ROWS; m++)
             if (m < rows) {
-                float s = x[(ptrdiff_t)m * k + i]; /* vector * scalar: the scalar is broadcast */
+                float s = x[(ptrdiff_t)m * x_stride + i]; /* vector * scalar: the scalar is broadcast */
                 for (int v = 0; v < PANEL_VECS; v++) acc[m][v] += w[v] * s;
             }
     }
@@ -67,38 +73,38 @@ static inline __attribute__((always_inline)) void panel_block(
 }
 
 /* one copy of the loop per row count, so the accumulators stay in registers */
-static void panel_rows(const float *panel, const float *ahead, const float *x, int rows, int k, float *out) {
+static void panel_rows(const float *panel, const float *x, int x_stride, int rows, int steps, int resume, float *out) {
     switch (rows) {
-    case 1: panel_block(panel, ahead, x, 1, k, out); break;
-    case 2: panel_block(panel, ahead, x, 2, k, out); break;
-    case 3: panel_block(panel, ahead, x, 3, k, out); break;
-    case 4: panel_block(panel, ahead, x, 4, k, out); break;
-    case 5: panel_block(panel, ahead, x, 5, k, out); break;
-    case 6: panel_block(panel, ahead, x, 6, k, out); break;
+#define ROWS(n) case n: panel_block(panel, x, x_stride, n, steps, resume, out); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6)
 #if BLOCK_ROWS == 8
-    case 7: panel_block(panel, ahead, x, 7, k, out); break;
-    case 8: panel_block(panel, ahead, x, 8, k, out); break;
+    ROWS(7) ROWS(8)
 #endif
+#undef ROWS
     default: break;
     }
 }
 
-/* y (rows, n) = x (rows, k) @ w.T, w given as pack_panels' panels; x and y row-major contiguous */
+#define MAX_ROWS 64 /* row_kernel.py's MAX_ROWS */
+
+/* y (rows <= MAX_ROWS, n) = x (rows, k) @ w.T, w given as pack_panels' panels; x and y row-major contiguous */
 void panel_linear(const float *x, const float *panels, float *y, int rows, int n, int k, int threads) {
     int count = (n + PANEL_COLS - 1) / PANEL_COLS;
+    int chunk = rows <= BLOCK_ROWS ? k : CHUNK_STEPS;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int p = 0; p < count; p++) {
-        float out[BLOCK_ROWS * PANEL_COLS];
+        float out[MAX_ROWS * PANEL_COLS];
         int cols = n - p * PANEL_COLS < PANEL_COLS ? n - p * PANEL_COLS : PANEL_COLS;
         const float *panel = panels + (ptrdiff_t)p * k * PANEL_COLS;
-        for (int m0 = 0; m0 < rows; m0 += BLOCK_ROWS) {
-            int block = rows - m0 < BLOCK_ROWS ? rows - m0 : BLOCK_ROWS;
-            /* later blocks find this panel in L2 and fetch the next one meanwhile */
-            const float *ahead = m0 == 0 || p + 1 == count ? panel + PREFETCH_FLOATS : panel + (ptrdiff_t)k * PANEL_COLS;
-            panel_rows(panel, ahead, x + (ptrdiff_t)m0 * k, block, k, out);
-            for (int m = 0; m < block; m++)
-                memcpy(y + (ptrdiff_t)(m0 + m) * n + (ptrdiff_t)p * PANEL_COLS, out + m * PANEL_COLS,
-                       sizeof(float) * cols);
+        for (int i0 = 0; i0 < k; i0 += chunk) {
+            int steps = k - i0 < chunk ? k - i0 : chunk;
+            for (int m0 = 0; m0 < rows; m0 += BLOCK_ROWS) {
+                int block = rows - m0 < BLOCK_ROWS ? rows - m0 : BLOCK_ROWS;
+                panel_rows(panel + (ptrdiff_t)i0 * PANEL_COLS, x + (ptrdiff_t)m0 * k + i0, k, block, steps, i0 > 0,
+                           out + m0 * PANEL_COLS);
+            }
         }
+        for (int m = 0; m < rows; m++)
+            memcpy(y + (ptrdiff_t)m * n + (ptrdiff_t)p * PANEL_COLS, out + m * PANEL_COLS, sizeof(float) * cols);
     }
 }

@@ -31,6 +31,9 @@ import torch
 from neuron_ssp.embedded.cache import cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_kernel.c", "llama_layer.c"))
+# floats after each head dimension's row of transposed keys: the rows of one slot then fall in different L1
+# sets (unpadded, a 2048-slot cache puts them 8 KiB apart, all in one set: attention ran at L2 speed)
+KEY_PADDING = 16
 MAX_ROWS = 64  # beyond (a long prefill), MKL's GEMM on the weights as stored is as fast (gemm_rows.py)
 # OpenMP first; a compiler without it (Apple's clang) still builds the one-thread kernel
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"))
@@ -73,7 +76,7 @@ class RowKernel:
         self._linear.restype = None
         self.panel_cols = int(library.panel_cols())
         self._layer = library.llama_layer
-        self._layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
+        self._layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 8 + [ctypes.c_int] * 2
                                 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p,
                                                                                 ctypes.c_int])
         self._layer.restype = None
@@ -92,27 +95,33 @@ class RowKernel:
               rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape) -> None:
         """One decoder layer on x (rows, hidden), in place; writes the rows' keys and values at start..
         `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (kv_heads, head_dim, n_positions:
-        transposed) and values (kv_heads, n_positions, head_dim), contiguous; `rotary`: cos and sign-folded
-        sin tables (n_positions, head_dim)."""
+        transposed; rows may be padded, KEY_PADDING) and values (kv_heads, n_positions, head_dim), contiguous;
+        `rotary`: cos and sign-folded sin tables (n_positions, head_dim)."""
         rows = x.shape[0]
         qkv, o, gate_up, down = matrices
         keys, values = cache
-        if not (x.is_contiguous() and keys.is_contiguous() and values.is_contiguous()):
-            raise ValueError("llama_layer.c reads x and the cache as contiguous arrays")
+        key_stride = keys.stride(-2)
+        if not (x.is_contiguous() and values.is_contiguous() and keys.shape[-1] == values.shape[-2]
+                and keys.stride(-1) == 1 and key_stride >= keys.shape[-1]
+                and keys.stride(-3) == keys.shape[-2] * key_stride):
+            raise ValueError("llama_layer.c reads x, the values and each head's keys as dense arrays")
+        if rows > MAX_ROWS:  # panel_linear's buffers hold MAX_ROWS rows
+            raise ValueError(f"{rows} rows: the layer kernel takes at most {MAX_ROWS} a call")
         if start < 0 or start + rows > values.shape[-2]:  # C does not check: it would write past the cache
             raise IndexError(f"cache slots {start}..{start + rows - 1} are outside the cache's {values.shape[-2]}")
         scratch = torch.empty(shape.scratch_floats(rows, start, self.query_block), dtype=torch.float32)
         self._layer(x.data_ptr(), rows, start, norms[0].data_ptr(), qkv.data.data_ptr(), o.data.data_ptr(),
                     norms[1].data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr(), keys.data_ptr(),
-                    values.data_ptr(), values.shape[-2], rotary[0].data_ptr(), rotary[1].data_ptr(), shape.hidden,
-                    shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps, scratch.data_ptr(),
-                    torch.get_num_threads())
+                    values.data_ptr(), key_stride, values.shape[-2], rotary[0].data_ptr(), rotary[1].data_ptr(),
+                    shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps,
+                    scratch.data_ptr(), torch.get_num_threads())
 
     def linear(self, x: torch.Tensor, panels: Panels) -> torch.Tensor:
-        """x (rows, in) fp32 -> (rows, out); the caller keeps rows <= MAX_ROWS."""
+        """x (rows <= MAX_ROWS, in) fp32 -> (rows, out)."""
         x = x.contiguous()
-        if x.dim() != 2 or x.shape[1] != panels.in_features:
-            raise ValueError(f"x is {tuple(x.shape)}, the matrix takes {panels.in_features} inputs a row")
+        if x.dim() != 2 or x.shape[1] != panels.in_features or x.shape[0] > MAX_ROWS:
+            raise ValueError(f"x is {tuple(x.shape)}, the matrix takes {panels.in_features} inputs a row, "
+                             f"at most {MAX_ROWS} rows a call")
         y = torch.empty(x.shape[0], panels.out_features, dtype=torch.float32)
         self._linear(x.data_ptr(), panels.data.data_ptr(), y.data_ptr(), x.shape[0], panels.out_features,
                      panels.in_features, torch.get_num_threads())
