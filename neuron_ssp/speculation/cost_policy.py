@@ -48,13 +48,13 @@ def _bucket(value: float, edges: tuple[float, ...]) -> int:
     return sum(value >= edge for edge in edges)
 
 
-# Acceptance rate per cell with every drafted token scored (k 16, ngram and suffix drafters), on the choose
-# half of the dev + more prompts with the embedded model: `python benchmarks/policy_replay.py prior`.
+# Acceptance rate per cell with every drafted token scored (k 16, ngram (n-grams 1..4) and suffix drafters), on
+# the choose half of the dev + more prompts with the embedded model: `python benchmarks/policy_replay.py prior`.
 # PRIOR[position][confidence] = (match unknown: both pooled, short match, long match)
 PRIOR = (
-    ((0.46, 0.42, 0.64), (0.52, 0.50, 0.59), (0.60, 0.54, 0.77)),
-    ((0.71, 0.70, 0.76), (0.71, 0.71, 0.71), (0.72, 0.67, 0.83)),
-    ((0.83, 0.84, 0.80), (0.83, 0.80, 0.89), (0.86, 0.78, 0.93)),
+    ((0.38, 0.36, 0.64), (0.40, 0.36, 0.60), (0.45, 0.37, 0.77)),
+    ((0.63, 0.60, 0.76), (0.64, 0.62, 0.72), (0.69, 0.62, 0.82)),
+    ((0.82, 0.82, 0.80), (0.83, 0.80, 0.90), (0.86, 0.76, 0.93)),
 )
 
 
