@@ -58,6 +58,18 @@ def test_probabilistic_at_temperature_0_keeps_what_rejection_sampling_keeps(seed
     assert greedy.tolist() == GreedyAcceptor()(ids.view(1, -1), draft_scores, target).tolist()
 
 
+@pytest.mark.parametrize("temperature", [1e-206, 1e-30, 5e-324])
+def test_a_vanishing_temperature_samples_the_argmax_not_nan(temperature):
+    """logits / 1e-206 overflow to inf, and softmax(inf - inf) was NaN: `torch.multinomial` then raised and
+    the server answered 500 (schemathesis found it with temperature 1.66e-206)."""
+    logits = torch.tensor([[2.0, 7.5, -1.0, float("-inf")], [3.0, 3.0, 1.0, 0.0]])
+    for top_k, top_p in ((0, 1.0), (2, 1.0), (0, 0.5)):
+        probs = logits_to_probs(logits, SamplingParams(temperature, top_k=top_k, top_p=top_p))
+        assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+        assert probs[1].tolist() == [0.5, 0.5, 0.0, 0.0] or top_p < 1.0  # a tie keeps both; top_p 0.5 keeps one
+        assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(2))
+
+
 def test_top_k_and_top_p_truncate_the_distribution():
     logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
     assert (logits_to_probs(logits, SamplingParams(1.0, top_k=2))[2:] == 0).all()

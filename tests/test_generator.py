@@ -97,6 +97,15 @@ def test_window_wider_than_the_compiled_k_is_refused():
         make(target, NgramDrafter(16), 5)
 
 
+def test_a_vanishing_temperature_decodes_like_greedy(tiny_pair):
+    """Plain and speculative decoding at temperature 1e-206 (valid for the API) give the greedy tokens."""
+    target_model, draft_model = tiny_pair
+    greedy = plain_generate(backend(target_model), PROMPT, 24, GREEDY).tokens
+    tiny = SamplingConfig(temperature=1e-206, seed=3)
+    assert plain_generate(backend(target_model), PROMPT, 24, tiny).tokens == greedy
+    assert make(backend(target_model), backend(draft_model), 4, sampling=tiny).generate(PROMPT, 24).tokens == greedy
+
+
 def test_sampling_is_reproducible_with_a_seed():
     sampling = SamplingConfig(temperature=1.0, seed=7)
     runs = [make(TableBackend(16, 0), TableBackend(16, 1), sampling=sampling).generate(PROMPT, 30)

@@ -29,7 +29,11 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    logits = logits / params.temperature
+    # each row's max subtracted before dividing, and the temperature kept above fp32's smallest normal: the
+    # same distribution, and a temperature so small (a client may send 1e-206, 0 in fp32) that
+    # logits / temperature overflow leaves the argmax rather than NaN (inf - inf, 0 / 0)
+    temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
