@@ -34,12 +34,13 @@ class HfForward:
         self.model = model
         self.device = next(model.parameters()).device
         self._keep_last = _last_logits_kwarg(model)
+        self._cache_name = cache_kwarg(model)
         self._cache: DynamicCache | None = None
         self._recording = _needs_past_recording(self._new_cache(), name)
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         self._cache = self._new_cache()
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), **{self._cache_name: self._cache},
                          use_cache=True, **self._keep_last)
         if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
             self._cache.activate_past_recording()
@@ -53,7 +54,7 @@ class HfForward:
             self._cache.crop(-stale)
         n = token_ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
-        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), past_key_values=self._cache,
+        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), **{self._cache_name: self._cache},
                          position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
         return out.logits[0]
 
@@ -76,6 +77,12 @@ def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
             "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
             "full attention in every layer"))
     return True
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.24 on (`past_key_values` is then
+    deprecated, with a FutureWarning on every call, and goes in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _last_logits_kwarg(model: PreTrainedModel) -> dict[str, int]:
