@@ -220,8 +220,7 @@ static void silu_times(const float *gate, const float *up, float *out, int count
 void llama_layer(float *x, int rows, int start, const float *attn_norm, const float *qkv, const float *o,
                  const float *mlp_norm, const float *gate_up, const float *down, float *keys, float *values,
                  int key_stride, int n_positions, const float *cos, const float *sin, int hidden, int heads,
-                 int kv_heads,
-                 int head_dim, int inter, float eps, float *scratch, int threads) {
+                 int kv_heads, int head_dim, int inter, float eps, float *scratch, int threads) {
     int q_width = heads * head_dim, kv_width = kv_heads * head_dim, qkv_width = q_width + 2 * kv_width;
     int group = heads / kv_heads;
     float *normed = scratch;                                  /* rows x hidden */

@@ -85,7 +85,9 @@ static void panel_rows(const float *panel, const float *x, int x_stride, int row
     }
 }
 
-#define MAX_ROWS 64 /* row_kernel.py's MAX_ROWS */
+#ifndef MAX_ROWS
+#error "row_kernel.py builds this with -DMAX_ROWS=<its MAX_ROWS>: the bound its checks enforce"
+#endif
 
 /* y (rows <= MAX_ROWS, n) = x (rows, k) @ w.T, w given as pack_panels' panels; x and y row-major contiguous */
 void panel_linear(const float *x, const float *panels, float *y, int rows, int n, int k, int threads) {

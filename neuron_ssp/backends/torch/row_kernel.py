@@ -37,6 +37,7 @@ KEY_PADDING = 16
 MAX_ROWS = 64  # beyond (a long prefill), MKL's GEMM on the weights as stored is as fast (gemm_rows.py)
 # OpenMP first; a compiler without it (Apple's clang) still builds the one-thread kernel
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"))
+DEFINES = (f"-DMAX_ROWS={MAX_ROWS}",)  # panel_linear's buffers: sized by the bound the checks below enforce
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def _compile(compiler: str, target: Path) -> str | None:
     for flags in FLAG_SETS:
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as partial:
             pass
-        result = subprocess.run([compiler, *flags, "-shared", "-fPIC", *map(str, SOURCES), "-o", partial.name, "-lm"],
+        result = subprocess.run([compiler, *flags, *DEFINES, "-shared", "-fPIC", *map(str, SOURCES), "-o", partial.name,
+                                 "-lm"],
                                 capture_output=True, text=True, check=False)
         if result.returncode == 0:
             os.replace(partial.name, target)
@@ -180,7 +182,7 @@ def _compile(compiler: str, target: Path) -> str | None:
 def _build_key(compiler: str) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
-    for part in (compiler, version, platform.machine(), _cpu_identity(), repr(FLAG_SETS)):
+    for part in (compiler, version, platform.machine(), _cpu_identity(), repr(FLAG_SETS), repr(DEFINES)):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
