@@ -7,6 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 from neuron_support import STANDIN, neuron_config, prompt, with_eos, with_tokenizer
 
 from neuron_ssp.backends.neuron.load import load_neuron_backends
@@ -18,6 +19,7 @@ from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.speculation.positions import max_new_tokens_within
 from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.engine_rules import DEVICE_LOGIT_BOUND, DTYPE_MAX
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
 REAL = json.loads((STANDIN / "neuronx_signatures.json").read_text())["sdk_2_21_fused"]
@@ -184,3 +186,30 @@ def test_compile_refuses_the_fused_engine(
     config = fused_config(tiny_model_dirs, neuron={"compiled_dir": str(tmp_path / "c")})
     with pytest.raises(UsageError, match="compiles its own graph"):
         compile_models(config, plan_deployment(config), [4])
+
+
+@pytest.mark.parametrize(("dtype", "temperature", "refused"), [
+    ("fp16", 1e-4, True), ("fp16", 0.7, False), ("fp32", 1e-38, True), ("bf16", 1e-38, True), ("fp32", 1e-30, False),
+])
+def test_a_temperature_the_device_would_turn_into_nan_is_refused(
+    tiny_model_dirs: dict[str, Path], dtype: str, temperature: float, refused: bool
+) -> None:
+    config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
+                          sampling={"temperature": temperature}, target={"dtype": dtype}, draft={"dtype": dtype})
+    mine = [p for p in validate_config(config).errors if p.field == "sampling.temperature"]
+    assert bool(mine) == refused, [str(p) for p in mine]
+    if refused:
+        assert dtype in mine[0].rule and "NaN" in mine[0].rule and "temperature: 0" in mine[0].fix
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_the_temperature_bound_is_where_the_devices_division_overflows(dtype: str) -> None:
+    """What layers/generation.py `sample` computes: logits / temperature, both in the model's dtype."""
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    lowest = DEVICE_LOGIT_BOUND / DTYPE_MAX[dtype]
+    logits = torch.tensor([DEVICE_LOGIT_BOUND, 0.0, -DEVICE_LOGIT_BOUND], dtype=torch_dtype)
+    assert DTYPE_MAX[dtype] == torch.finfo(torch_dtype).max
+    at_bound = (logits / torch.tensor(lowest * 1.01, dtype=torch_dtype)).float().softmax(-1)
+    assert torch.isfinite(at_bound).all()
+    below = (logits / torch.tensor(lowest / 4, dtype=torch_dtype)).float()
+    assert torch.isnan(below - below.max()).any()  # inf - inf: the softmax's first step

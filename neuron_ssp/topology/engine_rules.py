@@ -25,6 +25,11 @@ from neuron_ssp.topology.report import ValidationReport
 FUSED_MAX_WINDOW = 9  # FusedSpeculativeDecoder.sample: rate = torch.zeros(batch_size, 10), indexed by k + 1
 LLAMA_3_VOCAB = 128256  # id 0 is "!" in the Llama-3 tokenizer
 FUSED_ACCEPTORS = ("greedy", "probabilistic")  # what the on-device selection does (do_sample False / True)
+# layers/generation.py `sample` (1ade6d74) divides the logits, in the model's dtype, by the temperature cast to it
+# and only then takes the softmax's max: a logit over temperature x the dtype's max becomes inf, and inf - inf
+# is NaN. Logits up to this size must stay finite (Llama's stay well below it).
+DEVICE_LOGIT_BOUND = 100.0
+DTYPE_MAX = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "fp16": 65504.0}
 
 
 def check_engine(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
@@ -67,6 +72,7 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
                                 f"engine fused accepts tokens on device; {kind} cannot run there",
                                 f"use acceptor: greedy or probabilistic, {native}"))
     # greedy with a temperature is refused for every engine (generic_rules.check_acceptor)
+    problems.extend(device_temperature_problems(config.sampling.temperature, models))
     if spec.k > FUSED_MAX_WINDOW:
         problems.append(Problem("speculation.k", spec.k,
                                 f"engine fused commits at most {FUSED_MAX_WINDOW} tokens per iteration "
@@ -85,6 +91,23 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
                                 f"{FUSED_DRAFT_RULE}",
                                 f"set draft.n_positions: {target.n_positions}"))
     return problems
+
+
+def device_temperature_problems(temperature: float, models: dict[str, ModelConfig]) -> list[Problem]:
+    """A temperature the on-device sampler turns into NaN (DEVICE_LOGIT_BOUND): on the host we subtract each
+    row's max first (sampling.logits_to_probs); the device divides first, in the models' dtype."""
+    if temperature <= 0:
+        return []
+    dtypes = sorted({model.dtype for model in models.values()}, key=DTYPE_MAX.get)
+    if not dtypes or temperature >= (lowest := DEVICE_LOGIT_BOUND / DTYPE_MAX[dtypes[0]]):
+        return []
+    dtype = dtypes[0]
+    fix = "set sampling.temperature: 0 (greedy: the limit of a vanishing temperature)"
+    fix += f" or >= {lowest:.3g}" + (", or use bf16 (fp32's range)" if dtype == "fp16" else "")
+    return [Problem("sampling.temperature", temperature,
+                    f"engine fused samples on device in {dtype}, dividing the logits by the temperature before the "
+                    f"softmax: every logit above {temperature * DTYPE_MAX[dtype]:.3g} becomes inf and the sampler "
+                    f"draws from NaN (logits up to {DEVICE_LOGIT_BOUND:g} must stay finite)", fix)]
 
 
 def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
