@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -101,10 +102,11 @@ class ReplayTarget:
         return torch.stack([self._row(start + i) for i in range(token_ids.shape[0])])
 
 
-def replay(data: dict, overrides: dict, curve: dict[int, float], policy: WindowPolicy | None = None
-           ) -> dict[str, list[float]]:
+def replay(data: dict, overrides: dict, curve: dict[int, float],
+           policy_for: Callable[[ReplayTarget], WindowPolicy] | None = None) -> dict[str, list[float]]:
     """{category: [estimated plain ms, estimated SSp ms, tokens, drafted, accepted]} over the rows, in
-    round-robin order (as bench runs them), one drafter for all of them."""
+    round-robin order (as bench runs them), one drafter for all of them. `policy_for`: a policy of one's own
+    (it may read the recorded output off the target); else the config's."""
     config = load_config(overrides=overrides)
     cost = affine(WidthCost({int(w): ms for w, ms in curve.items()}), max(int(w) for w in curve))
     target = ReplayTarget(49152)
@@ -112,7 +114,9 @@ def replay(data: dict, overrides: dict, curve: dict[int, float], policy: WindowP
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
     drafter: Drafter = build_drafter(config, target, None, rng)
     spec = config.speculation
-    if policy is None:
+    if policy_for is not None:
+        policy = policy_for(target)
+    else:
         policy = CostPolicy(spec.k, cost) if spec.policy == "cost" else build_policy(spec, target)
     loop = SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
     per: dict[str, list[float]] = {}
@@ -193,9 +197,10 @@ def prior(path: Path, drafters: list[str], k: int = 16) -> None:
     """The acceptance rate per evidence cell when every drafted token is scored: the cost policy's prior."""
     data = json.loads(path.read_text())
     model = AcceptanceModel()
+    recorder = Recorder(k, model)
     for drafter in drafters:
         replay(data, {"speculation.drafter": drafter, "speculation.k": k}, data["curves"]["compact"],
-               Recorder(k, model))
+               lambda _: recorder)
     print("cell (position, confidence, match): accepted / judged = rate")
     for cell in sorted(model.judged):
         judged = model.judged[cell]
