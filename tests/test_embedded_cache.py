@@ -106,3 +106,21 @@ def test_the_conversion_parses_a_gguf_once_and_restores_the_reader(tmp_path):
         assert int(first.fields["tokenizer.ggml.bos_token_id"].parts[-1][0]) == 1
     assert gguf.GGUFReader is original
     assert gguf.GGUFReader(path) is not first
+
+
+def test_the_conversion_builds_each_tensor_name_map_once_and_restores_gguf():
+    """transformers 5.x asks for the map once per module; inside the conversion every ask gets the same one."""
+    import gguf
+
+    from neuron_ssp.embedded.gguf_convert import _tensor_maps_built_once
+
+    original = gguf.get_tensor_name_map
+    with _tensor_maps_built_once():
+        from gguf import get_tensor_name_map  # what transformers does inside get_gguf_hf_weights_map
+
+        first = get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
+        assert get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
+        assert first.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+    assert gguf.get_tensor_name_map is original
+    assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is not first

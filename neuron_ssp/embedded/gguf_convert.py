@@ -11,6 +11,7 @@ before it replaces the cache entry.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -64,7 +65,7 @@ def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str)
 def dequantise(gguf_path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """The GGUF's tokenizer and a plain (savable) fp32 model with its head tied where the GGUF ties it."""
     directory, name = str(gguf_path.parent), gguf_path.name
-    with _gguf_parsed_once():
+    with _gguf_parsed_once(), _tensor_maps_built_once():
         with _quiet_transformers():  # 4.46 warns of the untied head ("newly initialized") and of `legacy`: handled
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
             quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
@@ -141,6 +142,22 @@ def _gguf_parsed_once() -> Iterator[None]:
         yield
     finally:
         gguf.GGUFReader = original
+
+
+@contextmanager
+def _tensor_maps_built_once() -> Iterator[None]:
+    """transformers 5.x asks gguf for its tensor-name map once per module of the model (397 times for SmolLM2,
+    `get_gguf_hf_weights_map`), and gguf 0.19 builds every architecture's patterns for every layer each
+    time: 7-10 s of a first run. The map is only read (`get_name`), so one per (architecture, layers) serves
+    every call; transformers imports the function when it calls it, so the conversion hands out the cached one."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
 
 
 @contextmanager
