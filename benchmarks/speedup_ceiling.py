@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+import torch
 from policy_replay import HOST_MS, ReplayTarget, geomean, replay
 
+from neuron_ssp.drafters.ngram import overlapping_copy
 from neuron_ssp.speculation.call_cost import WidthCost, affine
 from neuron_ssp.speculation.cost_policy import Proposal
 from neuron_ssp.speculation.policies import WindowPolicy
@@ -80,12 +82,6 @@ def continuations(sequence: list[int], count: int, ngram_max: int = 4) -> list[i
     return []
 
 
-def copy_from(sequence: list[int], start: int, m: int) -> list[int]:
-    """Prompt lookup's overlapping copy (drafters/ngram.py)."""
-    period = sequence[start:]
-    return (period * (m // len(period) + 1))[:m]
-
-
 def fixed_branches(data: dict, cost: WidthCost, first: int, second: int) -> dict[str, float]:
     """Speedup per category with `first` drafted tokens from the latest match and, where a second
     continuation exists, `second` more from it, scored together."""
@@ -99,7 +95,8 @@ def fixed_branches(data: dict, cost: WidthCost, first: int, second: int) -> dict
             starts = continuations(sequence, 2 if second else 1)
             accepted, width = 0, 1
             for start, m in zip(starts, (first, second), strict=False):
-                accepted = max(accepted, common_prefix(copy_from(sequence, start, m), truth))
+                branch = overlapping_copy(torch.tensor(sequence), start, m).tolist()
+                accepted = max(accepted, common_prefix(branch, truth))
                 width += m
             ssp_ms += cost.at(width) + HOST_MS
             done += accepted + 1
@@ -128,7 +125,7 @@ def main() -> None:
     flat = {w: curve["1"] for w in curve}
     cost = affine(WidthCost({int(w): ms for w, ms in curve.items()}), max(int(w) for w in curve))
     print("curve compact: " + " ".join(f"{w}:{curve[str(w)] / curve['1']:.2f}" for w in (2, 4, 8, 12, 16)))
-    oracle: Callable[[ReplayTarget], WindowPolicy] = lambda target: OracleWindow(16, target)  # noqa: E731
+    oracle = partial(OracleWindow, DEFAULT["speculation.k"])
     line("default", speedups(replay(data, DEFAULT, curve)))
     line("oracle window", speedups(replay(data, DEFAULT, curve, oracle)))
     line("flat curve", speedups(replay(data, DEFAULT, flat)))

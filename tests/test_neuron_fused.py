@@ -12,6 +12,7 @@ from neuron_support import STANDIN, neuron_config, prompt, with_eos, with_tokeni
 
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.neuron.on_device import generation_settings
+from neuron_ssp.backends.torch.load import TORCH_DTYPES
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.native import plain_generate
@@ -205,7 +206,7 @@ def test_a_temperature_the_device_would_turn_into_nan_is_refused(
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
 def test_the_temperature_bound_is_where_the_devices_division_overflows(dtype: str) -> None:
     """What layers/generation.py `sample` computes: logits / temperature, both in the model's dtype."""
-    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    torch_dtype = TORCH_DTYPES[dtype]
     lowest = DEVICE_LOGIT_BOUND / DTYPE_MAX[dtype]
     logits = torch.tensor([DEVICE_LOGIT_BOUND, 0.0, -DEVICE_LOGIT_BOUND], dtype=torch_dtype)
     assert DTYPE_MAX[dtype] == torch.finfo(torch_dtype).max

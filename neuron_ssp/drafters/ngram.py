@@ -43,8 +43,12 @@ def lookup_match(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_
         windows = sequence[: length - 1].unfold(0, n, 1)  # every earlier n-gram, continuation exists
         hits = (windows == pattern).all(dim=1).nonzero()
         if hits.numel():
-            start = int(hits[-1]) + n
-            period = sequence[start:]
-            repeats = -(-max_tokens // period.shape[0])
-            return period.repeat(repeats)[:max_tokens].clone(), n
+            return overlapping_copy(sequence, int(hits[-1]) + n, max_tokens), n
     return sequence.new_empty(0), 0
+
+
+def overlapping_copy(sequence: torch.Tensor, start: int, max_tokens: int) -> torch.Tensor:
+    """`max_tokens` tokens copied from `start` on, repeating `sequence[start:]` past the sequence's end."""
+    period = sequence[start:]
+    repeats = -(-max_tokens // period.shape[0])
+    return period.repeat(repeats)[:max_tokens].clone()

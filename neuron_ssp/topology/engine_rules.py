@@ -96,12 +96,10 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
 def device_temperature_problems(temperature: float, models: dict[str, ModelConfig]) -> list[Problem]:
     """A temperature the on-device sampler turns into NaN (DEVICE_LOGIT_BOUND): on the host we subtract each
     row's max first (sampling.logits_to_probs); the device divides first, in the models' dtype."""
-    if temperature <= 0:
+    dtype = min({model.dtype for model in models.values()}, key=DTYPE_MAX.__getitem__)  # the narrowest range
+    lowest = DEVICE_LOGIT_BOUND / DTYPE_MAX[dtype]
+    if not 0 < temperature < lowest:
         return []
-    dtypes = sorted({model.dtype for model in models.values()}, key=DTYPE_MAX.get)
-    if not dtypes or temperature >= (lowest := DEVICE_LOGIT_BOUND / DTYPE_MAX[dtypes[0]]):
-        return []
-    dtype = dtypes[0]
     fix = "set sampling.temperature: 0 (greedy: the limit of a vanishing temperature)"
     fix += f" or >= {lowest:.3g}" + (", or use bf16 (fp32's range)" if dtype == "fp16" else "")
     return [Problem("sampling.temperature", temperature,
