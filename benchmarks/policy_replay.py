@@ -31,12 +31,13 @@ from drafter_replay import greedy_with_confidence
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import load_config
 from neuron_ssp.drafters.base import Draft, Drafter
-from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.pipeline.build import build_drafter
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, affine, measure_width_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, Cell
-from neuron_ssp.speculation.policies import CostPolicy, WindowPolicy, build_policy
+from neuron_ssp.speculation.policies import WindowPolicy, build_policy
 from neuron_ssp.tools.leviathan import draft_length_counts
 from neuron_ssp.tools.prompt_set import by_category, load_prompts
 
@@ -114,10 +115,7 @@ def replay(data: dict, overrides: dict, curve: dict[int, float],
     acceptor = build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), rng)
     drafter: Drafter = build_drafter(config, target, None, rng)
     spec = config.speculation
-    if policy_for is not None:
-        policy = policy_for(target)
-    else:
-        policy = CostPolicy(spec.k, cost) if spec.policy == "cost" else build_policy(spec, target)
+    policy = policy_for(target) if policy_for is not None else build_policy(spec, cost)
     loop = SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
     per: dict[str, list[float]] = {}
     for row in data["rows"]:

@@ -30,7 +30,7 @@ _PUBLIC = {
     "build_generator": "neuron_ssp.pipeline.build",
     "SpeculativeGenerator": "neuron_ssp.engines.native",
     "plain_generate": "neuron_ssp.engines.native",
-    "GenerationResult": "neuron_ssp.engines.native",
+    "GenerationResult": "neuron_ssp.engines.base",
     "TokenAcceptor": "neuron_ssp.speculation.acceptors",
     "ProbabilisticAcceptor": "neuron_ssp.speculation.acceptors",
     "GreedyAcceptor": "neuron_ssp.speculation.acceptors",

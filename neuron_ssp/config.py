@@ -156,7 +156,10 @@ class ServeConfig(_Strict):
     host: str | None = None  # None: 127.0.0.1, or 0.0.0.0 with sagemaker
     port: int | None = Field(None, ge=1, le=65535)  # None: 8000, or 8080 with sagemaker
     sagemaker: bool = False  # SageMaker's container contract: 0.0.0.0:8080 unless host/port are given
-    max_queue: int = Field(16, ge=1)  # requests waiting behind the running one; more get 503 + Retry-After
+    max_queue: int = Field(16, ge=1)  # requests waiting behind the running ones; more get 503 + Retry-After
+    # requests generated together (continuous batching, engine native on the torch backend): the target's KV
+    # cache holds this many sequences, preallocated at start. Neuron and the libraries' engines serve one at a time
+    max_batch: int = Field(8, ge=1, le=256)
     # seconds from arrival to the last token, queue wait included; None: 300, or 55 with sagemaker (timeout_s)
     request_timeout: float | None = Field(None, gt=0)
     drain_timeout: float = Field(30.0, ge=0)  # SIGTERM: how long the running request may still take

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.backends.torch.scoring import TorchBackend
 
 TINY_VOCAB = 97
@@ -23,7 +24,7 @@ def tiny_llama(seed: int, vocab_size: int = TINY_VOCAB, layers: int = 2) -> Llam
     return LlamaForCausalLM(config).eval()
 
 
-class TableBackend:
+class TableBackend(SingleSlot):
     """A random second-order LM (logits from the last two tokens): exact, stateless and very fast.
 
     It keeps the ModelBackend contract (positions, widths) without a neural network, so statistical
@@ -44,12 +45,12 @@ class TableBackend:
         self.vocab_size = vocab_size
         self.n_positions = n_positions
         self.name = f"table{seed}"
-        self.slots = torch.zeros(n_positions, dtype=torch.long)
+        self.tokens = torch.zeros(n_positions, dtype=torch.long)
         self.calls: list[tuple[int, int]] = []
 
     def _logits_after(self, position: int) -> torch.Tensor:
-        prev = self.slots[position - 1] if position >= 1 else 0
-        return self.table[prev, self.slots[position]]
+        prev = self.tokens[position - 1] if position >= 1 else 0
+        return self.table[prev, self.tokens[position]]
 
     def perturbed(self, scale: float, seed: int) -> TableBackend:
         """A copy whose logits carry extra noise: a draft that agrees with this model often, not always."""
@@ -63,12 +64,12 @@ class TableBackend:
         return max(start + n - 1 for start, n in self.calls)
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        self.slots[: len(prompt_ids)] = prompt_ids
+        self.tokens[: len(prompt_ids)] = prompt_ids
         self.calls.append((0, len(prompt_ids)))
         return self._logits_after(len(prompt_ids) - 1).clone()
 
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        self.slots[start: start + len(token_ids)] = token_ids
+        self.tokens[start: start + len(token_ids)] = token_ids
         self.calls.append((start, len(token_ids)))
         return torch.stack([self._logits_after(p) for p in range(start, start + len(token_ids))])
 

@@ -91,14 +91,17 @@ def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
 def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:
     """Our loop over Neuron backends: the model drafter when there is a draft, else prompt lookup."""
     from neuron_ssp.drafters import ModelDrafter, NgramDrafter
-    from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+    from neuron_ssp.engines.base import sampling_params
+    from neuron_ssp.engines.native import SpeculativeGenerator
+    from neuron_ssp.speculation.call_cost import target_cost
     from neuron_ssp.speculation.policies import build_policy
 
-    rng = torch.Generator()
+    rng, spec = torch.Generator(), config.speculation
     drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
         else NgramDrafter(target.vocab_size)
     return SpeculativeGenerator(
-        target, drafter, acceptor, build_policy(config.speculation, target), config.sampling, config.speculation.k, rng
+        target, drafter, acceptor, build_policy(spec, target_cost(target, spec.k) if spec.policy == "cost" else None),
+        config.sampling, spec.k, rng
     )
 
 

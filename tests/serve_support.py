@@ -18,7 +18,7 @@ import torch
 import uvicorn
 
 from neuron_ssp.config import ServeConfig, load_config
-from neuron_ssp.engines.native import check_room
+from neuron_ssp.engines.base import check_room
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
@@ -58,6 +58,7 @@ class FakePipeline:
 
     extra_slots = 0  # the native loop's rule
     scores_tokens = True
+    batches = False  # answers through generate_ids, one request at a time (the path of the libraries' engines)
     request_sampling = Pipeline.request_sampling  # the real merge of a request's fields (it reads only .config)
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:

@@ -8,10 +8,12 @@ import pytest
 import torch
 from conftest import TableBackend, backend, tiny_llama
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter, NgramDrafter
 from neuron_ssp.drafters.base import point_masses
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor, build_acceptor
 from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
@@ -182,7 +184,7 @@ def test_plain_decoding_refuses_non_finite_logits_too():
 # ---------------------------------------------------------------- the time split, measured apart
 
 
-class Timed:
+class Timed(SingleSlot):
     """Wraps a backend and adds up the seconds spent inside its calls, measured apart from the stats."""
 
     def __init__(self, inner, sleep_s: float, prefill_sleep_s: float = 0.0):
@@ -218,9 +220,9 @@ class TimedDrafter:
     def __init__(self, inner):
         self.inner, self.seconds = inner, 0.0
 
-    def begin(self, prompt_ids, max_new_tokens):
+    def begin(self, prompt_ids, max_new_tokens, noise=None):
         start = time.perf_counter()
-        self.inner.begin(prompt_ids, max_new_tokens)
+        self.inner.begin(prompt_ids, max_new_tokens, noise)
         self.seconds += time.perf_counter() - start
 
     def propose(self, sequence, max_tokens):
@@ -272,7 +274,7 @@ class FixedDraft:
     def __init__(self, tokens: list[int]):
         self.tokens = torch.tensor(tokens)
 
-    def begin(self, prompt_ids, max_new_tokens):
+    def begin(self, prompt_ids, max_new_tokens, noise=None):
         pass
 
     def propose(self, sequence, max_tokens):
@@ -307,7 +309,7 @@ class NarrowDrafter:
     def __init__(self):
         self.asked: list[int] = []
 
-    def begin(self, prompt_ids, max_new_tokens):
+    def begin(self, prompt_ids, max_new_tokens, noise=None):
         self.budget = max_new_tokens
 
     def propose(self, sequence, max_tokens):

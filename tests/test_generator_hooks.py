@@ -7,7 +7,8 @@ from conftest import backend, tiny_llama
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.engines.native import SpeculativeGenerator, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import FixedPolicy
 

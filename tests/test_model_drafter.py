@@ -14,7 +14,8 @@ from conftest import tiny_llama
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import FixedPolicy
 

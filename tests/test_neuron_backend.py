@@ -17,9 +17,11 @@ from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.backends.torch.load import dtype_kwarg
 from neuron_ssp.config import Config
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
+from neuron_ssp.speculation.call_cost import target_cost
 from neuron_ssp.speculation.policies import build_policy
 from neuron_ssp.topology import plan_deployment, validate_config
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
@@ -312,7 +314,7 @@ def test_sampling_runs_and_is_reproducible(neuronx: ModuleType, tiny_model_dirs:
     acceptor = ProbabilisticAcceptor(sampling_params(config.sampling), rng)
     generator = SpeculativeGenerator(
         target, ModelDrafter(draft, sampling_params(config.sampling), rng), acceptor,
-        build_policy(config.speculation, target), config.sampling, 4, rng
+        build_policy(config.speculation, target_cost(target, 4)), config.sampling, 4, rng
     )
     first, second = generator.generate(prompt(7), 20), generator.generate(prompt(7), 20)
     assert first.tokens == second.tokens and len(first.tokens) == 20

@@ -17,6 +17,7 @@ from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
+from neuron_ssp.pipeline.build import Shared
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.speculation.positions import max_new_tokens_within
 from neuron_ssp.topology import plan_deployment, validate_config
@@ -168,7 +169,7 @@ def test_the_servers_room_is_the_engines_room(neuronx: ModuleType, tiny_model_di
     config = fused_config(tiny_model_dirs)
     target, draft = load_neuron_backends(config, plan_deployment(config))
     engine = FusedEngine.build(config, target, draft)
-    pipeline = Pipeline(config, None, target, draft, engine, set())  # type: ignore[arg-type]
+    pipeline = Pipeline(config, None, target, draft, engine, set(), Shared())  # type: ignore[arg-type]
     ids = prompt(7)
     room = max_new_tokens_within(target.n_positions, len(ids), pipeline.extra_slots)
     pipeline.check_room(ids, room)

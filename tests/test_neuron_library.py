@@ -11,8 +11,9 @@ from neuron_support import neuron_config, prompt
 
 from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
+from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.library import LibraryEngine, adapt_acceptor
-from neuron_ssp.engines.native import plain_generate, sampling_params
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
 from neuron_ssp.speculation.stats import GenerationStats

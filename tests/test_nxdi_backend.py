@@ -15,7 +15,8 @@ from neuron_support import VOCAB, check_self_draft_accepts_everything, prompt, s
 from nxdi_support.configs import nxdi_config
 from transformers import LlamaForCausalLM
 
-from neuron_ssp.engines.native import plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
 from neuron_ssp.topology import plan_deployment

@@ -9,11 +9,11 @@ import torch
 from conftest import backend, tiny_llama
 
 from neuron_ssp.config import SamplingConfig, load_config
-from neuron_ssp.engines.native import GenerationResult
+from neuron_ssp.engines.base import GenerationResult
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import UsageError
-from neuron_ssp.pipeline.build import build_generator
+from neuron_ssp.pipeline.build import Shared, build_drafter, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.speculation import policies
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.stats import GenerationStats
 
@@ -23,7 +23,8 @@ PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 def tiny_pipeline(**overrides) -> Pipeline:
     config = load_config(None, {"speculation.policy": "fixed", "speculation.k": 4, **overrides})
     target = backend(tiny_llama(0))
-    return Pipeline(config, None, target, None, build_generator(config, target, None), set())
+    shared = share(config, target, None)
+    return Pipeline(config, None, target, None, build_generator(config, target, None, shared), set(), shared)
 
 
 def test_the_configs_sampling_uses_the_loaded_generator_and_others_get_their_own():
@@ -39,7 +40,7 @@ def test_the_configs_sampling_uses_the_loaded_generator_and_others_get_their_own
 def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history():
     """A request sending temperature/seed must feed and use the one history, not a fresh empty one."""
     pipeline = tiny_pipeline(**{"speculation.drafter": "suffix"})
-    history = pipeline.generator.drafter.history
+    history = pipeline.shared.drafter.history
     pipeline.generate_ids(PROMPT, 20, SamplingConfig(temperature=0.8, seed=1))
     assert history.stored_tokens == len(PROMPT) + 20  # the request's prompt and output joined the history
     before = history.stored_tokens
@@ -47,43 +48,35 @@ def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history()
     assert history.stored_tokens > before
 
 
-def test_greedy_requests_keep_learning_acceptance_and_sampled_ones_start_from_the_prior():
-    """The cost policy's counts must outlive a greedy request (a derived generator learns into the loaded
-    one's); a sampled request gets its own, so nothing another request taught changes its draws."""
+def test_every_request_learns_into_the_pipelines_one_set_of_counts():
+    """With per-position noise a window cannot change a sampled output, so sampled requests learn too."""
     pipeline = tiny_pipeline(**{"speculation.policy": "cost", "speculation.k": 4})
-    greedy_counts = pipeline.generator.policy.acceptance
-    derived = pipeline._generator_for(SamplingConfig(seed=5))  # greedy with another seed: derived, same counts
-    assert derived is not pipeline.generator and derived.policy.acceptance is greedy_counts
-    sampled = [pipeline._generator_for(SamplingConfig(temperature=0.9, seed=s)) for s in (1, 2)]
-    assert sampled[0].policy.acceptance is not sampled[1].policy.acceptance
-    assert all(generator.policy.acceptance is not greedy_counts for generator in sampled)
+    counts = pipeline.shared.acceptance
+    pipeline.generate_ids(PROMPT, 20, SamplingConfig(temperature=0.9, seed=1))
+    judged = sum(counts.judged.values())
+    assert judged > 0
+    pipeline.generate_ids(PROMPT, 20)
+    assert sum(counts.judged.values()) > judged
+    assert pipeline.generator.policy.acceptance is counts  # the loaded generator learns into the same counts
 
 
-def test_a_sampled_config_derives_a_generator_per_request_and_greedy_requests_share_one_set_of_counts():
-    pipeline = tiny_pipeline(**{"speculation.policy": "cost", "speculation.k": 4, "sampling.temperature": 0.8})
-    assert pipeline._generator_for(pipeline.config.sampling) is not pipeline.generator  # its counts learn
-    greedy = [pipeline._generator_for(SamplingConfig(seed=s)) for s in (1, 2)]
-    assert greedy[0].policy.acceptance is greedy[1].policy.acceptance is not pipeline.generator.policy.acceptance
-    fixed = tiny_pipeline(**{"sampling.temperature": 0.8})  # policy fixed: nothing learnt, the loaded one serves
-    assert fixed._generator_for(fixed.config.sampling) is fixed.generator
-
-
-def test_a_sampled_requests_seed_reproduces_it_whatever_earlier_requests_taught_the_cost_policy(monkeypatch):
-    """Which drafted tokens the cost policy keeps decides which random numbers the acceptor draws, so a
-    sampled request must not choose windows from counts other requests changed."""
+def test_a_sampled_requests_seed_reproduces_it_whatever_earlier_requests_taught_the_cost_policy():
+    """Which drafted tokens the cost policy keeps no longer decides which random numbers are drawn: a seeded
+    request gives plain sampling's tokens whatever the counts say."""
     cheap_wide_calls = WidthCost({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15})  # not this machine's timing: deterministic
-    monkeypatch.setattr(policies, "target_cost", lambda target, k: cheap_wide_calls)
     config = load_config(None, {"speculation.policy": "cost", "speculation.k": 4, "speculation.drafter": "model",
                                 "draft.path": "tiny"})  # a draft model proposes at every step
     target, draft = backend(tiny_llama(0)), backend(tiny_llama(1))
-    pipeline = Pipeline(config, None, target, draft, build_generator(config, target, draft), set())
+    shared = Shared(cheap_wide_calls, build_drafter(config, target, draft, torch.Generator()))
+    pipeline = Pipeline(config, None, target, draft, build_generator(config, target, draft, shared), set(), shared)
     hot = SamplingConfig(temperature=1.0, seed=7)
     first = pipeline.generate_ids(PROMPT, 24, hot)
     assert first.stats.draft_tokens > 0
-    counts = pipeline._generator_for(hot).policy.acceptance  # what the next request would read
     for cell in itertools.product(range(3), repeat=3):  # every cell: no drafted token ever accepted
-        counts.judged[cell], counts.accepted[cell] = 1e6, 0.0
-    assert pipeline.generate_ids(PROMPT, 24, hot).tokens == first.tokens
+        shared.acceptance.judged[cell], shared.acceptance.accepted[cell] = 1e6, 0.0
+    again = pipeline.generate_ids(PROMPT, 24, hot)
+    assert again.stats.draft_tokens < first.stats.draft_tokens  # the windows changed...
+    assert again.tokens == first.tokens == plain_generate(target, PROMPT, 24, hot).tokens  # ...the text did not
 
 
 def test_a_fresh_seed_per_sampled_request_without_one_and_the_config_seed_for_greedy():
@@ -108,7 +101,7 @@ class LoadedFused:
 
 def test_the_fused_engine_refuses_sampling_it_cannot_change_per_request_instead_of_rebuilding():
     config = load_config(None, {"speculation.engine": "fused"})
-    pipeline = Pipeline(config, None, backend(tiny_llama(0)), None, LoadedFused(), set())
+    pipeline = Pipeline(config, None, backend(tiny_llama(0)), None, LoadedFused(), set(), Shared())
     with pytest.raises(UsageError) as refused:
         pipeline.generate_ids(PROMPT, 2, SamplingConfig(temperature=0.7, top_k=5))
     assert [p.field for p in refused.value.problems] == ["temperature", "top_k"]
@@ -123,7 +116,8 @@ def test_the_fused_engine_refuses_sampling_it_cannot_change_per_request_instead_
 def test_a_per_request_rng_draws_on_the_device_of_the_logits():
     config = load_config(None, {"speculation.policy": "fixed", "speculation.k": 4, "platform.device": "cuda"})
     target = backend(tiny_llama(0).to("cuda"))
-    pipeline = Pipeline(config, None, target, None, build_generator(config, target, None), set())
+    shared = share(config, target, None)
+    pipeline = Pipeline(config, None, target, None, build_generator(config, target, None, shared), set(), shared)
     sampled = pipeline.generate_ids(PROMPT, 12, SamplingConfig(temperature=0.9, seed=2))
     assert len(sampled.tokens) == 12
 
@@ -160,8 +154,8 @@ class OneShotEngine:
 
 
 def test_an_engine_without_hooks_reports_origin_unknown():
-    pipeline = tiny_pipeline()
-    pipeline.generator = OneShotEngine()
+    config = load_config(None, {"speculation.engine": "library"})
+    pipeline = Pipeline(config, None, backend(tiny_llama(0)), None, OneShotEngine(), set(), Shared())
     steps: list[tuple[list[int], int | None, int]] = []
     pipeline.generate_ids(PROMPT, 3, on_commit=lambda t, a, d: steps.append((t, a, d)), should_stop=lambda: True)
     assert steps == [([3, 4, 5], None, 0)]

@@ -8,13 +8,15 @@ it is about really ran, and that greedy output is still the target's own.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import TableBackend
 
 from neuron_ssp.config import SamplingConfig, SpeculationConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
 from neuron_ssp.drafters.base import point_masses
-from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import GenerationResult, sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, affine, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, best_window
@@ -159,7 +161,7 @@ def test_where_wide_calls_cost_more_the_cost_policy_keeps_only_what_the_evidence
 def test_a_sampled_drafts_length_does_not_sway_the_cost_policy():
     """A draft model that stops early did so on its own tokens: weighing that length would make keeping a
     token depend on the token (biased). The window is chosen as if the whole proposal came, then cut."""
-    only_k_pays = WidthCost({1: 10.0, K: 20.0})  # a 2-wide call costs the k-wide one: only long drafts pay
+    only_k_pays = WidthCost({1: 10.0, **{w: 20.0 for w in range(2, K + 1)}})  # padded to k: only long drafts pay
     assert CostPolicy(K, only_k_pays).keep(point_draft(1, 0, deterministic=True), 0.95) == 0
     assert CostPolicy(K, only_k_pays).keep(point_draft(1, 0, deterministic=False), 0.95) == 1
     assert CostPolicy(K, only_k_pays).keep(point_draft(K - 1, 0, deterministic=False), 0.95) == K - 1
@@ -208,17 +210,19 @@ class PaddedTable(TableBackend):
         return super().score(token_ids, start)
 
 
-def test_the_target_is_timed_once_and_a_padded_target_at_1_and_k_only():
+def test_the_target_is_timed_per_width_a_batch_per_row_count_and_a_padded_target_at_1_and_k_only():
     any_width = TableBackend(VOCAB, 0)
     assert sorted(target_cost(any_width, 9).ms) == list(range(1, 10))  # the widths not timed lie on the line
     assert {n for start, n in any_width.calls if start > 0} == {1, 2, 4, 8, 9}  # the widths timed
-    calls = len(any_width.calls)
-    target_cost(any_width, 9)
-    assert len(any_width.calls) == calls  # cached: a generator built per request times nothing
+    batch = TableBackend(VOCAB, 0)
+    cost = target_cost(batch, 9, max_rows=40)
+    assert {n for start, n in batch.calls if start > 0} == {1, 2, 4, 8, 9, 16, 32, 40}
+    assert sorted(cost.ms)[-3:] == [16, 32, 40] and cost.at(20) == pytest.approx(
+        cost.at(16) + (cost.at(32) - cost.at(16)) / 4)  # row counts between the timed ones: on the line
     padded = PaddedTable(K)
-    cost = target_cost(padded, K)
+    cost = target_cost(padded, K, max_rows=4 * K)
     assert set(padded.scored_widths) == {1, K} and cost.at(2) == cost.at(K)  # flat from 2 to the compiled k
-    policy = build_policy(SpeculationConfig(k=K, policy="cost"), padded)
+    policy = build_policy(SpeculationConfig(k=K, policy="cost"), cost)
     assert isinstance(policy, CostPolicy) and policy.chooser.cost is cost
 
 

@@ -16,7 +16,8 @@ from neuron_ssp.drafters import NgramDrafter, SuffixDrafter, SuffixHistory
 from neuron_ssp.drafters.ngram import lookup_match
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.drafters.suffix_tree import SuffixTree
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import FixedPolicy, TargetConfidencePolicy

@@ -9,7 +9,7 @@ import pytest
 from tools_support import PROMPT_ROWS, tiny_config, tiny_pipeline
 
 import neuron_ssp.tools.tune_k as tune_k_module
-from neuron_ssp.engines.native import GenerationResult
+from neuron_ssp.engines.base import GenerationResult
 from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.tools.per_k import KGroup, KSetup, shared_target_groups, with_k
 from neuron_ssp.tools.prompt_set import BenchPrompt

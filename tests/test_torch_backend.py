@@ -12,10 +12,12 @@ import transformers
 from conftest import backend, tiny_llama
 from transformers import MistralConfig, MistralForCausalLM
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate, sampling_params
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import FixedPolicy
@@ -79,7 +81,7 @@ def test_full_attention_models_need_no_recording():
     assert TorchBackend(tiny_llama(0), 512, forward="hf")._forward._recording is False
 
 
-class HostLogits:
+class HostLogits(SingleSlot):
     """The old behaviour, as a reference: the same backend with logits copied to the host."""
 
     def __init__(self, inner: TorchBackend):

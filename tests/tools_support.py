@@ -11,7 +11,7 @@ from conftest import TINY_VOCAB, tiny_llama
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import Config, config_from_dict
-from neuron_ssp.pipeline.build import build_generator
+from neuron_ssp.pipeline.build import build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 
 EOS = 2
@@ -44,8 +44,9 @@ def tiny_config(**sections: Any) -> Config:
 
 def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos: set[int] | None = None) -> Pipeline:
     """What load_pipeline would build, around an already loaded target (the draft is the ngram drafter)."""
-    generator = build_generator(config, target, None)
-    return Pipeline(config, tokenizer or CharTokenizer(), target, None, generator, eos or {EOS})
+    shared = share(config, target, None)
+    return Pipeline(config, tokenizer or CharTokenizer(), target, None, build_generator(config, target, None, shared),
+                    eos or {EOS}, shared)
 
 
 def tiny_pipeline(config: Config | None = None) -> Pipeline:

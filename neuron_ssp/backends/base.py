@@ -1,29 +1,90 @@
-"""The one interface the generator needs from a model, whatever runs it (torch or Neuron).
+"""The one interface the loop needs from a model, whatever runs it (torch or Neuron).
 
-Batch size is 1: speculation on Neuron requires it, and it keeps the loop plain.
-Positions are absolute KV-cache slots. `score(ids, start)` writes slots start..start+n-1 and makes
-every slot >= start that held something else stale (Neuron overwrites by `cache_ids`; the torch
-backend crops its cache), which is how a rejected draft is rolled back.
+Positions are absolute KV-cache positions of a sequence slot. `score(ids, start)` writes positions
+start..start+n-1 of slot 0 and makes every position >= start that held something else stale (Neuron
+overwrites by `cache_ids`; the torch backend ignores them until they are overwritten), which is how a
+rejected draft is rolled back. A backend holds `slots` sequences at once: `score_batch` scores the tokens
+of several sequences (segments) in ONE call, each against its own slot (vLLM v1's flattened layout);
+segments never see each other. Neuron backends hold one sequence for now (`SingleSlot`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's part of a batched call: `tokens` (m,) int64 written at positions start..start+m-1 of
+    cache slot `slot`."""
+
+    slot: int
+    start: int
+    tokens: torch.Tensor
 
 
 @runtime_checkable
 class ModelBackend(Protocol):
     name: str
     vocab_size: int
-    n_positions: int  # cache slots available: prompt + generated + k must fit
+    n_positions: int  # positions per slot: prompt + generated + k must fit
     max_score_width: int | None  # widest window scored in ONE call (Neuron: compiled k); None = any
+    slots: int  # sequences the cache holds at once
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        """Encode the prompt (1-D int64) into slots 0..len-1; return the next-token logits, shape (vocab,)."""
+        """Encode the prompt (1-D int64) into positions 0..len-1 of slot 0; return the next-token logits (vocab,)."""
         ...
 
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        """Score 1-D int64 `token_ids` at slots start..start+n-1; return float32 logits, shape (n, vocab)."""
+        """Score 1-D int64 `token_ids` at positions start..start+n-1 of slot 0; float32 logits (n, vocab)."""
         ...
+
+    def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """`prefill` into `slot`."""
+        ...
+
+    def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
+        """ONE call for every segment (each slot at most once): float32 logits (total tokens, vocab), rows in
+        segment order."""
+        ...
+
+
+class SingleSlot:
+    """The batch-1 half of the interface, for backends that hold one sequence (Neuron, wrappers in tools)."""
+
+    slots = 1
+
+    def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+        _only_slot_0([slot])
+        return self.prefill(prompt_ids)  # type: ignore[attr-defined]
+
+    def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
+        _only_slot_0([segment.slot for segment in segments])
+        return self.score(segments[0].tokens, segments[0].start)  # type: ignore[attr-defined]
+
+
+def _only_slot_0(slots: list[int]) -> None:
+    if slots != [0]:
+        raise ValueError(f"slots {slots}: this backend holds one sequence (batch > 1 on Neuron is not built yet)")
+
+
+class SlotView(SingleSlot):
+    """One slot of a batched backend, seen as a one-sequence backend (a row's draft model)."""
+
+    def __init__(self, backend: ModelBackend, slot: int):
+        self.backend = backend
+        self.slot = slot
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return self.backend.prefill_slot(self.slot, prompt_ids)
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self.backend.score_batch([Segment(self.slot, start, token_ids)])
+
+    def __getattr__(self, name: str) -> Any:
+        """name, vocab_size, n_positions, max_score_width, device...: the backend's."""
+        return getattr(self.backend, name)

@@ -27,9 +27,9 @@ def require_prompt(prompt: str) -> None:
                                  "neuron-ssp generate \"Summarize: ...\""))
 
 
-def load_with_status(config: Config) -> Pipeline:
+def load_with_status(config: Config, max_batch: int = 1) -> Pipeline:
     with status_console.status(f"loading {config.target.path}"):
-        return load_pipeline(config)
+        return load_pipeline(config, max_batch)
 
 
 @click.command()

@@ -18,7 +18,8 @@ from neuron_ssp.config import load_config
 from neuron_ssp.errors import Problem, RuntimeProblem
 
 # flag -> serve.* field it overrides
-SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "request_timeout", "api_key_env", "served_model_name")
+SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "max_batch", "request_timeout", "api_key_env",
+                   "served_model_name")
 
 
 @click.command()
@@ -28,7 +29,9 @@ SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "request_timeout", 
 @click.option("--port", type=int, help="Port (default 8000; 8080 with --sagemaker).")
 @click.option("--sagemaker", is_flag=True, default=None,
               help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
-@click.option("--max-queue", type=int, help="Requests that may wait behind the running one; more get 503.")
+@click.option("--max-queue", type=int, help="Requests that may wait behind the running ones; more get 503.")
+@click.option("--max-batch", type=int, help="Requests generated together (continuous batching; default 8; "
+              "the torch backend with engine native, one at a time elsewhere).")
 @click.option("--request-timeout", type=float,
               help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).")
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
@@ -41,7 +44,7 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     Loads and validates the models once, before the port opens. SIGTERM drains and exits 0.
     """
     try:
-        from neuron_ssp.serve.server import listen_address, read_api_key, run_server
+        from neuron_ssp.serve.server import listen_address, read_api_key, run_server, serving_batch
     except ImportError as exc:
         raise RuntimeProblem(Problem("serve", exc.name, "the server's packages are not installed",
                                      "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)")) from None
@@ -50,7 +53,7 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     read_api_key(config.serve)  # a missing key is refused before the models load
     set_threads(threads)
     click.echo(f"{describe(config)}", err=True)
-    run_server(config, load_with_status(config))
+    run_server(config, load_with_status(config, serving_batch(config)))
     click.echo(f"neuron-ssp serve on {listen_address(config.serve).url} stopped", err=True)
 
 

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+from neuron_ssp.speculation.position_noise import PositionNoise
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -41,9 +43,11 @@ class Draft:
 
 
 class Drafter(Protocol):
-    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         """Start a new sequence of at most `max_new_tokens` tokens (a model drafter encodes the prompt,
-        after checking that its cache has room for the whole generation)."""
+        after checking that its cache has room for the whole generation). `noise`: the request's noise per
+        output position; a drafter that samples draws each token from it, so that the target's draw at the
+        same position agrees as often as possible (position_noise.py)."""
         ...
 
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:

@@ -2,8 +2,10 @@
 
 It remembers which tokens its KV cache holds; before drafting it feeds only the committed tokens it
 has not seen (the target's token, and the last draft token when the whole draft was accepted).
-Draft tokens are drawn with the same sampling transform and random generator as the target's, which
-is what keeps the acceptor's q the distribution the tokens really came from.
+Draft tokens are drawn with the same sampling transform as the target's, which keeps the acceptor's q
+the distribution the tokens really came from; given the request's per-position noise (our loop gives
+it), from the same uniform the target's draw at that position uses (position_noise.py), else from the
+random generator.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.speculation.position_noise import PositionNoise, draw
 from neuron_ssp.speculation.positions import draft_slots, require_room
 from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, next_token
 
@@ -28,13 +31,16 @@ class ModelDrafter:
         self.generator = generator
         self.stop_below = stop_below
         self._cached: list[int] = []  # token in each KV slot the draft backend has filled
+        self._noise: PositionNoise | None = None
+        self._prompt_len = 0
 
-    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         prompt_len = prompt_ids.shape[0]
         require_room(self.backend.n_positions, draft_slots(prompt_len, max_new_tokens), prompt_len,
                      max_new_tokens, "draft.n_positions")
         self.backend.prefill(prompt_ids)
         self._cached = prompt_ids.tolist()
+        self._noise, self._prompt_len = noise, prompt_len
 
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         committed = sequence.tolist()
@@ -46,7 +52,7 @@ class ModelDrafter:
         for step in range(max_tokens):
             if self.stop_below and float(logits.float().softmax(-1).max()) < self.stop_below:
                 break
-            token = next_token(logits, self.sampling, self.generator)
+            token = self._draw(logits, len(committed) + step)
             tokens.append(token)
             rows.append(logits)
             if step + 1 < max_tokens:
@@ -59,6 +65,11 @@ class ModelDrafter:
 
     def finish(self, sequence: torch.Tensor) -> None:
         """A draft model learns nothing across requests."""
+
+    def _draw(self, logits: torch.Tensor, position: int) -> int:
+        if self._noise is None:
+            return next_token(logits, self.sampling, self.generator)
+        return draw(logits, self.sampling, self._noise.shifted(position - self._prompt_len))
 
     def _valid_prefix(self, committed: list[int]) -> int:
         """Slots whose cached token still equals the committed one; only the tail can differ."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from neuron_ssp.drafters.base import Draft, point_masses
+from neuron_ssp.speculation.position_noise import PositionNoise
 
 
 class NgramDrafter:
@@ -17,7 +18,7 @@ class NgramDrafter:
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
 
-    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         """Nothing to encode: the lookup reads the sequence passed to `propose`."""
 
     def finish(self, sequence: torch.Tensor) -> None:

@@ -37,6 +37,7 @@ from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.drafters.suffix_store import HistoryFile, HistoryFileError
 from neuron_ssp.drafters.suffix_tree import DraftPath, SuffixTree
 from neuron_ssp.errors import Problem
+from neuron_ssp.speculation.position_noise import PositionNoise
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class SuffixDrafter:
         self._sid = self._local.open()
         self._seen = 0  # committed tokens already in the local tree
 
-    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         """A fresh tree for this request, holding its prompt (a model-free drafter needs no cache room)."""
         self._local = self._request_tree()
         self._sid = self._local.open()

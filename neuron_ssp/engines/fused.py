@@ -38,7 +38,7 @@ from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
+from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
 from neuron_ssp.speculation.positions import extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
 

@@ -31,7 +31,7 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
-from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
+from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room
 from neuron_ssp.speculation.stats import GenerationStats

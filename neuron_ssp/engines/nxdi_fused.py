@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.engines.native import GenerationResult, TokenCallback, check_room
+from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
 from neuron_ssp.speculation.positions import NXDI, extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
 

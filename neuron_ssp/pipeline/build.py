@@ -1,27 +1,37 @@
 """The engine for a config: our loop with its drafter, acceptor and policy, or a library's loop.
 
-Backends are loaded once (pipeline.load); everything built here is cheap and shares them.
-`build_generator` is the one factory for "rng + acceptor + generator": the loader, the server's
-per-request sampling, bench and tune-k all build through it. A pipeline's drafter is built once and
-shared by the generators derived from it, so the suffix drafter's history (what it learnt from earlier
-requests) survives a request that brings its own temperature or seed; greedy requests also share the
-cost policy's acceptance counts (`Pipeline._generator_for` says why sampled ones do not).
+Backends are loaded once (pipeline.load); everything built here is cheap and shares them. What every
+request of a pipeline shares is in `Shared`: the target's call cost (timed once at load), the cost
+policy's acceptance counts, and the drafter (a model-free drafter's history of earlier requests). Each
+request of our loop is a row (`row_request`): its own acceptor, policy and drafter state over those. With
+per-position noise a window cannot change a seeded output, so sampled and greedy requests share the counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.backends.base import ModelBackend, SlotView
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter, SuffixDrafter, SuffixHistory
 from neuron_ssp.drafters.suffix_store import HistoryFile
-from neuron_ssp.engines.native import GenerationResult, SpeculativeGenerator, sampling_params
+from neuron_ssp.engines.base import (
+    CommitCallback,
+    GenerationResult,
+    LogitsCallback,
+    StopCheck,
+    TokenCallback,
+    sampling_params,
+)
+from neuron_ssp.engines.batch import RowRequest
+from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.call_cost import WidthCost, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import build_draft_stop, build_policy
 
@@ -33,15 +43,40 @@ class Generator(Protocol):
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult: ...
 
 
-def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None,
-                    drafter: Drafter | None = None, acceptance: AcceptanceModel | None = None) -> Generator:
+@dataclass
+class Shared:
+    """What every request of a pipeline shares. `cost`: the target's call cost per row count, needed by the
+    cost policy (None otherwise); `drafter`: the loaded drafter (None for the libraries' engines)."""
+
+    cost: WidthCost | None = None
+    drafter: Drafter | None = None
+    acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
+
+
+def share(config: Config, target: ModelBackend, draft: ModelBackend | None, max_rows: int | None = None,
+          cost: WidthCost | None = None) -> Shared:
+    """What the requests of `config` will share: the drafter, and for the cost policy the target's call cost,
+    timed here (1-3 s on a CPU) unless `cost` (timed for another config of the same target) covers k.
+    `max_rows`: the most rows a call will score (a batch: serve.max_batch x k), timed as well."""
+    spec = config.speculation
+    if spec.engine != "native":
+        return Shared()
+    drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)))
+    if spec.policy != "cost":
+        return Shared(None, drafter)
+    if cost is None or max(cost.ms) < max(spec.k, max_rows or 0):
+        cost = target_cost(target, spec.k, max_rows)
+    return Shared(cost, drafter)
+
+
+def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, shared: Shared) -> Generator:
     """rng + acceptor + generator for `config`: our loop by default; transformers-neuronx's own loop
     with `engine: library`, its on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or
     NxD Inference's fused speculation with `engine: fused` and `neuron.library: nxdi`.
 
-    The rng draws where the logits are (CUDA: no copies). `drafter`: an already built one to share (its
-    history included); it follows `config.sampling` (a draft model samples with the request's settings).
-    `acceptance`: the cost policy's acceptance counts to keep learning into (see `Pipeline`).
+    The rng draws where the logits are (CUDA: no copies); our loop draws from per-position noise, and
+    the rng serves acceptors and drafters that bring their own draws. Our loop's drafter is `shared.drafter`
+    (built with `build_drafter`), its policy learns into `shared.acceptance`.
     """
     spec = config.speculation
     rng = torch.Generator(device=sampling_device(config))
@@ -58,9 +93,40 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.engines.fused import FusedEngine
 
         return FusedEngine.build(config, target, draft)
-    drafter = share_drafter(drafter, config, rng) if drafter is not None else build_drafter(config, target, draft, rng)
-    policy = build_policy(spec, target, acceptance)
+    drafter = shared.drafter if shared.drafter is not None else build_drafter(config, target, draft, rng)
+    policy = build_policy(spec, shared.cost, shared.acceptance)
     return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
+
+
+@dataclass
+class RowCallbacks:
+    on_tokens: TokenCallback | None = None
+    on_commit: CommitCallback | None = None
+    on_logits: LogitsCallback | None = None
+    should_stop: StopCheck | None = None
+
+
+def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | None, shared: Shared,
+                prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int],
+                callbacks: RowCallbacks) -> RowRequest:
+    """One request of our loop as a row: its own acceptor, policy and drafter state, with `sampling`'s
+    settings and seed, over the pipeline's shared models, cost, counts and drafter history."""
+    spec, params = config.speculation, sampling_params(sampling)
+    rng = torch.Generator(device=sampling_device(config)).manual_seed(sampling.seed)
+    loaded = shared.drafter
+    assert loaded is not None, "our loop's pipeline has a drafter"
+
+    def drafter_for(slot: int) -> Drafter:
+        if isinstance(loaded, SuffixDrafter):  # a fresh tree for this request, the shared history
+            return SuffixDrafter(loaded.vocab_size, loaded.settings, loaded.history)
+        if isinstance(loaded, ModelDrafter):  # the draft model's cache slot of this row
+            assert draft is not None
+            return ModelDrafter(SlotView(draft, slot), params, rng, loaded.stop_below)
+        return loaded  # prompt lookup keeps no state
+
+    return RowRequest(prompt_ids, max_new_tokens, params, sampling.seed, eos_token_ids, drafter_for,
+                      build_acceptor(spec.acceptor, params, rng), build_policy(spec, shared.cost, shared.acceptance),
+                      callbacks.on_tokens, callbacks.on_commit, callbacks.on_logits, callbacks.should_stop)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
@@ -79,14 +145,6 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
                                  f"({target.vocab_size}); speculative sampling compares token ids",
                                  "pick a draft from the same model family (same tokenizer), or use drafter: ngram"))
     return ModelDrafter(draft, sampling_params(config.sampling), rng, build_draft_stop(spec))
-
-
-def share_drafter(drafter: Drafter, config: Config, rng: torch.Generator) -> Drafter:
-    """The same drafter for another generator: model-free drafters as they are (one history for all); a
-    draft model drafts with this generator's sampling and rng (rejection sampling needs the q it drew from)."""
-    if isinstance(drafter, ModelDrafter):
-        return ModelDrafter(drafter.backend, sampling_params(config.sampling), rng, drafter.stop_below)
-    return drafter
 
 
 def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:

@@ -13,15 +13,17 @@ from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.checkpoint import checkpoint_eos_ids
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.engines.native import sampling_params
-from neuron_ssp.pipeline.build import build_generator
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.pipeline.build import build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.topology import DeploymentPlan, validate_config
 
 
-def load_pipeline(config: Config) -> Pipeline:
+def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
+    """`max_batch`: requests the pipeline runs at once (the server's serve.max_batch): the target's KV cache
+    holds that many sequences, and the cost policy times calls of up to max_batch x k rows."""
     validate_config(config).raise_if_invalid()
     build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), None)  # fail before loading
     transformers_logging.disable_progress_bar()
@@ -34,10 +36,11 @@ def load_pipeline(config: Config) -> Pipeline:
     else:
         from neuron_ssp.backends.torch.load import load_torch_backends
 
-        target, draft, tokenizer = load_torch_backends(config)
+        target, draft, tokenizer = load_torch_backends(config, max_batch)
     # extra EOS ids from the checkpoint's directory, for every backend: a Neuron model has no generation_config
     eos = stop_token_ids(tokenizer, config.generation.stop_tokens, checkpoint_eos_ids(target_dir))
-    return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft), eos)
+    shared = share(config, target, draft, max_batch * config.speculation.k if max_batch > 1 else None)
+    return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft, shared), eos, shared)
 
 
 def load_neuron_models(config: Config, plan: DeploymentPlan) -> tuple[ModelBackend, ModelBackend | None]:

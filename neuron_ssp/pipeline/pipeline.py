@@ -5,26 +5,20 @@ decodes the result."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config, SamplingConfig
-from neuron_ssp.engines.native import (
-    CommitCallback,
-    GenerationResult,
-    LogitsCallback,
-    SpeculativeGenerator,
-    StopCheck,
-    plain_generate,
-)
+from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck
+from neuron_ssp.engines.batch import BatchLoop, RowRequest
+from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, build_generator, refuse_unhonoured
+from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
-from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
@@ -37,7 +31,8 @@ class TextResult:
 
 @dataclass
 class Pipeline:
-    """Everything one generation needs; `speculative` and `plain` share the same target backend."""
+    """Everything one generation needs; `speculative` and `plain` share the same target backend. `shared`:
+    what every request shares (build.Shared: the call cost, the acceptance counts, the drafter)."""
 
     config: Config
     tokenizer: PreTrainedTokenizerBase
@@ -45,8 +40,7 @@ class Pipeline:
     draft: ModelBackend | None
     generator: Generator
     eos_token_ids: set[int]
-    # the cost policy's acceptance counts for greedy requests when the loaded generator samples
-    _greedy_acceptance: AcceptanceModel = field(default_factory=AcceptanceModel, repr=False)
+    shared: Shared
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
         """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
@@ -91,7 +85,7 @@ class Pipeline:
     def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
                      on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None,
                      on_logits: LogitsCallback | None = None) -> GenerationResult:
-        """One request with its own sampling settings (the server's entry point).
+        """One request with its own sampling settings, alone.
 
         `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
         accepted draft tokens and how many were drafted; `on_logits(rows)` (our loop only) the target's
@@ -100,48 +94,37 @@ class Pipeline:
         arrive together at the end with origin unknown (`from_draft` None), and a cancel takes effect
         only after it returns.
         """
-        generator = self._generator_for(sampling or self.config.sampling)
-        if isinstance(generator, SpeculativeGenerator):
-            return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids,
-                                      on_commit=on_commit, should_stop=should_stop, on_logits=on_logits)
+        sampling = sampling or self.config.sampling
+        if self.batches:
+            request = self.row_request(prompt_ids, max_new_tokens, sampling,
+                                       RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop))
+            return self.batch_loop().run(request)
+        refuse_unhonoured(self.config, sampling)
         if on_logits is not None:
             raise UsageError(logprobs_problem(self.config.speculation.engine))
         on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
-        return generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
+        return self.generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
+
+    @property
+    def batches(self) -> bool:
+        """Whether requests run as rows of our loop (engine native); the libraries' loops run one at a time."""
+        return self.config.speculation.engine == "native"
 
     @property
     def scores_tokens(self) -> bool:
         """Whether the engine reports the target's logits per committed token (logprobs): our loop only."""
-        return self.config.speculation.engine == "native"
+        return self.batches
 
-    def _generator_for(self, sampling: SamplingConfig) -> Generator:
-        """The loaded generator for the config's sampling; else one derived from it: same models, same
-        drafter (and history), its own acceptor and rng. Nothing is rebuilt.
+    def batch_loop(self) -> BatchLoop:
+        """A loop over the target's slots (one loop at a time per target: it owns them)."""
+        return BatchLoop(self.target, self.config.speculation.k, self.shared.cost)
 
-        The cost policy's acceptance counts are shared by greedy generations only: the window it chooses
-        cannot change a greedy output, but under sampling it decides which random numbers the acceptor
-        draws, so counts other requests changed would keep a seed from reproducing its output. A sampled
-        request therefore starts from the prior, also when it asks for the loaded generator's sampling."""
+    def row_request(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
+                    callbacks: RowCallbacks) -> RowRequest:
+        """One request as a row of our loop, with its sampling settings and seed."""
         refuse_unhonoured(self.config, sampling)
-        if self.config.speculation.engine == "fused":
-            return self.generator  # what is left (a seed under greedy decoding) changes nothing
-        if sampling == self.config.sampling and (sampling.temperature == 0 or self._loaded_acceptance is None):
-            return self.generator
-        config = self.config.model_copy(update={"sampling": sampling})
-        return build_generator(config, self.target, self.draft, getattr(self.generator, "drafter", None),
-                               self._acceptance_for(sampling))
-
-    @property
-    def _loaded_acceptance(self) -> AcceptanceModel | None:
-        return getattr(getattr(self.generator, "policy", None), "acceptance", None)
-
-    def _acceptance_for(self, sampling: SamplingConfig) -> AcceptanceModel | None:
-        """Greedy: the loaded generator's counts when it decodes greedily, else the pipeline's greedy set;
-        sampled: None (fresh counts from the prior)."""
-        if sampling.temperature > 0:
-            return None
-        loaded = self._loaded_acceptance
-        return loaded if loaded is not None and self.config.sampling.temperature == 0 else self._greedy_acceptance
+        return row_request(self.config, sampling, self.draft, self.shared, prompt_ids, max_new_tokens,
+                           self.eos_token_ids, callbacks)
 
     def speculative(self, prompt: str, on_text: TextCallback | None = None,
                     max_new_tokens: int | None = None) -> TextResult:

@@ -145,7 +145,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         if not worker.accepting or not worker.thread.is_alive():
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok", "queue_depth": worker.queue.qsize(),
-                             "running": 1 if worker.running else 0})
+                             "running": worker.running})
 
     @app.get("/ping", **openapi.route("health"))
     async def ping() -> Response:

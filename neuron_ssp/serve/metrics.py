@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
 TOKENS_PER_CALL_BUCKETS = tuple(float(n) for n in range(1, 17))
+BATCH_BUCKETS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
+GOODPUT_BUCKETS = (10.0, 25.0, 50.0, 100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0, 6400.0)
 
 
 class ServerMetrics:
@@ -44,7 +46,13 @@ class ServerMetrics:
                                          buckets=TOKENS_PER_CALL_BUCKETS, registry=r)
         self.queue_depth = Gauge("neuron_ssp_queue_depth", "Requests waiting for the generation worker.",
                                  registry=r)
-        self.running = Gauge("neuron_ssp_running_requests", "Requests being generated (0 or 1).", registry=r)
+        self.running = Gauge("neuron_ssp_running_requests", "Requests being generated: rows of the batch (vLLM's "
+                             "num_requests_running).", registry=r)
+        self.batch_size = Histogram("neuron_ssp_batch_size", "Rows (requests) in each step of the batching loop.",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.step_goodput = Histogram("neuron_ssp_step_goodput_tokens_per_second", "Tokens committed by a step of "
+                                      "the batching loop per second of that step (TurboSpec's goodput).",
+                                      buckets=GOODPUT_BUCKETS, registry=r)
 
     def watch(self, queue_depth: Callable[[], float], running: Callable[[], float]) -> None:
         """Gauges read at scrape time, so they can never drift from the worker's state."""

@@ -65,6 +65,17 @@ def served_model_name(config: Config) -> str:
     return config.target.path.removeprefix("embedded:").rstrip("/").rsplit("/", 1)[-1]
 
 
+def serving_batch(config: Config) -> int:
+    """Rows served at once: serve.max_batch where our loop runs on the torch backend; one elsewhere (Neuron
+    models are compiled for batch 1 here, and the libraries' loops take one request per call)."""
+    if config.platform.backend == "torch" and config.speculation.engine == "native":
+        return config.serve.max_batch
+    if config.serve.max_batch > 1:
+        log.info("serve.max_batch %d: this %s backend with engine %s serves one request at a time",
+                 config.serve.max_batch, config.platform.backend, config.speculation.engine)
+    return 1
+
+
 class _DrainingServer(uvicorn.Server):
     """uvicorn's graceful shutdown, plus: the worker refuses queued work as soon as the signal arrives."""
 
@@ -85,12 +96,12 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     settings = config.serve
     listen = listen_address(settings)
     api_key = read_api_key(settings)
-    pipeline = pipeline or load_pipeline(config)
+    pipeline = pipeline or load_pipeline(config, serving_batch(config))
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, api_key)
-    log.info("model '%s' loaded; queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
-             name, settings.max_queue, settings.timeout_s, settings.drain_timeout,
-             "required" if api_key else "off")
+    log.info("model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
+             name, pipeline.target.slots if pipeline.batches else 1, settings.max_queue, settings.timeout_s,
+             settings.drain_timeout, "required" if api_key else "off")
     if settings.sagemaker and settings.timeout_s >= SAGEMAKER_INVOKE_LIMIT:
         log.warning("request_timeout %.0f s: a real-time SageMaker invocation is cut at %.0f s, so longer requests "
                     "end with SageMaker's ModelError instead of this server's 504", settings.timeout_s,

@@ -1,13 +1,18 @@
-"""One generation thread fed by a bounded FIFO queue: speculation is batch 1 and a model pair is not
-thread-safe, so requests run one at a time, in arrival order.
+"""The generation thread: a scheduler that feeds requests as rows into our continuous-batching loop.
 
-A full queue is refused at once (503 + Retry-After); a job whose client left or whose
-`request_timeout` passed is cancelled at the generator's next iteration (its `should_stop` hook), so
-the worker moves on. A job whose prompt cannot even be prefilled before its deadline (at the prefill
-cost the worker has measured) is answered 504 at once instead of being started: a prefill cannot be
-interrupted, and starting it would make the jobs behind it late too. After SIGTERM the running job may
-go on for `drain_timeout`; past that it is cancelled the same way and its client gets a final error.
-Events go back to the request's event loop with `call_soon_threadsafe`.
+Requests wait in a bounded FIFO queue; between two steps of the loop (engines/batch.py) the scheduler
+admits queued requests while a slot is free (up to serve.max_batch rows; each joins with its own prefill
+call), then runs one step for every running row. A row leaves at EOS, its budget, a stop string, a cancel
+or its deadline, and its slot takes the next request. The libraries' loops (engines library and fused on
+Neuron) generate a whole request per call: there requests run one at a time, in arrival order.
+
+A full queue is refused at once (503 + Retry-After); a job whose client left or whose `request_timeout`
+passed is cancelled at the loop's next step (its `should_stop` hook), so its slot frees. A job whose prompt
+cannot even be prefilled before its deadline (at the prefill cost the worker has measured) is answered 504
+at once instead of being started: a prefill cannot be interrupted, and starting it would make the other
+rows late too. After SIGTERM the running rows may go on for `drain_timeout`; past that they are cancelled
+the same way and their clients get a final error. Events go back to each request's event loop with
+`call_soon_threadsafe`.
 """
 
 from __future__ import annotations
@@ -17,12 +22,18 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 import torch
 
 from neuron_ssp.config import SamplingConfig
+from neuron_ssp.engines.base import GenerationResult
+from neuron_ssp.engines.batch import BatchLoop, Row
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
+from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
@@ -31,6 +42,7 @@ from neuron_ssp.speculation.stats import GenerationStats
 
 log = logging.getLogger("neuron_ssp.serve")
 MIN_LOGPROB = -9999.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -122,12 +134,16 @@ class GenerationWorker:
         self.metrics = metrics
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.retry_after_s = retry_after_s
-        self.running: Job | None = None
+        self.active: list[JobRun] = []
         self.accepting = True
-        self.drain_deadline: float | None = None  # monotonic time past which a running job is cut (SIGTERM)
+        self.drain_deadline: float | None = None  # monotonic time past which running jobs are cut (SIGTERM)
         self.prefill = PrefillCost()
         self.thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
-        metrics.watch(self.queue.qsize, lambda: 1 if self.running else 0)
+        metrics.watch(self.queue.qsize, lambda: len(self.active))
+
+    @property
+    def running(self) -> int:
+        return len(self.active)
 
     def start(self) -> None:
         self.thread.start()
@@ -140,12 +156,12 @@ class GenerationWorker:
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            raise _unavailable(f"the queue is full ({self.queue.maxsize} requests wait behind the running one)",
+            raise _unavailable(f"the queue is full ({self.queue.maxsize} requests wait behind the running ones)",
                                f"retry after {self.retry_after_s} s, or raise serve.max_queue",
                                self.retry_after_s) from None
 
     def drain(self, grace_s: float = 0.0) -> None:
-        """SIGTERM: refuse new work, fail the queued jobs, let the running one go on for `grace_s` (idempotent:
+        """SIGTERM: refuse new work, fail the queued jobs, let the running ones go on for `grace_s` (idempotent:
         a second call keeps the first deadline)."""
         if not self.accepting:
             return
@@ -159,10 +175,10 @@ class GenerationWorker:
             if job is not None:
                 job.emit(Failed(_unavailable("the server is shutting down (SIGTERM)",
                                              "send the request to another instance", self.retry_after_s)))
-        self.queue.put_nowait(None)  # just emptied, so there is room: the worker stops after the running job
+        self.queue.put_nowait(None)  # just emptied, so there is room: the worker stops after the running jobs
 
     def stop(self, timeout_s: float) -> bool:
-        """Drain (if not yet), cut the running job now, and wait for the thread; False if it is still busy."""
+        """Drain (if not yet), cut the running jobs now, and wait for the thread; False if it is still busy."""
         self.drain(0.0)
         self.drain_deadline = min(self.drain_deadline or 0.0, time.monotonic())
         self.thread.join(timeout_s)
@@ -172,24 +188,76 @@ class GenerationWorker:
         return self.drain_deadline is not None and time.monotonic() > self.drain_deadline
 
     def _run(self) -> None:
-        while (job := self.queue.get()) is not None:
-            if job.abandoned():
-                self._end_unstarted(job, timeout_error(job))
-                continue
-            late = self._too_late(job)
-            if late is not None:
-                self._end_unstarted(job, late)
-                continue
-            self.running = job
-            try:
-                self._generate(job)
-            finally:
-                self.running = None
+        if self.pipeline.batches:
+            self._run_rows(self.pipeline.batch_loop())
+        else:
+            self._run_alone()
 
-    def _end_unstarted(self, job: Job, error: ApiError) -> None:
+    def _run_alone(self) -> None:
+        """Engines whose loop generates a whole request per call: one request at a time."""
+        while (job := self.queue.get()) is not None:
+            run = self._admit(job)
+            if run is None:
+                continue
+            self.active.append(run)
+            callbacks = run.callbacks()
+            try:
+                run.end(*_outcome(partial(self.pipeline.generate_ids, job.prompt_ids, job.max_tokens, job.sampling,
+                                          callbacks.on_commit, callbacks.should_stop, callbacks.on_logits)))
+            finally:
+                self.active.remove(run)
+
+    def _run_rows(self, loop: BatchLoop) -> None:
+        """Admit queued jobs while slots are free (waiting for one only when nothing runs), then step."""
+        rows: dict[Row, JobRun] = {}
+        stopping = False
+        while not stopping or rows:
+            while not stopping and loop.free_slots:
+                try:
+                    job = self.queue.get(block=not rows)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                self._join(loop, job, rows)
+            if rows:
+                self._step(loop, rows)
+
+    def _join(self, loop: BatchLoop, job: Job, rows: dict[Row, JobRun]) -> None:
+        run = self._admit(job)
+        if run is None:
+            return
+        request = self.pipeline.row_request(job.prompt_ids, job.max_tokens, job.sampling, run.callbacks())
+        row, error = _outcome(partial(loop.join, request))
+        if row is not None and not row.finished:
+            rows[row] = run
+            self.active.append(run)
+        else:
+            run.end(*(_ended(row) if row is not None else (None, error)))
+
+    def _step(self, loop: BatchLoop, rows: dict[Row, JobRun]) -> None:
+        self.metrics.batch_size.observe(len(loop.rows))
+        committed = sum(row.seq.length for row in loop.rows)
+        begin = time.perf_counter()
+        finished = loop.step()
+        seconds = time.perf_counter() - begin
+        committed = sum(row.seq.length for row in loop.rows + finished) - committed
+        self.metrics.step_goodput.observe(committed / seconds if seconds > 0 else 0.0)
+        for row in finished:
+            run = rows.pop(row)
+            self.active.remove(run)
+            run.end(*_ended(row))
+
+    def _admit(self, job: Job) -> JobRun | None:
+        """The job's run, or None when it was answered without starting (abandoned, or too late to prefill)."""
+        error = timeout_error(job) if job.abandoned() else self._too_late(job)
+        if error is None:
+            return JobRun(self, job)
         if job.client_gone.is_set():
             self.metrics.finished.labels("abort").inc()
         job.emit(Failed(error))
+        return None
 
     def _too_late(self, job: Job) -> ApiError | None:
         """A 504 for a job whose prefill alone would outlast its deadline (it could only make others late)."""
@@ -205,101 +273,129 @@ class GenerationWorker:
                                      "after its wait in the queue", "retry later, send a shorter prompt, or raise "
                                      "serve.request_timeout"))
 
-    def _generate(self, job: Job) -> None:
-        text = TokenText(self.pipeline.tokenizer, job.stop)
-        progress = Progress(target_calls=-1)
-        started = time.perf_counter()
-        last = [job.arrived]
-        rows: list[torch.Tensor] = []  # the target's log-probabilities for the step being committed
-        cut_by_drain = [False]
 
-        def on_logits(logits: torch.Tensor) -> None:
-            rows[:] = [logits.float().log_softmax(-1)]
+def _outcome(call: Callable[[], T]) -> tuple[T | None, Exception | None]:
+    """(call(), None), or (None, the exception): a request's failure is its own, never the worker's."""
+    try:
+        return call(), None
+    except Exception as exc:  # mapped to the request's answer by JobRun.end
+        return None, exc
 
-        def on_commit(tokens: list[int], from_draft: int | None, drafted: int) -> None:
-            now = time.perf_counter()
-            if progress.target_calls < 0:
-                self.metrics.time_to_first_token.observe(now - job.arrived)
-                self.prefill.observe(int(job.prompt_ids.shape[0]), now - started)
-            else:
-                for _ in tokens:
-                    self.metrics.inter_token_latency.observe((now - last[0]) / len(tokens))
-                self.metrics.tokens_per_call.observe(len(tokens))
-            last[0] = now
-            origins = ["unknown"] * len(tokens) if from_draft is None else \
-                ["draft"] * from_draft + ["target"] * (len(tokens) - from_draft)
-            for i, (token, origin) in enumerate(zip(tokens, origins, strict=True)):
-                text.add(token, origin, self._logprob(rows[0][i], token, job.top_logprobs) if rows else None)
-            progress.target_calls += 1
-            progress.drafted += drafted
-            progress.accepted += from_draft or 0
-            progress.tokens += len(tokens)
-            job.emit(Delta(text.take(), Progress(**vars(progress)), text.take_logprobs()))
 
-        def should_stop() -> bool:
-            cut_by_drain[0] = self.draining_past_deadline()
-            return text.stopped or job.abandoned() or cut_by_drain[0]
+def _ended(row: Row) -> tuple[GenerationResult | None, Exception | None]:
+    return (None, row.error) if row.error is not None else (row.result(), None)
 
-        try:
-            result = self.pipeline.generate_ids(job.prompt_ids, job.max_tokens, job.sampling, on_commit,
-                                                should_stop=should_stop,
-                                                on_logits=on_logits if job.top_logprobs is not None else None)
-        except UsageError as exc:  # the request asked for something this pipeline cannot do
-            job.emit(Failed(ApiError(400, exc.problems)))
+
+class JobRun:
+    """One job being generated: the callbacks the loop calls, and the events and metrics they produce."""
+
+    def __init__(self, worker: GenerationWorker, job: Job):
+        self.worker = worker
+        self.job = job
+        self.text = TokenText(worker.pipeline.tokenizer, job.stop)
+        self.progress = Progress(target_calls=-1)
+        self.started = time.perf_counter()
+        self.last = job.arrived
+        self.rows: list[torch.Tensor] = []  # the target's log-probabilities for the step being committed
+        self.cut_by_drain = False
+
+    def callbacks(self) -> RowCallbacks:
+        return RowCallbacks(on_commit=self.on_commit, should_stop=self.should_stop,
+                            on_logits=self.on_logits if self.job.top_logprobs is not None else None)
+
+    def on_logits(self, logits: torch.Tensor) -> None:
+        self.rows[:] = [logits.float().log_softmax(-1)]
+
+    def on_commit(self, tokens: list[int], from_draft: int | None, drafted: int) -> None:
+        job, metrics, progress = self.job, self.worker.metrics, self.progress
+        now = time.perf_counter()
+        if progress.target_calls < 0:
+            metrics.time_to_first_token.observe(now - job.arrived)
+            self.worker.prefill.observe(int(job.prompt_ids.shape[0]), now - self.started)
+        else:
+            for _ in tokens:
+                metrics.inter_token_latency.observe((now - self.last) / len(tokens))
+            metrics.tokens_per_call.observe(len(tokens))
+        self.last = now
+        origins = ["unknown"] * len(tokens) if from_draft is None else \
+            ["draft"] * from_draft + ["target"] * (len(tokens) - from_draft)
+        for i, (token, origin) in enumerate(zip(tokens, origins, strict=True)):
+            self.text.add(token, origin, self._logprob(self.rows[0][i], token) if self.rows else None)
+        progress.target_calls += 1
+        progress.drafted += drafted
+        progress.accepted += from_draft or 0
+        progress.tokens += len(tokens)
+        job.emit(Delta(self.text.take(), Progress(**vars(progress)), self.text.take_logprobs()))
+
+    def should_stop(self) -> bool:
+        self.cut_by_drain = self.worker.draining_past_deadline()
+        return self.text.stopped or self.job.abandoned() or self.cut_by_drain
+
+    def end(self, result: GenerationResult | None, error: Exception | None) -> None:
+        """The job's last events: its final text (or what cut it short), or the error it met."""
+        job = self.job
+        if result is None:
+            self._fail(error)
             return
-        except NeuronSSPError as exc:  # the request was fine; the server failed at run time (non-finite logits...)
-            log.error("request %s failed: %s", job.request_id, exc)
-            job.emit(Failed(ApiError(500, exc.problems)))
+        if not self.text.stopped and (job.abandoned() or self.cut_by_drain):
+            self._end_cut(len(result.tokens))
             return
-        except Exception:
-            log.exception("request %s failed", job.request_id)
+        returned = self.text.returned_tokens
+        self._count(result.stats, returned)
+        pieces, logprobs = self.text.take(final=True), self.text.take_logprobs(final=True)
+        if pieces or logprobs:
+            job.emit(Delta(pieces, Progress(**vars(self.progress)), logprobs))
+        pipeline = self.worker.pipeline
+        ended_by_model = bool(result.tokens) and result.tokens[-1] in pipeline.eos_token_ids
+        reason = "stop" if self.text.stopped or ended_by_model else "length"
+        self.worker.metrics.finished.labels(reason).inc()
+        seed = job.sampling.seed if pipeline.config.speculation.engine != "fused" else None
+        job.emit(Done(self.text.text, reason, returned, result.stats, seed,
+                      self.text.logprobs[:returned] if job.top_logprobs is not None else None))
+
+    def _fail(self, error: Exception | None) -> None:
+        job = self.job
+        if isinstance(error, UsageError):  # the request asked for something this pipeline cannot do
+            job.emit(Failed(ApiError(400, error.problems)))
+        elif isinstance(error, NeuronSSPError):  # the request was fine; the run failed (non-finite logits...)
+            log.error("request %s failed: %s", job.request_id, error)
+            job.emit(Failed(ApiError(500, error.problems)))
+        else:
+            log.error("request %s failed", job.request_id, exc_info=error)
             job.emit(Failed(ApiError(500, Problem("request", job.request_id, "the server failed while generating",
                                                   "retry; if it persists, report the request id to the operator "
                                                   "(the server log holds the details)"))))
-            return
-        if not text.stopped and (job.abandoned() or cut_by_drain[0]):
-            self._end_cut(job, len(result.tokens), cut_by_drain[0])
-            return
-        returned = text.returned_tokens
-        self._count(job, result.stats, returned)
-        pieces, logprobs = text.take(final=True), text.take_logprobs(final=True)
-        if pieces or logprobs:
-            job.emit(Delta(pieces, Progress(**vars(progress)), logprobs))
-        ended_by_model = bool(result.tokens) and result.tokens[-1] in self.pipeline.eos_token_ids
-        reason = "stop" if text.stopped or ended_by_model else "length"
-        self.metrics.finished.labels(reason).inc()
-        seed = job.sampling.seed if self.pipeline.config.speculation.engine != "fused" else None
-        job.emit(Done(text.text, reason, returned, result.stats, seed,
-                      text.logprobs[:returned] if job.top_logprobs is not None else None))
 
-    def _end_cut(self, job: Job, generated: int, by_drain: bool) -> None:
+    def _end_cut(self, generated: int) -> None:
         """A job cut short: by its client leaving (counted as aborted), its deadline, or the end of the drain."""
+        job, worker = self.job, self.worker
         if job.client_gone.is_set():
-            self.metrics.finished.labels("abort").inc()
+            worker.metrics.finished.labels("abort").inc()
             log.info("request %s cancelled after %d tokens: the client disconnected", job.request_id, generated)
             return
-        if by_drain:
+        if self.cut_by_drain:
             log.info("request %s cut after %d tokens: drain_timeout passed after SIGTERM", job.request_id, generated)
             job.emit(Failed(_unavailable("the server shut down (SIGTERM) before the request finished: "
                                          "serve.drain_timeout passed", "send the request to another instance",
-                                         self.retry_after_s)))
+                                         worker.retry_after_s)))
             return
         job.emit(Failed(timeout_error(job)))
 
-    def _logprob(self, row: torch.Tensor, token: int, top: int | None) -> TokenLogprob:
+    def _logprob(self, row: torch.Tensor, token: int) -> TokenLogprob:
         """`row`: the target's log-probabilities; -inf is sent as MIN_LOGPROB (JSON has no infinity; vLLM's value)."""
-        decode = self.pipeline.tokenizer.decode
+        decode, top = self.worker.pipeline.tokenizer.decode, self.job.top_logprobs
         best = row.topk(min(top, row.shape[-1])) if top else None
         alternatives = [] if best is None else \
             [(decode([int(i)]), max(float(v), MIN_LOGPROB)) for v, i in zip(best.values, best.indices, strict=True)]
         return TokenLogprob(decode([token]), max(float(row[token]), MIN_LOGPROB), alternatives)
 
-    def _count(self, job: Job, stats: GenerationStats, returned: int) -> None:
-        self.metrics.prompt_tokens.inc(int(job.prompt_ids.shape[0]))
-        self.metrics.generation_tokens.inc(returned)
-        self.metrics.draft_tokens.inc(stats.draft_tokens)
-        self.metrics.accepted_tokens.inc(stats.accepted_tokens)
-        self.metrics.e2e_latency.observe(time.perf_counter() - job.arrived)
+    def _count(self, stats: GenerationStats, returned: int) -> None:
+        metrics = self.worker.metrics
+        metrics.prompt_tokens.inc(int(self.job.prompt_ids.shape[0]))
+        metrics.generation_tokens.inc(returned)
+        metrics.draft_tokens.inc(stats.draft_tokens)
+        metrics.accepted_tokens.inc(stats.accepted_tokens)
+        metrics.e2e_latency.observe(time.perf_counter() - self.job.arrived)
 
 
 def _unavailable(rule: str, fix: str, retry_after_s: int) -> ApiError:

@@ -19,6 +19,7 @@ import torch
 
 from neuron_ssp.config import did_you_mean, greedy_acceptor_problem
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.speculation.position_noise import PositionNoise, draw
 from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -37,7 +38,14 @@ class TokenAcceptor(neuron_base_class()):  # type: ignore[misc]
     Where transformers-neuronx imports, this subclasses its `TokenAcceptor`, so the library's own
     code accepts ours as one of its acceptors. Scores may live on any device; the random generator
     must live on the same one.
+
+    `noise`: set by our loop before each call to the noise of the positions the call judges (its first
+    row's output position on); an acceptor that draws from it instead of `generator` keeps a seeded
+    request's output independent of windows and batch (position_noise.py). Any other acceptor stays as
+    lossless as it is, but its output then depends on how many numbers earlier steps drew.
     """
+
+    noise: PositionNoise | None = None
 
     def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None):
         self.sampling = sampling or SamplingParams()
@@ -58,12 +66,18 @@ class ProbabilisticAcceptor(TokenAcceptor):
     At temperature 0 p and q are point masses and the rule keeps d exactly when it is the target's
     argmax, then adds the target's argmax: greedy acceptance, computed as such rather than through
     (m+1, V) one-hots and a draw from one (~4 ms a step on the embedded model's 49k vocabulary).
+
+    With per-position noise (our loop sets `noise`), each position's token is the one plain sampling
+    draws there and a drafted token is kept when it equals it (`coupled_acceptance`): for point-mass
+    drafts the same law as the rule above, and the output is plain sampling's for the same seed.
     """
 
     def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
                  target_scores: torch.Tensor) -> torch.Tensor:
         if self.sampling.greedy:
             return greedy_acceptance(draft_ids, target_scores)
+        if self.noise is not None:
+            return coupled_acceptance(draft_ids, target_scores, self.sampling, self.noise)
         p = logits_to_probs(target_scores[0], self.sampling)
         ids = draft_ids[0].to(p.device)
         m = ids.shape[0]
@@ -110,6 +124,18 @@ def greedy_acceptance(draft_ids: torch.Tensor, target_scores: torch.Tensor) -> t
     mismatch = (ids != best[:m]).nonzero()
     kept = int(mismatch[0]) if mismatch.numel() else m
     return torch.cat([ids[:kept], best[kept:kept + 1]]).view(1, -1)
+
+
+def coupled_acceptance(draft_ids: torch.Tensor, target_scores: torch.Tensor, sampling: SamplingParams,
+                       noise: PositionNoise) -> torch.Tensor:
+    """The drafted tokens while each equals the token plain sampling draws at its position from the target's
+    row with the same noise, then that drawn token (position_noise.py says why this is lossless)."""
+    ids = draft_ids[0].tolist()
+    for j, drafted in enumerate(ids):
+        token = draw(target_scores[0, j], sampling, noise, j)
+        if token != drafted:
+            return torch.tensor(ids[:j] + [token]).view(1, -1)
+    return torch.tensor(ids + [draw(target_scores[0, len(ids)], sampling, noise, len(ids))]).view(1, -1)
 
 
 class TypicalAcceptor(TokenAcceptor):

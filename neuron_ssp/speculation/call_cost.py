@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,19 +31,27 @@ class Timed(Protocol):
 ROUNDS = 7
 POLICY_ROUNDS = 3  # the cost policy's curve, timed at load: 1-3 s on a CPU
 POLICY_PROMPT_TOKENS = 64
-_TARGET_COSTS: weakref.WeakKeyDictionary[Timed, WidthCost] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
 class WidthCost:
-    ms: dict[int, float]  # window width -> median milliseconds of one target call
+    ms: dict[int, float]  # rows scored in one call (a window's width, or a batch's rows) -> median milliseconds
     prefill_ms: list[float] = field(default_factory=list)  # one prompt prefill per timed round
 
     def at(self, width: int) -> float:
+        """Measured, else on the line between the nearest measured widths around it, else the widest's cost
+        per row (a call past the widest timed one)."""
         if width in self.ms:
             return self.ms[width]
-        wider = [w for w in self.ms if w >= width]
-        return self.ms[min(wider)] if wider else self.ms[max(self.ms)]
+        below = [w for w in self.ms if w < width]
+        above = [w for w in self.ms if w > width]
+        if not above:
+            widest = max(self.ms)
+            return self.ms[widest] * width / widest
+        if not below:
+            return self.ms[min(above)]
+        low, high = max(below), min(above)
+        return self.ms[low] + (self.ms[high] - self.ms[low]) * (width - low) / (high - low)
 
     @property
     def mean_prefill_ms(self) -> float:
@@ -99,19 +106,25 @@ def measure_width_cost(target: Timed, prompt_ids: torch.Tensor, widths: list[int
     return timer.cost()
 
 
-def target_cost(target: Timed, k: int) -> WidthCost:
-    """The target's cost per width 1..k for the cost policy, timed once per loaded target (every generator
-    built around it shares the curve) and smoothed with `affine`. A target that pads narrower windows to
-    its compiled width (Neuron) is timed at 1 and that width only, so every width in between costs the
-    padded one."""
-    cached = _TARGET_COSTS.get(target)
-    if cached is None or max(cached.ms) < k:
-        padded = target.max_score_width
-        widths = [1, padded] if padded else sorted({1, 2, *range(4, k, 4), k})
-        prompt = torch.arange(POLICY_PROMPT_TOKENS) % target.vocab_size
-        cached = affine(measure_width_cost(target, prompt, widths, POLICY_ROUNDS), k)
-        _TARGET_COSTS[target] = cached
-    return cached
+def target_cost(target: Timed, k: int, max_rows: int | None = None) -> WidthCost:
+    """The target's cost per width 1..k for the cost policy, smoothed with `affine`, and per row count up
+    to `max_rows` (a batch: serve.max_batch x k) at powers of two, timed once at load by whoever loads the
+    target and passed to every policy built around it. A target that pads narrower windows to its compiled
+    width (Neuron) is timed at 1 and that width only, so every width in between costs the padded one. Rows
+    beyond k are timed as one sequence's rows: each weight is read once for all rows of a call, whoever's
+    they are, and a row's attention reads its own slot (a batch's rows read more cache than one window's)."""
+    padded = target.max_score_width
+    widths = [1, padded] if padded else sorted({1, 2, *range(4, k, 4), k})
+    batch = [] if padded or not max_rows else batch_widths(k, max_rows)
+    prompt = torch.arange(POLICY_PROMPT_TOKENS) % target.vocab_size
+    measured = measure_width_cost(target, prompt, widths + batch, POLICY_ROUNDS)
+    return affine(measured, k)
+
+
+def batch_widths(k: int, max_rows: int) -> list[int]:
+    """Row counts past k to time for a batch: the powers of two between, and max_rows itself."""
+    powers = [2 ** i for i in range(max_rows.bit_length()) if k < 2 ** i < max_rows]
+    return powers + ([max_rows] if max_rows > k else [])
 
 
 def affine(cost: WidthCost, k: int) -> WidthCost:
@@ -120,8 +133,8 @@ def affine(cost: WidthCost, k: int) -> WidthCost:
     wider calls on a CPU (matrix-vector and MKL's small GEMM on the weights as stored, then the packed
     GEMM), so they stay off the line. A few timed calls per width on a shared machine jump by 20 % from
     one width to the next; the line does not. With one measured width >= 3 (Neuron: the compiled k) the
-    line is flat; a slope below 0 is noise and becomes 0."""
-    wide = sorted((w, ms) for w, ms in cost.ms.items() if w >= 3)
+    line is flat; a slope below 0 is noise and becomes 0. Row counts past k (a batch's) stay as measured."""
+    wide = sorted((w, ms) for w, ms in cost.ms.items() if 3 <= w <= k)
     if not wide:
         return cost
     mean_w = statistics.fmean(w for w, _ in wide)
@@ -129,5 +142,5 @@ def affine(cost: WidthCost, k: int) -> WidthCost:
     spread = sum((w - mean_w) ** 2 for w, _ in wide)
     slope = max(0.0, sum((w - mean_w) * (ms - mean_ms) for w, ms in wide) / spread) if spread else 0.0
     line = {w: mean_ms + slope * (w - mean_w) for w in range(2, max(k, 2) + 1)}
-    measured = {w: ms for w, ms in cost.ms.items() if w <= 2}
+    measured = {w: ms for w, ms in cost.ms.items() if w <= 2 or w > k}
     return WidthCost({**line, **measured}, cost.prefill_ms)

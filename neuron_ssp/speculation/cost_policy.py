@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from neuron_ssp.speculation.call_cost import WidthCost
+from neuron_ssp.speculation.goodput import goodput_windows
 
 
 class Proposal(Protocol):
@@ -84,14 +85,7 @@ class AcceptanceModel:
 
 def best_window(chances: list[float], cost: WidthCost) -> int:
     """The w in 1..len(chances)+1 with the most expected committed tokens per millisecond of target call."""
-    best, best_rate, expected, run = 1, 1.0 / cost.at(1), 1.0, 1.0
-    for j, p in enumerate(chances, start=2):
-        run *= p
-        expected += run
-        rate = expected / cost.at(j)
-        if rate > best_rate:
-            best, best_rate = j, rate
-    return best
+    return goodput_windows([chances], cost)[0] + 1
 
 
 class CostWindow:
@@ -102,15 +96,25 @@ class CostWindow:
         self.model = model or AcceptanceModel()
         self._pending: list[Cell] = []
 
-    def keep(self, draft: Proposal, target_confidence: float, asked: int) -> int:
-        """`asked`: how many tokens the drafter was asked for. A sampled draft may stop early on its own
-        tokens (a stop rule), so its length is not evidence known before the tokens were drawn: the
-        window is then chosen as if the whole `asked` came, and cut to what did."""
+    def chances(self, draft: Proposal, target_confidence: float, asked: int) -> list[float]:
+        """p_j for each drafted token the proposal may bring. `asked`: how many tokens the drafter was asked
+        for. A sampled draft may stop early on its own tokens (a stop rule), so its length is not evidence
+        known before the tokens were drawn: the chances then run over the whole `asked`, and `settle` cuts
+        what is kept to what came."""
         horizon = len(draft) if draft.deterministic else max(asked, len(draft))
-        cells = self.model.cells(target_confidence, draft.match_len, horizon)
-        kept = min(best_window([self.model.chance(cell) for cell in cells], self.cost) - 1, len(draft))
-        self._pending = cells[:kept]
+        self._pending = self.model.cells(target_confidence, draft.match_len, horizon)
+        return [self.model.chance(cell) for cell in self._pending]
+
+    def settle(self, draft: Proposal, chosen: int) -> int:
+        """The window chosen for the last proposal (by this row alone or by the batch): what is kept of it."""
+        kept = min(chosen, len(draft))
+        self._pending = self._pending[:kept]
         return kept
+
+    def keep(self, draft: Proposal, target_confidence: float, asked: int) -> int:
+        """What one request alone keeps: the best window for its own call."""
+        chances = self.chances(draft, target_confidence, asked)
+        return self.settle(draft, best_window(chances, self.cost) - 1)
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted:

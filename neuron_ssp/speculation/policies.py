@@ -9,7 +9,7 @@ the only one that sees draft probabilities: `build_draft_stop` gives its thresho
 from __future__ import annotations
 
 from neuron_ssp.config import SpeculationConfig
-from neuron_ssp.speculation.call_cost import Timed, WidthCost, target_cost
+from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, CostWindow, Proposal
 
 
@@ -17,6 +17,7 @@ class WindowPolicy:
     """The interface the generator drives; by itself it always opens the full window k."""
 
     uses_target_confidence = False
+    by_goodput = False  # True: the loop chooses this policy's windows together with the batch's (CostPolicy)
 
     def __init__(self, k: int):
         self.k = k
@@ -27,6 +28,15 @@ class WindowPolicy:
     def keep(self, draft: Proposal, target_confidence: float) -> int:
         """How many of the drafted tokens the target scores; by default all of them."""
         return len(draft)
+
+    def chances(self, draft: Proposal, target_confidence: float) -> list[float]:
+        """Per drafted token, the chance it is accepted once those before it were: what the batch's goodput
+        choice weighs (policies with `by_goodput` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not choose windows by goodput")
+
+    def settle(self, draft: Proposal, chosen: int) -> int:
+        """How many drafted tokens are kept when the batch chose `chosen` for this row (`by_goodput` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not choose windows by goodput")
 
     def observe(self, drafted: int, accepted: int) -> None:
         """What the last target call kept of its draft; stateless policies ignore it."""
@@ -80,9 +90,11 @@ class TargetConfidencePolicy(WindowPolicy):
 
 class CostPolicy(WindowPolicy):
     """Ask the drafter for the whole window k, then keep the part that maximises expected committed tokens
-    per unit of target time, from the target's cost per width and the evidence (cost_policy.py)."""
+    per unit of target time, from the target's cost per width and the evidence (cost_policy.py). In a batch
+    the loop weighs every row's evidence against the cost of the whole call (goodput.py)."""
 
     uses_target_confidence = True
+    by_goodput = True
 
     def __init__(self, k: int, cost: WidthCost, model: AcceptanceModel | None = None):
         super().__init__(k)
@@ -96,15 +108,25 @@ class CostPolicy(WindowPolicy):
     def keep(self, draft: Proposal, target_confidence: float) -> int:
         return self.chooser.keep(draft, target_confidence, self.k - 1)
 
+    def chances(self, draft: Proposal, target_confidence: float) -> list[float]:
+        return self.chooser.chances(draft, target_confidence, self.k - 1)
+
+    def settle(self, draft: Proposal, chosen: int) -> int:
+        return self.chooser.settle(draft, chosen)
+
     def observe(self, drafted: int, accepted: int) -> None:
         self.chooser.observe(drafted, accepted)
 
 
-def build_policy(spec: SpeculationConfig, target: Timed, acceptance: AcceptanceModel | None = None) -> WindowPolicy:
-    """`target` is timed per width once (call_cost.target_cost) when the policy is 'cost'; `acceptance`:
-    counts to learn into (shared with other generators), else fresh ones from the prior."""
+def build_policy(spec: SpeculationConfig, cost: WidthCost | None, acceptance: AcceptanceModel | None = None
+                 ) -> WindowPolicy:
+    """`cost`: the target's call cost per row count, timed once at load (call_cost.target_cost), needed by
+    the policy 'cost'; `acceptance`: counts to learn into (shared with other rows), else fresh ones from the
+    prior."""
     if spec.policy == "cost":
-        return CostPolicy(spec.k, target_cost(target, spec.k), acceptance)
+        if cost is None:
+            raise ValueError("policy 'cost' needs the target's call cost (call_cost.target_cost)")
+        return CostPolicy(spec.k, cost, acceptance)
     if spec.policy == "adaptive":
         return AdaptivePolicy(spec.k, spec.k_min)
     if spec.policy == "target-confidence":

@@ -23,7 +23,7 @@ from typing import Any
 from neuron_ssp.config import config_from_dict
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, build_generator
+from neuron_ssp.pipeline.build import Generator, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.speculation.stats import GenerationStats, merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
@@ -190,7 +190,9 @@ def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, Ge
                                      "add a `draft:` section to the config, or compare ngram and suffix"))
         data = config.model_dump()
         data["speculation"]["drafter"] = name
-        generators[name] = build_generator(config_from_dict(data), pipeline.target, pipeline.draft)
+        other = config_from_dict(data)
+        shared = share(other, pipeline.target, pipeline.draft, cost=pipeline.shared.cost)
+        generators[name] = build_generator(other, pipeline.target, pipeline.draft, shared)
     return generators
 
 

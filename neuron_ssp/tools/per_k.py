@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from neuron_ssp.config import Config
 from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import build_generator
+from neuron_ssp.pipeline.build import build_generator, share
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
 
@@ -53,7 +53,7 @@ def generator_for_config(pipeline: Pipeline, config: Config) -> SpeculativeGener
     with_window = getattr(pipeline.target, "with_window", None)  # Neuron: the network compiled for this k
     target = with_window(config.speculation.k) if with_window is not None else pipeline.target
     native = config.model_copy(update={"speculation": config.speculation.model_copy(update={"engine": "native"})})
-    generator = build_generator(native, target, pipeline.draft)
+    generator = build_generator(native, target, pipeline.draft, share(native, target, pipeline.draft))
     assert isinstance(generator, SpeculativeGenerator)
     return generator
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.backends.base import ModelBackend, SingleSlot
 
 
-class PrefixMemo:
+class PrefixMemo(SingleSlot):
     def __init__(self, inner: ModelBackend):
         self.inner = inner
         self.name = f"memo({inner.name})"

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.backends.checkpoint import checkpoint_eos_ids
 from neuron_ssp.backends.neuron.api import NEURON_INDEX
 from neuron_ssp.config import Config, SamplingConfig
@@ -74,7 +75,7 @@ def on_device_options(config: Config, model_dir: Path) -> dict[str, Any]:
     return {"on_device_embedding": True, "on_device_generation": config_module.GenerationConfig(**settings)}
 
 
-class OnDeviceBackend:
+class OnDeviceBackend(SingleSlot):
     """A model compiled with on-device generation: it returns token ids, so it cannot score for our loop."""
 
     max_score_width: int | None = None

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 
-class NeuronBackend:
+class NeuronBackend(SingleSlot):
     """Scores through the networks compiled into one Neuron model; knows nothing of acceptance."""
 
     def __init__(

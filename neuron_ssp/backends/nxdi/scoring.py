@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.positions import NXDI, extra_target_slots
 
 SEQ_IDS = torch.tensor([0], dtype=torch.int32)
 
 
-class NxdiBackend:
+class NxdiBackend(SingleSlot):
     """Scores through one NxDI application; knows nothing of acceptance."""
 
     def __init__(self, app: Any, name: str, vocab_size: int, n_positions: int, speculation_length: int | None):

@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
+from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.backends.torch.hf_forward import HfForward
 from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
@@ -28,7 +29,7 @@ from neuron_ssp.errors import Problem, UsageError
 ForwardName = Literal["auto", "compact", "hf"]
 
 
-class TorchBackend:
+class TorchBackend(SingleSlot):
     """One sequence, one cache. Two backends may share a model (draft = target) but never a cache."""
 
     max_score_width: int | None = None

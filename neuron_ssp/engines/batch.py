@@ -1,0 +1,235 @@
+"""Continuous batching with speculation: the one loop, for one request or many.
+
+Each row is one request: its committed tokens, cache slot, drafter, acceptor, window policy, sampling
+settings, seed (per-position noise) and callbacks. A step:
+1. rows whose caller wants them stopped (cancel, stop string, deadline) leave;
+2. each row's drafter proposes up to its window - 1 tokens;
+3. the windows: rows under the cost policy are chosen together, to maximise the expected committed tokens
+   per millisecond of the whole call (goodput.py); other policies keep what they keep for one request;
+4. ONE target call scores every row's [last committed token] + kept drafts at its (slot, position);
+5. each row accepts on its own and commits; rows that reach EOS or their budget leave, freeing the slot.
+Requests join between steps (`join`: the prompt's prefill is its own call). A single `generate` is this
+loop with one row, and plain decoding is a row without a drafter: every comparison runs the same code.
+
+Rolling back a rejected draft is free: the next call writes the same positions of the row's slot. Rows
+never see each other (backends.base), so on the CPU row kernel a row's logits, and hence a greedy output,
+are bit for bit those of the request alone; a seeded sampled row draws from (seed, position) only
+(position_noise.py), so its output does not depend on the batch, the windows or the timing either.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+import torch
+
+from neuron_ssp.backends.base import ModelBackend, Segment
+from neuron_ssp.drafters.base import Draft, Drafter
+from neuron_ssp.engines.base import (
+    CommitCallback,
+    Committed,
+    GenerationResult,
+    LogitsCallback,
+    StopCheck,
+    TokenCallback,
+    check_finite,
+    check_room,
+)
+from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.speculation.acceptors import TokenAcceptor
+from neuron_ssp.speculation.call_cost import WidthCost
+from neuron_ssp.speculation.goodput import goodput_windows
+from neuron_ssp.speculation.policies import WindowPolicy
+from neuron_ssp.speculation.position_noise import PositionNoise, draw
+from neuron_ssp.speculation.sampling import SamplingParams
+from neuron_ssp.speculation.stats import GenerationStats
+
+DrafterForSlot = Callable[[int], Drafter]  # the row's drafter, given its cache slot (a draft model's slot)
+
+
+@dataclass
+class RowRequest:
+    """What one request brings to the loop. No drafter: plain decoding (the baseline)."""
+
+    prompt_ids: torch.Tensor
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int = 0
+    eos_token_ids: Collection[int] = ()
+    drafter_for: DrafterForSlot | None = None
+    acceptor: TokenAcceptor | None = None
+    policy: WindowPolicy | None = None
+    on_tokens: TokenCallback | None = None
+    on_commit: CommitCallback | None = None
+    on_logits: LogitsCallback | None = None
+    should_stop: StopCheck | None = None
+
+
+class Row:
+    """A running request."""
+
+    def __init__(self, request: RowRequest, slot: int, k: int, vocab_size: int):
+        self.request = request
+        self.slot = slot
+        self.seq = Committed(request.prompt_ids, request.max_new_tokens, request.eos_token_ids, request.on_tokens,
+                             request.on_commit, request.on_logits)
+        self.policy = request.policy or WindowPolicy(1)
+        self.drafter = request.drafter_for(slot) if request.drafter_for is not None else None
+        self.noise = PositionNoise(request.seed)
+        self.stats = GenerationStats(k=k if self.drafter is not None else 1)
+        self.started = time.perf_counter()
+        self.confidence = 1.0
+        self.draft = Draft.empty(vocab_size)  # this step's proposal, then what is kept of it
+        self.error: Exception | None = None
+        self.cancelled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.done or self.cancelled or self.error is not None
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.seq.generated(), self.stats)
+
+
+class BatchLoop:
+    """Rows of one target, at most `target.slots` at once. One loop per target at a time: it owns the slots."""
+
+    def __init__(self, target: ModelBackend, k: int, cost: WidthCost | None = None):
+        self.target = target
+        self.k = k
+        self.cost = cost  # the target's call cost per row count: goodput windows (cost policy rows)
+        self.rows: list[Row] = []
+        self._free = list(range(target.slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def join(self, request: RowRequest) -> Row:
+        """Start a request: check its room, prefill its prompt into a free slot (its own call) and commit its
+        first token. A request that ends there (EOS, a budget of one) is returned finished, not running."""
+        check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
+        if not self._free:
+            raise RuntimeError(f"no free slot: {self.target.slots} requests are running")
+        row = Row(request, self._free.pop(), self.k, self.target.vocab_size)
+        row.policy.reset()
+        try:
+            self._prefill(row)
+        except Exception:
+            self._free.append(row.slot)
+            raise
+        if row.finished:
+            self._leave(row)
+        else:
+            self.rows.append(row)
+        return row
+
+    def step(self) -> list[Row]:
+        """One target call for every running row; returns the rows that finished (cancelled ones included)."""
+        for row in self.rows:
+            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
+        for row in [row for row in self.rows if row.cancelled]:
+            self._leave(row)
+        if not self.rows:
+            return []
+        self._propose()
+        segments = [Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
+                    for row in self.rows]
+        begin = time.perf_counter()
+        logits = self.target.score_batch(segments)
+        seconds = time.perf_counter() - begin
+        finished = []
+        for row, rows_logits in zip(self.rows, logits.split([len(s.tokens) for s in segments]), strict=True):
+            row.stats.time_target_s += seconds
+            try:
+                self._commit(row, rows_logits)
+            except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
+                row.error = exc
+            if row.finished:
+                finished.append(row)
+        for row in finished:
+            self._leave(row)
+        return finished
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        """One request alone, to its end."""
+        row = self.join(request)
+        while not row.finished:
+            self.step()
+        if row.error is not None:
+            raise row.error
+        return row.result()
+
+    def _prefill(self, row: Row) -> None:
+        request, seq = row.request, row.seq
+        begin = time.perf_counter()
+        if row.drafter is not None:
+            row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
+        prefilled = time.perf_counter()
+        logits = self.target.prefill_slot(row.slot, request.prompt_ids)
+        row.stats.time_draft_s += prefilled - begin
+        row.stats.time_target_s += time.perf_counter() - prefilled
+        check_finite(logits, seq.length - 1, self.target)
+        seq.extend([draw(logits, request.sampling, row.noise)], logits=logits)
+        if row.policy.uses_target_confidence:
+            row.confidence = _confidence(logits, seq.last)
+
+    def _propose(self) -> None:
+        """Each row's proposal, then the windows: together by goodput where every row's policy weighs so."""
+        for row in self.rows:
+            begin = time.perf_counter()
+            window = min(row.policy.window(row.confidence), self.k, row.seq.remaining)
+            row.draft = row.drafter.propose(row.seq.committed(), window - 1) \
+                if row.drafter is not None and window > 1 else Draft.empty(self.target.vocab_size)
+            row.stats.time_draft_s += time.perf_counter() - begin
+        if self.cost is not None and all(row.policy.by_goodput for row in self.rows):
+            chances = [row.policy.chances(row.draft, row.confidence) for row in self.rows]
+            for row, chosen in zip(self.rows, goodput_windows(chances, self.cost), strict=True):
+                row.draft = row.draft.prefix(row.policy.settle(row.draft, chosen))
+        else:
+            for row in self.rows:
+                row.draft = row.draft.prefix(row.policy.keep(row.draft, row.confidence))
+
+    def _commit(self, row: Row, logits: torch.Tensor) -> None:
+        seq, draft, request = row.seq, row.draft, row.request
+        check_finite(logits, seq.length - 1, self.target)
+        noise = row.noise.shifted(seq.generated_count)
+        if len(draft) and request.acceptor is not None:
+            tokens = accept(request.acceptor, draft, logits, noise)
+        else:
+            tokens = [draw(logits[0], request.sampling, noise)]
+        accepted = len(tokens) - 1
+        row.stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft), logits))
+        row.policy.observe(len(draft), accepted)
+        if row.policy.uses_target_confidence:
+            row.confidence = _confidence(logits[accepted], tokens[-1])
+
+    def _leave(self, row: Row) -> None:
+        if row in self.rows:
+            self.rows.remove(row)
+        if row.drafter is not None:
+            row.drafter.finish(row.seq.committed())
+        row.stats.wall_s = time.perf_counter() - row.started
+        row.stats.new_tokens = row.seq.generated_count
+        self._free.append(row.slot)
+
+def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, noise: PositionNoise) -> list[int]:
+    """The acceptor's tokens for one row, in transformers-neuronx's call shape, checked: the first n-1
+    drafted tokens then one of its choice. `noise`: the positions' noise, for acceptors that draw from it."""
+    acceptor.noise = noise
+    out = acceptor(draft.tokens.view(1, -1), draft.logits.unsqueeze(0), target_logits.unsqueeze(0))
+    tokens = out.view(-1).tolist()
+    if not 1 <= len(tokens) <= len(draft) + 1 or tokens[:-1] != draft.tokens[: len(tokens) - 1].tolist():
+        raise RuntimeProblem(Problem(
+            "speculation.acceptor", type(acceptor).__name__,
+            f"returned {tokens} for draft {draft.tokens.tolist()}: an acceptor must return the first n-1 "
+            "drafted tokens followed by one token of its choice (1 <= n <= drafted + 1)",
+            "fix the acceptor's __call__ (the target's KV cache holds the drafted tokens)"))
+    return tokens
+
+
+def _confidence(logits: torch.Tensor, token: int) -> float:
+    """The target's probability (temperature 1) for the token it just produced."""
+    return float(logits.float().softmax(-1)[token])

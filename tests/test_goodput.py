@@ -1,0 +1,64 @@
+"""Windows chosen for a whole batch by goodput: the best split of drafted tokens across rows."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from neuron_ssp.speculation.call_cost import WidthCost
+from neuron_ssp.speculation.cost_policy import best_window
+from neuron_ssp.speculation.goodput import goodput_windows
+
+
+def curve(per_row: float, fixed: float = 10.0, widest: int = 64) -> WidthCost:
+    return WidthCost({n: fixed + per_row * n for n in range(1, widest + 1)})
+
+
+def expected_rate(chances: list[list[float]], kept: list[int], cost: WidthCost) -> float:
+    expected = 0.0
+    for row, m in zip(chances, kept, strict=True):
+        run = 1.0
+        expected += 1.0
+        for p in row[:m]:
+            run *= p
+            expected += run
+    return expected / cost.at(len(chances) + sum(kept))
+
+
+def brute_force(chances: list[list[float]], cost: WidthCost) -> float:
+    return max(expected_rate(chances, list(kept), cost)
+               for kept in itertools.product(*[range(len(row) + 1) for row in chances]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3),
+       st.floats(0.0, 5.0))
+def test_the_choice_is_the_best_split_there_is(chances, per_row):
+    cost = curve(per_row)
+    kept = goodput_windows(chances, cost)
+    assert all(0 <= m <= len(row) for m, row in zip(kept, chances, strict=True))
+    assert expected_rate(chances, kept, cost) == pytest.approx(brute_force(chances, cost), rel=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), max_size=8), st.floats(0.0, 5.0))
+def test_one_row_is_the_single_request_window(chances, per_row):
+    cost = curve(per_row)
+    assert goodput_windows([chances], cost) == [best_window(chances, cost) - 1]
+
+
+def test_when_batching_pays_more_rows_draft_nothing():
+    chances = [[0.5, 0.4]] * 8
+    steep = WidthCost({1: 10.0, 8: 12.0, 16: 40.0, 24: 60.0})  # past 8 rows every row costs a lot
+    assert goodput_windows(chances, steep) == [0] * 8
+    flat = WidthCost({1: 10.0, 24: 10.0})  # rows are free: every drafted token is worth scoring
+    assert goodput_windows(chances, flat) == [2] * 8
+
+
+def test_weak_drafts_drop_out_before_strong_ones():
+    chances = [[0.95, 0.9, 0.9], [0.2, 0.2, 0.2]]
+    kept = goodput_windows(chances, curve(per_row=2.0))
+    assert kept[0] == 3 and kept[1] == 0
