@@ -130,28 +130,27 @@ class BatchLoop:
         """One target call for every running row; returns the rows that finished (cancelled ones included)."""
         for row in self.rows:
             row.cancelled = bool(row.request.should_stop and row.request.should_stop())
-        for row in [row for row in self.rows if row.cancelled]:
+        cancelled = [row for row in self.rows if row.cancelled]
+        for row in cancelled:
             self._leave(row)
         if not self.rows:
-            return []
+            return cancelled
         self._propose()
         segments = [Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
                     for row in self.rows]
         begin = time.perf_counter()
         logits = self.target.score_batch(segments)
         seconds = time.perf_counter() - begin
-        finished = []
         for row, rows_logits in zip(self.rows, logits.split([len(s.tokens) for s in segments]), strict=True):
             row.stats.time_target_s += seconds
             try:
                 self._commit(row, rows_logits)
             except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
                 row.error = exc
-            if row.finished:
-                finished.append(row)
-        for row in finished:
+        ended = [row for row in self.rows if row.finished]
+        for row in ended:
             self._leave(row)
-        return finished
+        return cancelled + ended
 
     def run(self, request: RowRequest) -> GenerationResult:
         """One request alone, to its end."""
