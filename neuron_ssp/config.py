@@ -79,7 +79,8 @@ class SpeculationConfig(_Strict):
     """k is the window: k-1 drafted tokens, k positions scored by the target per call."""
 
     k: int = Field(4, ge=2, le=64)
-    drafter: Literal["ngram", "model", "suffix"] = "ngram"
+    # none: plain decoding through the same loop (continuous batching without speculation, the baseline)
+    drafter: Literal["ngram", "model", "suffix", "none"] = "ngram"
     acceptor: str = "probabilistic"  # a built-in name or `module:Class`
     # cost: keep the part of each proposal that maximises expected tokens per second, from the target's
     # measured cost per window width and the draft's evidence (speculation/cost_policy.py)

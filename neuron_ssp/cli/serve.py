@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Group
@@ -14,8 +14,11 @@ from rich.table import Table
 from neuron_ssp.cli.generate import DEFAULT_PROMPTS, load_with_status
 from neuron_ssp.cli.options import echo_json, set_threads, threads_option
 from neuron_ssp.cli.report import console, describe, status_console
-from neuron_ssp.config import load_config
-from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.config import Config, load_config
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+
+if TYPE_CHECKING:
+    from neuron_ssp.tools.serve_sweep import SweepResult
 
 # flag -> serve.* field it overrides
 SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "max_batch", "request_timeout", "api_key_env",
@@ -73,10 +76,18 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
 @click.option("--repeated", is_flag=True,
               help="Instead: the suffix drafter's repeated-workload gain through the server, the prompts twice, "
               "greedy clients and clients sending temperature + seed side by side.")
+@click.option("--sweep", is_flag=True,
+              help="Instead: concurrency sweep of three servers side by side (batch-1 speculation, continuous "
+              "batching without and with speculation): tokens/s, TTFT and time per output token per level.")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="--sweep: client counts, comma-separated.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="--sweep: serve.max_batch of the batching servers.")
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="--sweep: save the sweep as a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def bench_serve(config_path: Path | None, clients: int, requests: int, max_tokens: int, pairs: int,
                 overflow_queue: int, timeout_s: float, threads: int | None, prompts_file: Path,
-                repeated: bool, as_json: bool) -> None:
+                repeated: bool, sweep: bool, concurrency: str, max_batch: int, plot_path: Path | None,
+                as_json: bool) -> None:
     """Load-test `neuron-ssp serve` on loopback: HTTP overhead, N clients x M requests, queue overflow."""
     import tempfile
 
@@ -86,6 +97,11 @@ def bench_serve(config_path: Path | None, clients: int, requests: int, max_token
 
     config = load_config(config_path)
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
+    if sweep:
+        levels = parse_levels(concurrency)
+        run_sweep_command(config, prompts, levels, requests, max_tokens, max_batch, threads, timeout_s, plot_path,
+                          as_json)
+        return
     if repeated:
         with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
             task = progress.add_task("bench-serve --repeated", total=4 * len(prompts))
@@ -105,6 +121,65 @@ def bench_serve(config_path: Path | None, clients: int, requests: int, max_token
         echo_json(result.to_dict())
         return
     console.print(serve_bench_tables(result.to_dict()))
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        levels = ()
+    if not levels or levels[0] < 1:
+        raise UsageError(Problem("--concurrency", text, "must be positive client counts separated by commas",
+                                 "pass e.g. --concurrency 1,2,4,8,16"))
+    return levels
+
+
+def run_sweep_command(config: Config, prompts: list[str], levels: tuple[int, ...], requests: int, max_tokens: int,
+                      max_batch: int, threads: int | None, timeout_s: float, plot_path: Path | None,
+                      as_json: bool) -> None:
+    import tempfile
+
+    from rich.progress import Progress
+
+    from neuron_ssp.tools import serve_sweep
+
+    if plot_path is not None:
+        from neuron_ssp.tools.plots import figure_class
+
+        figure_class()  # matplotlib missing: say so before the run, not after
+    with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
+        task = progress.add_task("bench-serve --sweep", total=serve_sweep.total_steps(levels, requests))
+        result = serve_sweep.run_sweep(config, prompts, levels, requests, max_tokens, max_batch, threads, timeout_s,
+                                       Path(logs), lambda _: progress.advance(task))
+    if plot_path is not None:
+        from neuron_ssp.tools.plots import plot_sweep
+
+        plot_sweep(result, plot_path, f"bench-serve --sweep: {config.name}, drafter {config.speculation.drafter}, "
+                   f"max_batch {max_batch}, {max_tokens} tokens, {requests} requests per client")
+    if as_json:
+        echo_json({**result.to_dict(), "targets": serve_sweep.targets(result)})
+        return
+    console.print(sweep_tables(result))
+
+
+def sweep_tables(result: SweepResult) -> Group:
+    """Per mode and concurrency, then the targets (80 columns wide)."""
+    from neuron_ssp.tools import serve_sweep
+
+    load = Table(title="bench-serve --sweep (tokens/s; seconds)", title_justify="left")
+    for name in ("mode", "c", "tok/s", "TTFT p50/p95", "TPOT p50/p95", "err"):
+        load.add_column(name, justify="right" if name != "mode" else "left")
+    for mode in serve_sweep.MODES:
+        for c, m in sorted(result.runs[mode].items()):
+            load.add_row(mode, str(c), f"{m['output_tokens_per_s']:.1f}",
+                         f"{m['ttft_p50_s']:.2f}/{m['ttft_p95_s']:.2f}",
+                         f"{m['tpot_p50_s'] * 1000:.0f}/{m['tpot_p95_s'] * 1000:.0f} ms", str(m["errors"]))
+    goals = Table(title="targets", title_justify="left")
+    for name in ("target", "measured", "goal", "met"):
+        goals.add_column(name)
+    for name, measured, goal, met in serve_sweep.targets(result):
+        goals.add_row(name, measured, goal, "yes" if met else "[red]no[/red]")
+    return Group(load, goals)
 
 
 def serve_bench_tables(r: dict[str, Any]) -> Group:

@@ -34,7 +34,7 @@ class SpeculativeGenerator:
     """A target, a drafter, an acceptor and a window policy: transformers-neuronx's three swappable pieces
     (and the policy), generating one request at a time."""
 
-    def __init__(self, target: ModelBackend, drafter: Drafter, acceptor: TokenAcceptor, policy: WindowPolicy,
+    def __init__(self, target: ModelBackend, drafter: Drafter | None, acceptor: TokenAcceptor, policy: WindowPolicy,
                  sampling: SamplingConfig, k: int, rng: torch.Generator | None = None):
         if target.max_score_width is not None and k > target.max_score_width:
             raise UsageError(Problem("speculation.k", k, f"the target scores at most {target.max_score_width} "
@@ -54,9 +54,10 @@ class SpeculativeGenerator:
                  on_tokens: TokenCallback | None = None, *, on_commit: CommitCallback | None = None,
                  should_stop: StopCheck | None = None, on_logits: LogitsCallback | None = None) -> GenerationResult:
         self.rng.manual_seed(self.sampling.seed)
+        drafter = self.drafter  # one request at a time: the generator's own drafter, whatever the slot
         request = RowRequest(prompt_ids, max_new_tokens, self.params, self.sampling.seed, eos_token_ids,
-                             lambda slot: self.drafter, self.acceptor, self.policy, on_tokens, on_commit, on_logits,
-                             should_stop)
+                             None if drafter is None else (lambda slot: drafter), self.acceptor, self.policy,
+                             on_tokens, on_commit, on_logits, should_stop)
         return BatchLoop(self.target, self.k).run(request)
 
 

@@ -62,7 +62,7 @@ def share(config: Config, target: ModelBackend, draft: ModelBackend | None, max_
     if spec.engine != "native":
         return Shared()
     drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)))
-    if spec.policy != "cost":
+    if spec.policy != "cost" or drafter is None:
         return Shared(None, drafter)
     if cost is None or max(cost.ms) < max(spec.k, max_rows or 0):
         cost = target_cost(target, spec.k, max_rows)
@@ -93,7 +93,8 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.engines.fused import FusedEngine
 
         return FusedEngine.build(config, target, draft)
-    drafter = shared.drafter if shared.drafter is not None else build_drafter(config, target, draft, rng)
+    drafter = shared.drafter if shared.drafter is not None or spec.drafter == "none" \
+        else build_drafter(config, target, draft, rng)
     policy = build_policy(spec, shared.cost, shared.acceptance)
     return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
 
@@ -114,7 +115,6 @@ def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | 
     spec, params = config.speculation, sampling_params(sampling)
     rng = torch.Generator(device=sampling_device(config)).manual_seed(sampling.seed)
     loaded = shared.drafter
-    assert loaded is not None, "our loop's pipeline has a drafter"
 
     def drafter_for(slot: int) -> Drafter:
         if isinstance(loaded, SuffixDrafter):  # a fresh tree for this request, the shared history
@@ -124,14 +124,18 @@ def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | 
             return ModelDrafter(SlotView(draft, slot), params, rng, loaded.stop_below)
         return loaded  # prompt lookup keeps no state
 
-    return RowRequest(prompt_ids, max_new_tokens, params, sampling.seed, eos_token_ids, drafter_for,
+    return RowRequest(prompt_ids, max_new_tokens, params, sampling.seed, eos_token_ids,
+                      drafter_for if loaded is not None else None,
                       build_acceptor(spec.acceptor, params, rng), build_policy(spec, shared.cost, shared.acceptance),
                       callbacks.on_tokens, callbacks.on_commit, callbacks.on_logits, callbacks.should_stop)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
-                  rng: torch.Generator) -> Drafter:
+                  rng: torch.Generator) -> Drafter | None:
+    """None for drafter 'none': plain decoding."""
     spec = config.speculation
+    if spec.drafter == "none":
+        return None
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)
     if spec.drafter == "suffix":

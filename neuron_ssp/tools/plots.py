@@ -1,4 +1,4 @@
-"""PNG plots for tune-k and bench.
+"""PNG plots for tune-k, bench and bench-serve --sweep.
 
 Figures are built with `matplotlib.figure.Figure`, not pyplot: no display is needed, and importing this
 module never switches the backend of a notebook or script that also draws inline. matplotlib comes with
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.bench import BenchResult
 from neuron_ssp.tools.extra import import_extra
+from neuron_ssp.tools.serve_sweep import MODES, SweepResult
 from neuron_ssp.tools.tune_k import TuneKResult
 
 if TYPE_CHECKING:
@@ -63,6 +64,22 @@ def plot_bench(result: BenchResult, path: Path, title: str) -> None:
     ax.set_xticks(range(len(names)), names, rotation=20)
     ax.set(ylabel="speedup over plain decoding (same run)", title="speedup per category")
     ax.legend(fontsize=8)
+    _save(fig, path, title)
+
+
+def plot_sweep(result: SweepResult, path: Path, title: str) -> None:
+    """Tokens/s and time per output token (p95) against concurrency, one line per way of serving."""
+    fig = figure_class()(figsize=(10, 4))
+    speed, latency = fig.subplots(1, 2)
+    for mode in MODES:
+        levels = sorted(result.runs[mode])
+        speed.plot(levels, [result.runs[mode][c]["output_tokens_per_s"] for c in levels], "o-", label=mode)
+        latency.plot(levels, [1000 * result.runs[mode][c]["tpot_p95_s"] for c in levels], "o-", label=mode)
+    for ax, label in ((speed, "output tokens/s (all clients)"), (latency, "time per output token, p95 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrent streaming clients", ylabel=label)
+        ax.grid(alpha=0.3)
+    speed.legend(fontsize=8)
     _save(fig, path, title)
 
 

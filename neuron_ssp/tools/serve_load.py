@@ -163,8 +163,8 @@ def summary(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
         "http_503": sum(1 for o in outcomes if o.status == 503), "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s else 0.0,
         "output_tokens_per_s": tokens / wall_s if wall_s else 0.0,
-        **{f"ttft_p{q}_s": _percentile([o.ttft_s for o in ok], q) for q in (50, 95, 99)},
-        **{f"e2e_p{q}_s": _percentile([o.e2e_s for o in ok], q) for q in (50, 95, 99)},
+        **{f"ttft_p{q}_s": percentile([o.ttft_s for o in ok], q) for q in (50, 95, 99)},
+        **{f"e2e_p{q}_s": percentile([o.e2e_s for o in ok], q) for q in (50, 95, 99)},
     }
 
 
@@ -203,8 +203,8 @@ def measure_overhead(pipeline: Any, url: str, prompts: list[str], max_tokens: in
             same += tokens["direct"] == tokens["http"]
             step("pair")
     return {"pairs": pairs, "direct_total_s": sum(direct_s), "http_total_s": sum(http_s),
-            "ratio": sum(http_s) / sum(direct_s), "direct_p50_s": _percentile(direct_s, 50),
-            "http_p50_s": _percentile(http_s, 50), "same_text": same}
+            "ratio": sum(http_s) / sum(direct_s), "direct_p50_s": percentile(direct_s, 50),
+            "http_p50_s": percentile(http_s, 50), "same_text": same}
 
 
 def measure_concurrency(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
@@ -309,7 +309,7 @@ def _one_pass(url: str, prompts: list[str], max_tokens: int, sampling: dict[str,
             "tokens_per_call": tokens / calls if calls else 0.0}
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
