@@ -17,7 +17,7 @@ from neuron_ssp.speculation.acceptors import (
     ZeroPaddedAcceptor,
     build_acceptor,
 )
-from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, logits_to_probs
+from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, logits_to_probs, sample
 
 
 def test_greedy_acceptor_keeps_the_agreeing_prefix_then_the_target_token():
@@ -77,6 +77,16 @@ def test_top_k_and_top_p_truncate_the_distribution():
     assert probs[0] > 0 and probs[1] > 0 and probs[3] == 0  # the token crossing 0.7 is kept
     assert torch.isclose(probs.sum(), torch.tensor(1.0))
     assert logits_to_probs(logits, SamplingParams(0.0)).tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("top_p", [1e-46, 5e-324, 1e-9])
+def test_a_vanishing_top_p_keeps_the_most_likely_token(top_p):
+    """top_p 1e-46 is 0 in fp32, and every token was dropped: softmax of all -inf is NaN, and
+    `torch.multinomial` raised (a 500 through the server). The nucleus always holds the most likely token."""
+    logits = torch.tensor([[2.0, 7.5, -1.0, float("-inf")], [0.5, 0.0, 4.0, 1.0]])
+    probs = logits_to_probs(logits, SamplingParams(1.0, top_p=top_p))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
+    assert sample(probs, torch.Generator().manual_seed(0)).tolist() == [1, 2]
 
 
 def test_zero_padded_results_are_counted_like_transformers_neuronx():
