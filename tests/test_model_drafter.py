@@ -41,7 +41,7 @@ def cached_keys(torch_backend, length: int) -> list[torch.Tensor]:
     forward = torch_backend._forward
     if torch_backend.forward_name == "compact":
         return [layer[0, :, :length] for layer in forward.keys]
-    cache = forward._cache
+    cache = forward._caches[0]  # slot 0: prefill and score are its
     assert cache.get_seq_length() == length
     if hasattr(cache, "layers"):
         return [layer.keys for layer in cache.layers]

@@ -14,6 +14,7 @@ from test_compact_forward import rope_llama
 
 from neuron_ssp.backends.torch import row_kernel as kernel_module
 from neuron_ssp.backends.torch.llama_weights import llama_weights
+from neuron_ssp.backends.torch.row_kernel import Spans
 from neuron_ssp.backends.torch.scoring import TorchBackend
 
 KERNEL = kernel_module.row_kernel()
@@ -130,11 +131,11 @@ def test_the_avx2_build_of_machines_without_avx512_computes_the_same(monkeypatch
 
 
 @needs_kernel
-def test_slots_past_the_cache_are_refused_before_the_c_code_could_write_there():
-    backend = TorchBackend(tiny_llama(0), 16, pack=True)
+def test_positions_and_slots_past_the_cache_are_refused_before_the_c_code_could_write_there():
+    backend = TorchBackend(tiny_llama(0), 16, pack=True, slots=2)
     backend.prefill(torch.tensor([1, 2, 3]))
-    backend.score(torch.tensor([4, 5]), 14)  # slots 14, 15: the last two
-    with pytest.raises(IndexError, match="cache slots 15..16 are outside the cache's 16"):
+    backend.score(torch.tensor([4, 5]), 14)  # positions 14, 15: the last two
+    with pytest.raises(IndexError, match="cache positions 15..16 are outside the cache's 16"):
         backend.score(torch.tensor([4, 5]), 15)
     with pytest.raises(ValueError, match="takes 64 inputs"):
         KERNEL.linear(torch.zeros(2, 32), KERNEL.pack(torch.zeros(8, 64)))
@@ -142,6 +143,12 @@ def test_slots_past_the_cache_are_refused_before_the_c_code_could_write_there():
         KERNEL.linear(torch.zeros(65, 64), KERNEL.pack(torch.zeros(8, 64)))
     forward = backend._forward
     matrices, norms, (keys, values) = forward._kernel_layers[0]
+    one_row = torch.zeros(1, forward._shape.hidden)
     with pytest.raises(ValueError, match="dense"):  # keys whose rows are shorter than the cache
-        KERNEL.layer(torch.zeros(1, forward._shape.hidden), 0, matrices, norms, (keys[..., :8], values),
-                     forward._rotary, forward._shape)
+        KERNEL.layer(one_row, Spans.of([(0, 0, 1)]), matrices, norms, (keys[..., :8], values), forward._rotary,
+                     forward._shape)
+    with pytest.raises(IndexError, match="cache slot 2 is outside the cache's 2"):
+        KERNEL.layer(one_row, Spans.of([(2, 0, 1)]), matrices, norms, (keys, values), forward._rotary, forward._shape)
+    with pytest.raises(ValueError, match="1 rows for segments of 2"):
+        KERNEL.layer(one_row, Spans.of([(0, 0, 1), (1, 0, 1)]), matrices, norms, (keys, values), forward._rotary,
+                     forward._shape)

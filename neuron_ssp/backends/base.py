@@ -67,6 +67,18 @@ class SingleSlot:
         return self.score(segments[0].tokens, segments[0].start)  # type: ignore[attr-defined]
 
 
+def check_slots(slots: Sequence[int], held: int) -> None:
+    """Refuse a call with no segment, a slot the cache lacks (C would write past it), or one slot twice (its
+    segments would see each other's keys)."""
+    if not slots:
+        raise ValueError("a call scores at least one segment")
+    outside = [slot for slot in slots if not 0 <= slot < held]
+    if outside:
+        raise ValueError(f"slots {outside}: the cache holds slots 0..{held - 1}")
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"slots {list(slots)}: a call names each slot at most once")
+
+
 def _only_slot_0(slots: list[int]) -> None:
     if slots != [0]:
         raise ValueError(f"slots {slots}: this backend holds one sequence (batch > 1 on Neuron is not built yet)")

@@ -11,50 +11,61 @@ Sliding-window (and linear-attention) cache layers of transformers 5.x keep only
 states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
 (as Hugging Face's assisted generation does). Recording layers then keep every state written since
 the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
+
+Several sequences: one DynamicCache per slot, and a batched call scores its segments one after the other
+(one forward each, no padding or mask batching): correct and simple, not faster than separate calls.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 
+from neuron_ssp.backends.base import Segment
 from neuron_ssp.errors import Problem, UsageError
 
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
 
 
 class HfForward:
-    """One sequence, one cache, through `model(...)`."""
+    """`slots` sequences, a cache each, through `model(...)`."""
 
-    def __init__(self, model: PreTrainedModel, name: str):
+    def __init__(self, model: PreTrainedModel, name: str, slots: int = 1):
         self.model = model
         self.device = next(model.parameters()).device
         self._keep_last = _last_logits_kwarg(model)
         self._cache_name = cache_kwarg(model)
-        self._cache: DynamicCache | None = None
+        self._caches: list[DynamicCache | None] = [None] * slots
         self._recording = _needs_past_recording(self._new_cache(), name)
 
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        self._cache = self._new_cache()
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), **{self._cache_name: self._cache},
+    def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+        cache = self._caches[slot] = self._new_cache()
+        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), **{self._cache_name: cache},
                          use_cache=True, **self._keep_last)
         if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
-            self._cache.activate_past_recording()
+            cache.activate_past_recording()
         return out.logits[0, -1]
 
-    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        if self._cache is None:
+    def score(self, segments: Sequence[Segment]) -> torch.Tensor:
+        """Segment after segment, each against its slot's cache; rows in segment order."""
+        parts = [self._score_slot(segment.slot, segment.tokens, segment.start) for segment in segments]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _score_slot(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        cache = self._caches[slot]
+        if cache is None:
             raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
-        stale = self._cache.get_seq_length() - start
+        stale = cache.get_seq_length() - start
         if stale > 0:
-            self._cache.crop(-stale)
+            cache.crop(-stale)
         n = token_ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
-        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), **{self._cache_name: self._cache},
+        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), **{self._cache_name: cache},
                          position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
         return out.logits[0]
 

@@ -1,16 +1,22 @@
-"""Our own forward of a plain Llama over Hugging Face's weights, with a preallocated KV cache.
+"""Our own forward of a plain Llama over Hugging Face's weights, with a preallocated KV cache of `slots` sequences.
 
-The cache is addressed by position, as on Neuron (`cache_ids`): a call writes the keys and values of
-slots start..start+n-1 and attends to slots 0..start+n-1, so rolling back a rejected draft costs
-nothing (later slots are ignored, then overwritten). No per-call cache object, no mask over the whole
-cache, no per-layer module dispatch: the same arithmetic as Hugging Face's LlamaForCausalLM, in the
-order it does it (tests check the logits against its forward within fp32 tolerance).
+The cache is addressed by (slot, position), as on Neuron (`cache_ids`): a call writes the keys and values of
+positions start..start+n-1 of a slot and attends to its positions 0..start+n-1, so rolling back a rejected draft
+costs nothing (later positions are ignored, then overwritten). One call scores several sequences (segments, each
+on its own slot, never seeing another). No per-call cache object, no mask over the whole cache, no per-layer
+module dispatch: the same arithmetic as Hugging Face's LlamaForCausalLM, in the order it does it (tests check
+the logits against its forward within fp32 tolerance).
 
 Rotary tables are computed once per backend by the model's own `rotary_emb` (every rope type whose
 frequencies do not change with the length: default, linear, llama3, yarn), for its n_positions.
 
-With the row kernel built (llama_weights.py, row_kernel.py), a call of up to MAX_ROWS rows runs each
-decoder layer as one C call (llama_layer.c): the same arithmetic without ~25 torch dispatches a layer.
+With the row kernel built (llama_weights.py, row_kernel.py), a call runs each decoder layer as one C call
+(llama_layer.c) over at most MAX_ROWS rows of all its segments together (each weight read once for all of
+them); a wider call is cut into such chunks. Its rows do not depend on each other, so a row's logits are
+bit-identical whichever rows, segments and chunks share its call. The torch path (no kernel: no C compiler,
+CUDA, bf16/fp16, NEURON_SSP_ROW_KERNEL=0; and prompts longer than MAX_ROWS) runs the linear layers over all
+rows together and attention segment by segment; its GEMMs may round differently for different row counts, so
+there a row's logits can differ in the last bits with the rows beside it.
 
 `compile=True` runs the forward through `torch.compile` (inductor, dynamic shapes: widths and
 positions vary), the documented fast path with a static cache on CUDA. Inductor keeps its compiled
@@ -20,28 +26,33 @@ later run starts fast.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
+from neuron_ssp.backends.base import Segment
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
-from neuron_ssp.backends.torch.row_kernel import KEY_PADDING, MAX_ROWS, LayerShape, RowKernel, row_kernel
+from neuron_ssp.backends.torch.row_kernel import KEY_PADDING, MAX_ROWS, LayerShape, RowKernel, Spans, row_kernel
 from neuron_ssp.embedded.cache import cache_root
+
+Span = tuple[int, int, int]  # one segment of a call: (cache slot, first position, rows)
 
 
 class CompactLlama:
-    """One sequence: its KV cache, (1, kv_heads, n_positions, head_dim) per layer for keys and for values.
+    """`slots` sequences: their KV cache, (slots, kv_heads, n_positions, head_dim) per layer for keys and for values.
 
-    With the row kernel the keys are stored transposed, (1, kv_heads, head_dim, n_positions + KEY_PADDING), so
-    that llama_layer.c scores a vector of slots at a time; `keys` is then a transposed view of that storage,
+    With the row kernel the keys are stored transposed, (slots, kv_heads, head_dim, n_positions + KEY_PADDING), so
+    that llama_layer.c scores a vector of positions at a time; `keys` is then a transposed view of that storage,
     and the torch ops (long prefills) read and write it in the usual shape."""
 
-    def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False):
+    def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False,
+                 slots: int = 1):
         self.w = weights
         self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
-        shape = (len(weights.layers), 1, weights.kv_heads, n_positions, weights.head_dim)
+        shape = (len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim)
         if self._kernel is not None:
             padded = torch.zeros(shape[:3] + (weights.head_dim, n_positions + KEY_PADDING), dtype=weights.dtype)
             self.keys = padded[..., :n_positions].transpose(-1, -2)
@@ -57,45 +68,103 @@ class CompactLlama:
                                  else 0, eps=weights.eps)
         # what llama_layer.c takes per layer, gathered once rather than on every call
         self._kernel_layers = [
-            (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys[0].transpose(-1, -2), values[0]))
+            (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys.transpose(-1, -2), values))
             for layer, keys, values in self._layers] if self._kernel is not None else []
 
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        return self._run(prompt_ids.to(self.w.device), 0, True)[-1]
+    def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """The prompt into positions 0.. of `slot`; beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as
+        fast there as the row kernel)."""
+        ids = prompt_ids.to(self.w.device)
+        return self._run(ids, ((slot, 0, ids.shape[0]),), True)[-1]
 
-    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        return self._run(token_ids.to(self.w.device), start, False)
+    def score(self, segments: Sequence[Segment]) -> torch.Tensor:
+        """Every segment's rows, in order; with the row kernel in chunks of at most MAX_ROWS rows."""
+        ids = torch.cat([segment.tokens for segment in segments]).to(self.w.device)
+        spans = [(segment.slot, segment.start, int(segment.tokens.shape[0])) for segment in segments]
+        if self._kernel is None:
+            return self._run(ids, tuple(spans), False)
+        parts, begin = [], 0
+        for chunk in row_chunks(spans, MAX_ROWS):
+            end = begin + sum(count for _, _, count in chunk)
+            parts.append(self._run(ids[begin:end], chunk, False))
+            begin = end
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _forward(self, ids: torch.Tensor, start: int, last_only: bool) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, spans: tuple[Span, ...], last_only: bool) -> torch.Tensor:
         w = self.w
         x = F.embedding(ids, w.embed)
         if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
+            table = Spans.of(spans)
             for matrices, norms, cache in self._kernel_layers:
-                self._kernel.layer(x, start, matrices, norms, cache, self._rotary, self._shape)
+                self._kernel.layer(x, table, matrices, norms, cache, self._rotary, self._shape)
         else:
-            x = self._torch_layers(x, start)
+            x = self._torch_layers(x, spans)
         if last_only:
             x = x[-1:]
         return w.head(_rms_norm(x, w.norm, w.eps))[0]
 
-    def _torch_layers(self, x: torch.Tensor, start: int) -> torch.Tensor:
+    def _torch_layers(self, x: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
+        """The linear layers over all rows at once, attention per segment against its own slot."""
         w = self.w
-        n, end = x.shape[0], start + x.shape[0]
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        mask = _causal_mask(n, start, x.device)
+        n = x.shape[0]
+        cos, sin = _at_positions(self.cos, spans), _at_positions(self.sin, spans)
+        rows = _row_ranges(spans)
         for layer, keys, values in self._layers:
             q, k, v = layer.qkv(_rms_norm(x, layer.attn_norm, w.eps))
-            q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin).transpose(0, 1)
-            keys[0, :, start:end] = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin).transpose(0, 1)
-            values[0, :, start:end] = v.view(n, w.kv_heads, w.head_dim).transpose(0, 1)
-            # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
-            attn = F.scaled_dot_product_attention(q.unsqueeze(0), _head_dim_dense(keys[:, :, :end]), values[:, :, :end],
-                                                  attn_mask=mask,
-                                                  is_causal=start == 0 and n > 1, enable_gqa=w.heads != w.kv_heads)
-            x = x + layer.o(attn[0].transpose(0, 1).reshape(n, w.heads * w.head_dim))[0]
+            q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin)
+            k = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin)
+            v = v.view(n, w.kv_heads, w.head_dim)
+            attn = [self._attend(q[begin:end], k[begin:end], v[begin:end], keys[slot:slot + 1], values[slot:slot + 1],
+                                 start) for (slot, start, _), (begin, end) in zip(spans, rows, strict=True)]
+            x = x + layer.o((attn[0] if len(attn) == 1 else torch.cat(attn)).reshape(n, w.heads * w.head_dim))[0]
             gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))
             x = x + layer.down(F.silu(gate) * up)[0]
         return x
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                start: int) -> torch.Tensor:
+        """One segment's rows (n, heads, head_dim) against its slot's cache (1, kv_heads, n_positions, head_dim):
+        writes their keys and values at start.., attends to positions 0..each row's own."""
+        n, end = q.shape[0], start + q.shape[0]
+        keys[0, :, start:end] = k.transpose(0, 1)
+        values[0, :, start:end] = v.transpose(0, 1)
+        # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
+        attn = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), _head_dim_dense(keys[:, :, :end]),
+                                              values[:, :, :end], attn_mask=_causal_mask(n, start, q.device),
+                                              is_causal=start == 0 and n > 1,
+                                              enable_gqa=self.w.heads != self.w.kv_heads)
+        return attn[0].transpose(0, 1)
+
+
+def row_chunks(spans: list[Span], limit: int) -> list[tuple[Span, ...]]:
+    """The spans in calls of at most `limit` rows, in order; a segment cut at a chunk's end goes on at the next
+    chunk's start, from the position after (the earlier chunk has written the keys and values before it)."""
+    chunks: list[tuple[Span, ...]] = []
+    chunk: list[Span] = []
+    room = limit
+    for slot, start, count in spans:
+        while count:
+            take = min(count, room)
+            chunk.append((slot, start, take))
+            start, count, room = start + take, count - take, room - take
+            if room == 0:
+                chunks.append(tuple(chunk))
+                chunk, room = [], limit
+    if chunk:
+        chunks.append(tuple(chunk))
+    return chunks
+
+
+def _row_ranges(spans: tuple[Span, ...]) -> list[tuple[int, int]]:
+    """Each segment's rows in the call: (first, past the last)."""
+    ends = list(itertools.accumulate(count for _, _, count in spans))
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+def _at_positions(table: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
+    """The rotary table's rows for every row of the call, segment after segment."""
+    parts = [table[start:start + count] for _, start, count in spans]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _head_dim_dense(keys: torch.Tensor) -> torch.Tensor:
@@ -119,8 +188,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def _causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor | None:
-    """Row i (slot start+i) sees slots 0..start+i; None where SDPA needs no mask (one row, or is_causal
-    from slot 0)."""
+    """Row i (position start+i) sees positions 0..start+i; None where SDPA needs no mask (one row, or is_causal
+    from position 0)."""
     if n == 1 or start == 0:
         return None
     rows = torch.arange(start, start + n, device=device).unsqueeze(1)
@@ -130,7 +199,7 @@ def _causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor | Non
 @torch.no_grad()
 def _rotary_tables(rotary: torch.nn.Module, weights: LlamaWeights, n_positions: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin per slot, shaped (n_positions, 1, head_dim) to broadcast over heads."""
+    """cos and sign-folded sin per position, shaped (n_positions, 1, head_dim) to broadcast over heads."""
     positions = torch.arange(n_positions, device=weights.device).unsqueeze(0)
     cos, sin = rotary(weights.embed[:1].unsqueeze(0), positions)
     half = weights.head_dim // 2

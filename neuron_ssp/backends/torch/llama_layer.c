@@ -3,8 +3,8 @@
  * dispatch per layer at one row; here it is arithmetic only. The same order of operations as
  * Hugging Face's LlamaDecoderLayer, in fp32; the four matrix products go through panel_linear.
  *
- * Every row is computed on its own (its attention reads cache slots 0..its position), so a row's
- * result does not depend on how many rows came with it.
+ * Every row is computed on its own (its attention reads its own sequence's positions 0..its position), so a
+ * row's result does not depend on how many rows came with it, nor on which other sequences share the call.
  */
 #include <math.h>
 #include <stddef.h>
@@ -98,15 +98,15 @@ static void rotate(const float *x, const float *cos, const float *sin, float *ou
 
 int query_block(void) { return QUERY_BLOCK; }
 
-/* prefetch distances, tuned on a 1000-slot cache read cold: keys 64 slots ahead along each head
- * dimension's row (4 vectors of 16), values 8 slots ahead */
+/* prefetch distances, tuned on a 1000-position cache read cold: keys 64 positions ahead along each head
+ * dimension's row (4 vectors of 16), values 8 positions ahead */
 #define KEYS_AHEAD 64
 #define VALUES_AHEAD 8
 
 /* for each query q < count: out[q] lanes at..at+LANES-1 = scale[q] * sum over t < terms of
  * weights[q][t] * rows[t] (lanes at.., zero past limit), rows[t] = rows + t * row_stride. Both products of
  * attention are this loop: scores (rows: transposed keys, one per head dimension; weights: the queries;
- * 16 (8) slots per vector, no horizontal sums) and outputs (rows: values, one per slot; weights: the
+ * 16 (8) positions per vector, no horizontal sums) and outputs (rows: values, one per position; weights: the
  * probabilities). One loaded row serves every query of the block. `ahead`: floats past each loaded vector
  * to prefetch (the cache, from memory after the weights went through: without it attention waits on it). */
 static inline __attribute__((always_inline)) void weighted_rows(
@@ -125,20 +125,22 @@ static inline __attribute__((always_inline)) void weighted_rows(
         if (q < count) store(out + (ptrdiff_t)q * out_stride, at, limit, acc[q] * scale[q]);
 }
 
-/* scores (count, slots) = queries (count, head_dim) . keys_t[:, :slots] * scale[q], keys_t (head_dim, key_stride) */
+/* scores (count, positions) = queries (count, head_dim) . keys_t[:, :positions] * scale[q],
+ * keys_t (head_dim, key_stride) */
 static inline __attribute__((always_inline)) void score_block(
-    const float *queries, int count, const float *keys_t, int key_stride, int slots, int head_dim,
+    const float *queries, int count, const float *keys_t, int key_stride, int positions, int head_dim,
     const float *scale, float *scores) {
-    for (int j = 0; j < slots; j += LANES)
-        weighted_rows(keys_t, key_stride, j, slots, head_dim, queries, head_dim, count, scale, scores, slots,
-                      KEYS_AHEAD);
+    for (int j = 0; j < positions; j += LANES)
+        weighted_rows(keys_t, key_stride, j, positions, head_dim, queries, head_dim, count, scale, scores,
+                      positions, KEYS_AHEAD);
 }
 
-/* out (count, head_dim) = probs (count, slots) . values (slots, head_dim) * norms[q] */
+/* out (count, head_dim) = probs (count, positions) . values (positions, head_dim) * norms[q] */
 static inline __attribute__((always_inline)) void value_block(
-    const float *probs, const float *norms, int count, const float *values, int slots, int head_dim, float *out) {
+    const float *probs, const float *norms, int count, const float *values, int positions, int head_dim,
+    float *out) {
     for (int i = 0; i < head_dim; i += LANES)
-        weighted_rows(values, head_dim, i, head_dim, slots, probs, slots, count, norms, out, head_dim,
+        weighted_rows(values, head_dim, i, head_dim, positions, probs, positions, count, norms, out, head_dim,
                       VALUES_AHEAD * head_dim);
 }
 
@@ -150,53 +152,54 @@ static inline __attribute__((always_inline)) void value_block(
     case 7: call_with(7); break; default: call_with(8); break;                            \
     }
 
-/* each query's probabilities over slots 0..its own slot (zero beyond, so a query's bits do not depend
+/* each query's probabilities over positions 0..its own (zero beyond, so a query's bits do not depend
  * on the later rows of its call), unnormalised; norms[q] = 1 / their sum */
-static void softmax_rows(float *scores, int count, int slots, const int *last, float *norms) {
+static void softmax_rows(float *scores, int count, int positions, const int *last, float *norms) {
     ivec lane = {0};
     for (int i = 0; i < LANES; i++) lane[i] = i;
     for (int q = 0; q < count; q++) {
-        float *row = scores + (ptrdiff_t)q * slots, top = -INFINITY;
+        float *row = scores + (ptrdiff_t)q * positions, top = -INFINITY;
         vec tops = {0};
         tops -= INFINITY;
         for (int j = 0; j <= last[q]; j += LANES) { /* lanes past last[q] keep -inf */
-            vec v = load(row, j, slots);
+            vec v = load(row, j, positions);
             tops = pick(lane + j <= last[q] & v > tops, v, tops);
         }
         for (int i = 0; i < LANES; i++) top = tops[i] > top ? tops[i] : top;
         vec sum = {0}, zero = {0};
-        for (int j = 0; j < slots; j += LANES) {
-            vec e = pick(lane + j <= last[q], exp_lanes(load(row, j, slots) - top), zero);
-            store(row, j, slots, e);
+        for (int j = 0; j < positions; j += LANES) {
+            vec e = pick(lane + j <= last[q], exp_lanes(load(row, j, positions) - top), zero);
+            store(row, j, positions, e);
             sum += e;
         }
         norms[q] = 1.0f / total(sum);
     }
 }
 
-/* causal attention of one kv head's query group: queries (rows x group, head_dim), row r's queries at slot
+/* causal attention of one kv head's query group: queries (rows x group, head_dim), row r's queries at position
  * start + r; keys_t (head_dim, key_stride), values (n_positions, head_dim); out row r, head group*kv+g */
 static void attend(const float *queries, int rows, int group, int start, const float *keys_t,
                    int key_stride, const float *values, int head_dim, float *work, float *out, int out_width,
                    int head0) {
-    int total_queries = rows * group, slots = start + rows;
+    int total_queries = rows * group, positions = start + rows;
     float scales[QUERY_BLOCK];
     for (int q = 0; q < QUERY_BLOCK; q++) scales[q] = 1.0f / sqrtf((float)head_dim);
-    float *scores = work, *norms = scores + (ptrdiff_t)total_queries * slots;
+    float *scores = work, *norms = scores + (ptrdiff_t)total_queries * positions;
     int *last = (int *)(norms + total_queries);
     for (int q = 0; q < total_queries; q++) last[q] = start + q / group;
     for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
         int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
-#define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, key_stride, slots, head_dim, \
-                              scales, scores + (ptrdiff_t)q0 * slots)
+#define SCORES(n) score_block(queries + (ptrdiff_t)q0 * head_dim, n, keys_t, key_stride, positions, head_dim, \
+                              scales, scores + (ptrdiff_t)q0 * positions)
         BY_COUNT(SCORES)
 #undef SCORES
     }
-    softmax_rows(scores, total_queries, slots, last, norms);
+    softmax_rows(scores, total_queries, positions, last, norms);
     float *block = (float *)(last + total_queries); /* QUERY_BLOCK x head_dim */
     for (int q0 = 0; q0 < total_queries; q0 += QUERY_BLOCK) {
         int count = total_queries - q0 < QUERY_BLOCK ? total_queries - q0 : QUERY_BLOCK;
-#define VALUES(n) value_block(scores + (ptrdiff_t)q0 * slots, norms + q0, n, values, slots, head_dim, block)
+#define VALUES(n) value_block(scores + (ptrdiff_t)q0 * positions, norms + q0, n, values, positions, head_dim, \
+                              block)
         BY_COUNT(VALUES)
 #undef VALUES
         for (int q = q0; q < q0 + count; q++) /* query q: row q / group, head head0 + q % group */
@@ -213,49 +216,99 @@ static void silu_times(const float *gate, const float *up, float *out, int count
     }
 }
 
-/* x (rows, hidden) is updated in place; keys (kv_heads, head_dim, key_stride: transposed; key_stride >=
- * n_positions, padded so that a slot's head_dim floats fall in different L1 sets) and values
- * (kv_heads, n_positions, head_dim) get slots start..start+rows-1; cos/sin (n_positions, head_dim);
- * scratch holds LayerShape.scratch_floats (row_kernel.py) floats */
-void llama_layer(float *x, int rows, int start, const float *attn_norm, const float *qkv, const float *o,
-                 const float *mlp_norm, const float *gate_up, const float *down, float *keys, float *values,
-                 int key_stride, int n_positions, const float *cos, const float *sin, int hidden, int heads,
-                 int kv_heads, int head_dim, int inter, float eps, float *scratch, int threads) {
-    int q_width = heads * head_dim, kv_width = kv_heads * head_dim, qkv_width = q_width + 2 * kv_width;
-    int group = heads / kv_heads;
+/* one segment's keys (rotated) and values into its slot of the cache: fused holds its rows' q/k/v products,
+ * row r at position start + r; rotated is head_dim floats of room */
+static void write_cache(const float *fused, int count, int start, const float *cos, const float *sin, float *keys,
+                        int key_stride, float *values, int n_positions, int q_width, int kv_heads, int head_dim,
+                        float *rotated) {
+    int kv_width = kv_heads * head_dim, qkv_width = q_width + 2 * kv_width;
+    for (int r = 0; r < count; r++) {
+        int position = start + r;
+        const float *row = fused + (ptrdiff_t)r * qkv_width;
+        const float *c = cos + (ptrdiff_t)position * head_dim, *s = sin + (ptrdiff_t)position * head_dim;
+        for (int h = 0; h < kv_heads; h++) {
+            float *key_t = keys + (ptrdiff_t)h * head_dim * key_stride + position;
+            float *value = values + ((ptrdiff_t)h * n_positions + position) * head_dim;
+            rotate(row + q_width + h * head_dim, c, s, rotated, head_dim);
+            for (int i = 0; i < head_dim; i++) key_t[(ptrdiff_t)i * key_stride] = rotated[i];
+            for (int i = 0; i < head_dim; i++) value[i] = row[q_width + kv_width + h * head_dim + i];
+        }
+    }
+}
+
+/* floats of scratch one attention task (a segment's rows, one kv head) works in: its rotated queries
+ * (count x group x head_dim), then attend's scores, norms, last positions and block */
+static ptrdiff_t task_floats(int count, int start, int group, int head_dim) {
+    return (ptrdiff_t)count * group * (head_dim + start + count + 2) + QUERY_BLOCK * head_dim;
+}
+
+/* the first row of segment s in x, and where its tasks' scratch begins (tasks in segment order, then heads) */
+static void segment_place(const int *spans, int s, int kv_heads, int group, int head_dim, int *row, ptrdiff_t *at) {
+    *row = 0;
+    *at = 0;
+    for (int i = 0; i < s; i++) {
+        *row += spans[3 * i + 2];
+        *at += kv_heads * task_floats(spans[3 * i + 2], spans[3 * i + 1], group, head_dim);
+    }
+}
+
+/* one segment's rows attend to their own slot through kv head h: their queries of that head's group are
+ * rotated into `work` first; the results go to heads h*group.. of out (count, q_width) */
+static void attend_head(const float *fused, int count, int start, int h, const float *cos, const float *sin,
+                        const float *keys, int key_stride, const float *values, int n_positions, int heads,
+                        int kv_heads, int head_dim, float *work, float *out) {
+    int q_width = heads * head_dim, qkv_width = q_width + 2 * kv_heads * head_dim, group = heads / kv_heads;
+    float *queries = work;
+    for (int r = 0; r < count; r++) {
+        const float *c = cos + (ptrdiff_t)(start + r) * head_dim, *s = sin + (ptrdiff_t)(start + r) * head_dim;
+        for (int g = 0; g < group; g++)
+            rotate(fused + (ptrdiff_t)r * qkv_width + (h * group + g) * head_dim, c, s,
+                   queries + ((ptrdiff_t)r * group + g) * head_dim, head_dim);
+    }
+    attend(queries, count, group, start, keys + (ptrdiff_t)h * head_dim * key_stride, key_stride,
+           values + (ptrdiff_t)h * n_positions * head_dim, head_dim, queries + (ptrdiff_t)count * group * head_dim,
+           out, q_width, h * group);
+}
+
+/* x (rows, hidden) is updated in place, rows = the sum of the segments' row counts. Segment s (spans[3s..3s+2]:
+ * cache slot, first position, rows) owns the next rows of x; its keys and values go to positions start.. of
+ * its slot, and its rows attend to that slot only. keys: per slot (kv_heads, head_dim, key_stride: transposed;
+ * key_stride >= n_positions, padded so that a position's head_dim floats fall in different L1 sets), slots
+ * key_slot_stride floats apart; values: per slot (kv_heads, n_positions, head_dim), value_slot_stride apart;
+ * cos/sin (n_positions, head_dim); scratch holds LayerShape.scratch_floats (row_kernel.py) floats. The four
+ * products run once over all rows (each weight read once); attention runs as one task per (segment, kv head),
+ * on the threads, each in its own scratch, so its result does not depend on the thread count. */
+void llama_layer(float *x, int segments, const int *spans, const float *attn_norm, const float *qkv,
+                 const float *o, const float *mlp_norm, const float *gate_up, const float *down, float *keys,
+                 float *values, int key_stride, ptrdiff_t key_slot_stride, int n_positions,
+                 ptrdiff_t value_slot_stride, const float *cos, const float *sin, int hidden, int heads, int kv_heads,
+                 int head_dim, int inter, float eps, float *scratch, int threads) {
+    int q_width = heads * head_dim, qkv_width = q_width + 2 * kv_heads * head_dim, group = heads / kv_heads;
+    int rows = 0;
+    for (int s = 0; s < segments; s++) rows += spans[3 * s + 2];
     float *normed = scratch;                                  /* rows x hidden */
     float *fused = normed + (ptrdiff_t)rows * hidden;         /* rows x max(qkv_width, 2 inter) */
     int fused_width = qkv_width > 2 * inter ? qkv_width : 2 * inter;
     float *mixed = fused + (ptrdiff_t)rows * fused_width;      /* rows x max(q_width, inter) */
     int mixed_width = q_width > inter ? q_width : inter;
     float *projected = mixed + (ptrdiff_t)rows * mixed_width;  /* rows x hidden */
-    float *queries = projected + (ptrdiff_t)rows * hidden;    /* rows x group x head_dim */
-    float *work = queries + (ptrdiff_t)rows * group * head_dim; /* see attend */
+    float *work = projected + (ptrdiff_t)rows * hidden;       /* kv_heads tasks per segment: task_floats each */
 
     rms_norm(x, attn_norm, normed, rows, hidden, eps);
     panel_linear(normed, qkv, fused, rows, qkv_width, hidden, threads);
-    for (int r = 0; r < rows; r++) {
-        int slot = start + r;
-        const float *row = fused + (ptrdiff_t)r * qkv_width;
-        const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
-        for (int h = 0; h < kv_heads; h++) {
-            float *key_t = keys + (ptrdiff_t)h * head_dim * key_stride + slot;
-            float *value = values + ((ptrdiff_t)h * n_positions + slot) * head_dim;
-            rotate(row + q_width + h * head_dim, c, s, queries, head_dim);
-            for (int i = 0; i < head_dim; i++) key_t[(ptrdiff_t)i * key_stride] = queries[i];
-            for (int i = 0; i < head_dim; i++) value[i] = row[q_width + kv_width + h * head_dim + i];
-        }
-    }
-    for (int h = 0; h < kv_heads; h++) {
-        for (int r = 0; r < rows; r++) {
-            int slot = start + r;
-            const float *c = cos + (ptrdiff_t)slot * head_dim, *s = sin + (ptrdiff_t)slot * head_dim;
-            for (int g = 0; g < group; g++)
-                rotate(fused + (ptrdiff_t)r * qkv_width + (h * group + g) * head_dim, c, s,
-                       queries + ((ptrdiff_t)r * group + g) * head_dim, head_dim);
-        }
-        attend(queries, rows, group, start, keys + (ptrdiff_t)h * head_dim * key_stride, key_stride,
-               values + (ptrdiff_t)h * n_positions * head_dim, head_dim, work, mixed, q_width, h * group);
+    for (int s = 0, r0 = 0; s < segments; r0 += spans[3 * s + 2], s++)
+        write_cache(fused + (ptrdiff_t)r0 * qkv_width, spans[3 * s + 2], spans[3 * s + 1], cos, sin,
+                    keys + spans[3 * s] * key_slot_stride, key_stride, values + spans[3 * s] * value_slot_stride,
+                    n_positions, q_width, kv_heads, head_dim, work);
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1)
+    for (int task = 0; task < segments * kv_heads; task++) {
+        int s = task / kv_heads, h = task % kv_heads, slot = spans[3 * s], start = spans[3 * s + 1];
+        int count = spans[3 * s + 2], r0;
+        ptrdiff_t at;
+        segment_place(spans, s, kv_heads, group, head_dim, &r0, &at);
+        attend_head(fused + (ptrdiff_t)r0 * qkv_width, count, start, h, cos, sin, keys + slot * key_slot_stride,
+                    key_stride, values + slot * value_slot_stride, n_positions, heads, kv_heads, head_dim,
+                    work + at + h * task_floats(count, start, group, head_dim), mixed + (ptrdiff_t)r0 * q_width);
     }
     panel_linear(mixed, o, projected, rows, hidden, q_width, threads);
     for (ptrdiff_t i = 0; i < (ptrdiff_t)rows * hidden; i++) x[i] += projected[i];

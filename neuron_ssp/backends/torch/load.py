@@ -1,7 +1,8 @@
 """Config -> torch backends: the target (and the draft for drafter 'model') on CPU or CUDA.
 
 The embedded model is checked against its known answer at every load (one forward pass), so a wrong
-conversion stops here instead of generating garbage. draft = target shares the weights.
+conversion stops here instead of generating garbage. draft = target shares the weights. The KV caches
+(`slots` sequences each) are checked against the free memory before they are allocated.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import transformers
 from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from neuron_ssp.backends.torch.scoring import TorchBackend
+from neuron_ssp.backends.neuron.env import host_memory_available
+from neuron_ssp.backends.torch.scoring import TorchBackend, kv_cache_bytes
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig
 from neuron_ssp.embedded.models import check_embedded_answer, resolve_model_path
+from neuron_ssp.errors import Problem, UsageError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -36,8 +39,10 @@ def load_hf_model(path: Path, dtype: str, device: torch.device) -> PreTrainedMod
     return model.to(device).eval()
 
 
-def load_torch_backends(config: Config) -> tuple[TorchBackend, TorchBackend | None, PreTrainedTokenizerBase]:
-    """(target, draft, tokenizer); the draft is None unless `speculation.drafter` is 'model'."""
+def load_torch_backends(config: Config, slots: int = 1
+                        ) -> tuple[TorchBackend, TorchBackend | None, PreTrainedTokenizerBase]:
+    """(target, draft, tokenizer); the draft is None unless `speculation.drafter` is 'model'. Both caches hold
+    `slots` sequences (a request's draft model is its slot of the draft: base.SlotView)."""
     device = resolve_device(config.platform.device)
     target_dir = resolve_model_path(config.target.path, "target.path")
     draft_cfg = config.draft if config.speculation.drafter == "model" else None
@@ -45,16 +50,32 @@ def load_torch_backends(config: Config) -> tuple[TorchBackend, TorchBackend | No
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     target_model = load_hf_model(target_dir, config.target.dtype, device)
     _check_if_embedded(target_model, tokenizer, config.target.path, "target.path")
-    platform = config.platform
-    target = TorchBackend(target_model, config.target.n_positions, "target", platform.forward, platform.compile)
-    draft = None
+    caches = [(target_model, config.target.n_positions)]
     if draft_cfg is not None and draft_dir is not None:
         same = _same_model(target_dir, draft_dir, config.target, draft_cfg)
         draft_model = target_model if same else load_hf_model(draft_dir, draft_cfg.dtype, device)
         if not same:
             _check_if_embedded(draft_model, tokenizer, draft_cfg.path, "draft.path")
-        draft = TorchBackend(draft_model, draft_cfg.n_positions, "draft", platform.forward, platform.compile)
+        caches.append((draft_model, draft_cfg.n_positions))
+    check_caches_fit(caches, slots, device)
+    platform = config.platform
+    target = TorchBackend(target_model, config.target.n_positions, "target", platform.forward, platform.compile,
+                          slots=slots)
+    draft = TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots) \
+        if len(caches) > 1 else None
     return target, draft, tokenizer
+
+
+def check_caches_fit(caches: list[tuple[PreTrainedModel, int]], slots: int, device: torch.device) -> None:
+    """Refuse KV caches of `slots` sequences (per model: its n_positions) larger than the device's free memory
+    (the host's MemAvailable on a CPU), before allocating them; where it cannot be read, nothing is checked."""
+    needed = sum(kv_cache_bytes(model, slots, n_positions) for model, n_positions in caches)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_memory_available()
+    if free is not None and needed > free:
+        raise UsageError(Problem(
+            "serve.max_batch", slots,
+            f"KV caches of {slots} sequences take {needed / 2**30:.2f} GiB and {device} has {free / 2**30:.2f} GiB "
+            "free", "lower serve.max_batch, or target.n_positions (and draft.n_positions)"))
 
 
 def _check_if_embedded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str, field: str) -> None:

@@ -1,7 +1,8 @@
 """The few-row fp32 kernels, built on this machine with its C compiler and loaded by ctypes.
 
 row_kernel.c multiplies 1-64 rows by a weight matrix; llama_layer.c runs a whole Llama decoder layer on
-them (norms, rotary, KV cache, attention, SiLU) around four such products, in one call.
+them (norms, rotary, KV cache, attention, SiLU) around four such products, in one call; the rows may belong
+to several sequences (segments), each attending to its own slot of the cache.
 
 Why our own kernel: a speculative call scores 2-16 rows, where MKL's sgemm leaves its fast matrix-vector
 path for a general GEMM (1.6-2.3x the one-row cost) and oneDNN's packed kernel still costs ~1.4x at 8
@@ -23,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,13 +60,34 @@ class LayerShape:
     inter: int
     eps: float
 
-    def scratch_floats(self, rows: int, start: int, query_block: int) -> int:
-        """What llama_layer.c lays out in its scratch buffer for `rows` rows after `start` cached slots."""
+    def scratch_floats(self, spans: Spans, query_block: int) -> int:
+        """What llama_layer.c lays out in its scratch buffer for these segments: the rows' buffers, then one
+        stretch per attention task (segment, kv head): its queries, their scores over its positions, and a block."""
+        rows = spans.rows
         q_width = self.heads * self.head_dim
         fused = max(q_width + 2 * self.kv_heads * self.head_dim, 2 * self.inter)
-        queries = rows * (self.heads // self.kv_heads)
-        attention = queries * (self.head_dim + start + rows + 2) + query_block * self.head_dim
-        return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + attention
+        group = self.heads // self.kv_heads
+        tasks = sum(count * group * (self.head_dim + start + count + 2) + query_block * self.head_dim
+                    for _, start, count in spans.segments)
+        return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + self.kv_heads * tasks
+
+
+@dataclass(frozen=True)
+class Spans:
+    """The segments of one layer-kernel call, each (cache slot, first position, rows): segment i owns the next
+    rows of x, in order; `table` is the (segments, 3) int32 array llama_layer.c reads."""
+
+    segments: tuple[tuple[int, int, int], ...]
+    table: torch.Tensor
+
+    @classmethod
+    def of(cls, segments: Sequence[tuple[int, int, int]]) -> Spans:
+        spans = tuple(segments)
+        return cls(spans, torch.tensor(spans, dtype=torch.int32).view(-1, 3))
+
+    @property
+    def rows(self) -> int:
+        return sum(count for _, _, count in self.segments)
 
 
 class RowKernel:
@@ -77,7 +100,8 @@ class RowKernel:
         self._linear.restype = None
         self.panel_cols = int(library.panel_cols())
         self._layer = library.llama_layer
-        self._layer.argtypes = ([ctypes.c_void_p] + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 8 + [ctypes.c_int] * 2
+        self._layer.argtypes = ([ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 9
+                                + [ctypes.c_int, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_ssize_t]
                                 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p,
                                                                                 ctypes.c_int])
         self._layer.restype = None
@@ -91,31 +115,29 @@ class RowKernel:
         self._pack(weight.data_ptr(), data.data_ptr(), out_features, in_features)
         return Panels(data, out_features, in_features)
 
-    def layer(self, x: torch.Tensor, start: int, matrices: tuple[Panels, Panels, Panels, Panels],
+    def layer(self, x: torch.Tensor, spans: Spans, matrices: tuple[Panels, Panels, Panels, Panels],
               norms: tuple[torch.Tensor, torch.Tensor], cache: tuple[torch.Tensor, torch.Tensor],
               rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape) -> None:
-        """One decoder layer on x (rows, hidden), in place; writes the rows' keys and values at start..
-        `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (kv_heads, head_dim, n_positions:
-        transposed; rows may be padded, KEY_PADDING) and values (kv_heads, n_positions, head_dim), contiguous;
-        `rotary`: cos and sign-folded sin tables (n_positions, head_dim)."""
-        rows = x.shape[0]
+        """One decoder layer on x (rows, hidden), in place: the four products once over all rows, attention per
+        segment against its own slot, whose positions start.. get the segment's keys and values.
+        `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (slots, kv_heads, head_dim, n_positions:
+        transposed; rows may be padded, KEY_PADDING) and values (slots, kv_heads, n_positions, head_dim), each
+        slot dense; `rotary`: cos and sign-folded sin tables (n_positions, head_dim)."""
         qkv, o, gate_up, down = matrices
         keys, values = cache
         key_stride = keys.stride(-2)
         if not (x.is_contiguous() and values.is_contiguous() and keys.shape[-1] == values.shape[-2]
                 and keys.stride(-1) == 1 and key_stride >= keys.shape[-1]
-                and keys.stride(-3) == keys.shape[-2] * key_stride):
+                and keys.stride(-3) == keys.shape[-2] * key_stride and keys.shape[0] == values.shape[0]):
             raise ValueError("llama_layer.c reads x, the values and each head's keys as dense arrays")
-        if rows > MAX_ROWS:  # panel_linear's buffers hold MAX_ROWS rows
-            raise ValueError(f"{rows} rows: the layer kernel takes at most {MAX_ROWS} a call")
-        if start < 0 or start + rows > values.shape[-2]:  # C does not check: it would write past the cache
-            raise IndexError(f"cache slots {start}..{start + rows - 1} are outside the cache's {values.shape[-2]}")
-        scratch = torch.empty(shape.scratch_floats(rows, start, self.query_block), dtype=torch.float32)
-        self._layer(x.data_ptr(), rows, start, norms[0].data_ptr(), qkv.data.data_ptr(), o.data.data_ptr(),
-                    norms[1].data_ptr(), gate_up.data.data_ptr(), down.data.data_ptr(), keys.data_ptr(),
-                    values.data_ptr(), key_stride, values.shape[-2], rotary[0].data_ptr(), rotary[1].data_ptr(),
-                    shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps,
-                    scratch.data_ptr(), torch.get_num_threads())
+        _check_spans(spans, x.shape[0], values.shape[0], values.shape[-2])
+        scratch = torch.empty(shape.scratch_floats(spans, self.query_block), dtype=torch.float32)
+        self._layer(x.data_ptr(), len(spans.segments), spans.table.data_ptr(), norms[0].data_ptr(),
+                    qkv.data.data_ptr(), o.data.data_ptr(), norms[1].data_ptr(), gate_up.data.data_ptr(),
+                    down.data.data_ptr(), keys.data_ptr(), values.data_ptr(), key_stride, keys.stride(0),
+                    values.shape[-2], values.stride(0), rotary[0].data_ptr(), rotary[1].data_ptr(), shape.hidden,
+                    shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps, scratch.data_ptr(),
+                    torch.get_num_threads())
 
     def linear(self, x: torch.Tensor, panels: Panels) -> torch.Tensor:
         """x (rows <= MAX_ROWS, in) fp32 -> (rows, out)."""
@@ -127,6 +149,17 @@ class RowKernel:
         self._linear(x.data_ptr(), panels.data.data_ptr(), y.data_ptr(), x.shape[0], panels.out_features,
                      panels.in_features, torch.get_num_threads())
         return y
+
+
+def _check_spans(spans: Spans, rows: int, slots: int, n_positions: int) -> None:
+    """What C does not check: it would write past the cache or its buffers."""
+    if spans.rows != rows or rows > MAX_ROWS:  # panel_linear's buffers hold MAX_ROWS rows
+        raise ValueError(f"{rows} rows for segments of {spans.rows}: the layer kernel takes at most {MAX_ROWS} a call")
+    for slot, start, count in spans.segments:
+        if not 0 <= slot < slots:
+            raise IndexError(f"cache slot {slot} is outside the cache's {slots}")
+        if start < 0 or start + count > n_positions:
+            raise IndexError(f"cache positions {start}..{start + count - 1} are outside the cache's {n_positions}")
 
 
 @functools.cache

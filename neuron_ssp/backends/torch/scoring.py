@@ -7,6 +7,9 @@ speedup compares like with like:
 - `hf` (hf_forward.py): the model's own forward with a DynamicCache, for every other model.
 `auto` takes compact wherever it covers the model.
 
+Both hold `slots` sequences (a cache each, preallocated by the compact forward: `kv_cache_bytes`), and
+`score_batch` scores segments of several in one call; `prefill` and `score` are slot 0's.
+
 Logits stay on the model's device: on CUDA the sampler draws there and only token ids cross to the
 host, not (n, vocab) floats per call.
 """
@@ -15,48 +18,79 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from transformers import PreTrainedModel
 
-from neuron_ssp.backends.base import SingleSlot
+from neuron_ssp.backends.base import Segment, check_slots
 from neuron_ssp.backends.torch.hf_forward import HfForward
 from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
+from neuron_ssp.backends.torch.row_kernel import KEY_PADDING
 from neuron_ssp.errors import Problem, UsageError
 
 ForwardName = Literal["auto", "compact", "hf"]
 
 
-class TorchBackend(SingleSlot):
-    """One sequence, one cache. Two backends may share a model (draft = target) but never a cache."""
+class TorchBackend:
+    """`slots` sequences, one cache. Two backends may share a model (draft = target) but never a cache."""
 
     max_score_width: int | None = None
 
     def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch", forward: ForwardName = "auto",
-                 compile: bool = False, pack: bool | None = None):
+                 compile: bool = False, pack: bool | None = None, slots: int = 1):
         """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32)."""
         self.model = model
         self.name = name
+        self.slots = slots
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_output_embeddings().out_features)
-        self.n_positions = min(n_positions, int(getattr(model.config, "max_position_embeddings", n_positions)))
+        self.n_positions = capped_positions(model, n_positions)
         self.forward_name = _pick_forward(model, forward, compile, name)
         self._forward: CompactLlama | HfForward
         if self.forward_name == "hf":
-            self._forward = HfForward(model, name)
+            self._forward = HfForward(model, name, slots)
         else:
             weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack)
-            self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile)
+            self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile, slots)
 
-    @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        return self._forward.prefill(prompt_ids).float()
+        return self.prefill_slot(0, prompt_ids)
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self.score_batch([Segment(0, start, token_ids)])
 
     @torch.inference_mode()
-    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        return self._forward.score(token_ids, start).float()
+    def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+        check_slots([slot], self.slots)
+        return self._forward.prefill(slot, prompt_ids).float()
+
+    @torch.inference_mode()
+    def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
+        """On the row kernel a row's logits are bit-identical to scoring its segment alone; elsewhere equal
+        within rounding (llama_forward.py, hf_forward.py say why)."""
+        check_slots([segment.slot for segment in segments], self.slots)
+        return self._forward.score(segments).float()
+
+
+def kv_cache_bytes(model: PreTrainedModel, slots: int, n_positions: int) -> int:
+    """The keys and values of `slots` sequences of n_positions: what the compact forward allocates at construction
+    (exactly with the row kernel, whose keys carry KEY_PADDING more positions; that much less without it) and
+    Hugging Face's caches grow to, so a loader can refuse a slot count that does not fit before allocating it."""
+    config = model.config
+    n_positions = capped_positions(model, n_positions)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    element = next(model.parameters()).element_size()
+    return int(config.num_hidden_layers) * slots * kv_heads * head_dim * (2 * n_positions + KEY_PADDING) * element
+
+
+def capped_positions(model: PreTrainedModel, n_positions: int) -> int:
+    """Positions per slot: no more than the model was trained for."""
+    return min(n_positions, int(getattr(model.config, "max_position_embeddings", n_positions)))
 
 
 def _pick_forward(model: PreTrainedModel, forward: ForwardName, compile: bool, name: str) -> str:
