@@ -159,3 +159,15 @@ def test_an_engine_without_hooks_reports_origin_unknown():
     steps: list[tuple[list[int], int | None, int]] = []
     pipeline.generate_ids(PROMPT, 3, on_commit=lambda t, a, d: steps.append((t, a, d)), should_stop=lambda: True)
     assert steps == [([3, 4, 5], None, 0)]
+
+
+@pytest.mark.parametrize("policy", ["fixed", "cost"])
+def test_drafter_none_is_plain_decoding_through_the_same_loop(policy):
+    pipeline = tiny_pipeline(**{"speculation.drafter": "none", "speculation.policy": policy})
+    hot = SamplingConfig(temperature=0.9, seed=3)
+    for sampling in (SamplingConfig(), hot):
+        result = pipeline.generate_ids(PROMPT, 16, sampling)
+        assert result.tokens == plain_generate(pipeline.target, PROMPT, 16, sampling).tokens
+        assert result.stats.draft_tokens == 0 and result.stats.target_calls == 15
+    assert pipeline.generator.generate(PROMPT, 16).tokens == plain_generate(pipeline.target, PROMPT, 16,
+                                                                              pipeline.config.sampling).tokens

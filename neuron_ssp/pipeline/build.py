@@ -33,7 +33,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
-from neuron_ssp.speculation.policies import build_draft_stop, build_policy
+from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, build_policy
 
 
 class Generator(Protocol):
@@ -95,7 +95,7 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         return FusedEngine.build(config, target, draft)
     drafter = shared.drafter if shared.drafter is not None or spec.drafter == "none" \
         else build_drafter(config, target, draft, rng)
-    policy = build_policy(spec, shared.cost, shared.acceptance)
+    policy = row_policy(config, shared)
     return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
 
 
@@ -126,8 +126,15 @@ def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | 
 
     return RowRequest(prompt_ids, max_new_tokens, params, sampling.seed, eos_token_ids,
                       drafter_for if loaded is not None else None,
-                      build_acceptor(spec.acceptor, params, rng), build_policy(spec, shared.cost, shared.acceptance),
+                      build_acceptor(spec.acceptor, params, rng), row_policy(config, shared),
                       callbacks.on_tokens, callbacks.on_commit, callbacks.on_logits, callbacks.should_stop)
+
+
+def row_policy(config: Config, shared: Shared) -> WindowPolicy:
+    """The config's window policy over the shared counts; plain decoding (drafter none) opens no window."""
+    if config.speculation.drafter == "none":
+        return WindowPolicy(1)
+    return build_policy(config.speculation, shared.cost, shared.acceptance)
 
 
 def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
