@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from chromium_support import require_chromium
 from serve_support import free_port
 
 from neuron_ssp.config import DEFAULT_CONFIG
@@ -215,11 +216,7 @@ def test_metrics_counters_match_the_requests_sent(server):
 
 
 def chromium_driver(tmp_path: Path):
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (browser and driver):
-        if shutil.which("apt-get"):
-            pytest.fail("Chromium is missing: apt-get install -y chromium chromium-driver (.ci/run does this)")
-        pytest.skip("neither Debian's chromium/chromium-driver nor apt-get is available on this machine")
+    browser, driver = require_chromium()  # or skips/fails, saying why (tests/chromium_support.py)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
