@@ -1,0 +1,46 @@
+"""The server schedules rows: concurrent requests share the loop's calls, and each gets its own output."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+from conftest import tiny_llama
+from serve_support import running_server
+from tools_support import pipeline_on, tiny_config
+
+from neuron_ssp.backends.torch.scoring import TorchBackend
+from neuron_ssp.config import SamplingConfig
+
+PROMPTS = ["abcabcabd abcabc", "xyz xyz xyz", "tell me something", "a b c a b c a", "zzzz", "hello hello"]
+SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "seed": 5}, {"temperature": 0},
+            {"temperature": 1.2, "top_p": 0.8, "seed": 77}, {"temperature": 0.7, "top_k": 5, "seed": 3},
+            {"temperature": 0}]
+
+
+def test_concurrent_requests_get_the_output_each_gets_alone():
+    config = tiny_config(serve={"max_batch": 3}, speculation={"k": 4, "policy": "cost"})
+    pipeline = pipeline_on(TorchBackend(tiny_llama(0), 512, slots=3), config)
+    alone = []
+    for prompt, sampling in zip(PROMPTS, SAMPLING, strict=True):
+        result = pipeline.generate_ids(pipeline.encode(prompt, chat_template=False), 20,
+                                       SamplingConfig(**sampling))
+        alone.append(pipeline.tokenizer.decode(result.tokens, skip_special_tokens=True))
+    answers: dict[int, str] = {}
+
+    def ask(url: str, i: int) -> None:
+        body = {"prompt": PROMPTS[i], "max_tokens": 20, **SAMPLING[i]}
+        answers[i] = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+    with running_server(pipeline, max_batch=3) as url:
+        clients = [threading.Thread(target=ask, args=(url, i)) for i in range(len(PROMPTS))]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(120)
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    assert [answers[i] for i in range(len(PROMPTS))] == alone
+    steps_of_many = [line for line in metrics.splitlines()
+                     if line.startswith('neuron_ssp_batch_size_bucket{le="1.0"}')]
+    total = [line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")]
+    assert float(steps_of_many[0].split()[-1]) < float(total[0].split()[-1])  # some steps ran several rows
