@@ -15,8 +15,8 @@ from neuron_ssp.engines.native import SpeculativeGenerator, plain_generate
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.policies import AdaptivePolicy, FixedPolicy, TargetConfidencePolicy
-from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, max_new_tokens_within, target_slots
 from neuron_ssp.topology import validate_config
+from neuron_ssp.topology.positions import draft_slots, extra_target_slots, max_new_tokens_within, target_slots
 
 PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 P = len(PROMPT)

@@ -16,8 +16,8 @@ from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
-from neuron_ssp.speculation.positions import draft_slots, require_room
 from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, next_token
+from neuron_ssp.topology.positions import draft_slots, require_room
 
 
 class ModelDrafter:

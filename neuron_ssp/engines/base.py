@@ -11,9 +11,9 @@ import torch
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.speculation.positions import require_room, target_slots
 from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row
 from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.topology.positions import require_room, target_slots
 
 TokenCallback = Callable[[list[int]], None]
 # (tokens committed by one step, how many of them (leading) are accepted draft tokens, how many tokens

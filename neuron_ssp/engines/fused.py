@@ -39,8 +39,8 @@ from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_mod
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.speculation.positions import extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.topology.positions import extra_target_slots
 
 HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
 MAX_WINDOW = HISTOGRAM_COLUMNS - 1  # our k = fused k + 1 = the most tokens one iteration commits
@@ -83,7 +83,7 @@ class FusedEngine:
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         prompt_len = prompt_ids.shape[0]
-        # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (speculation.positions)
+        # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (topology.positions)
         check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_target_slots("fused", self.k))
         stats = GenerationStats(k=self.k)
         start = time.perf_counter()

@@ -10,7 +10,7 @@ ours in ways that matter, so they are handled or refused here, not discovered la
 - it always drafts k-1 tokens (policy 'fixed' only) and returns the tokens at the end (`on_tokens` is
   called once);
 - it scores a full window from a slot that may reach sequence_length - 1 and refills the draft one slot
-  past it: target and draft each need P+N+k-1 positions (neuron_ssp.speculation.positions);
+  past it: target and draft each need P+N+k-1 positions (neuron_ssp.topology.positions);
 - `sample(eos_token_id=...)` takes ONE id (it compares tensors element-wise). Models such as Llama-3
   have several, so our acceptor adapter rewrites any other EOS it accepts into that one, which stops
   the library's loop there, and the engine puts the real id back;
@@ -33,8 +33,8 @@ from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room
 from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room
 
 Acceptor = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

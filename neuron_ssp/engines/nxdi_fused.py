@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.speculation.positions import NXDI, extra_target_slots
 from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
 PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:1650)
 SEQ_IDS = torch.tensor([0], dtype=torch.int32)

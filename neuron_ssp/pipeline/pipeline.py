@@ -19,7 +19,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
-from neuron_ssp.speculation.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
+from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Pipeline:
 
     @property
     def extra_slots(self) -> int:
-        """Cache slots the engine writes past our loop's last one (neuron_ssp.speculation.positions)."""
+        """Cache slots the engine writes past our loop's last one (neuron_ssp.topology.positions)."""
         spec = self.config.speculation
         return extra_target_slots(spec.engine, spec.k, slot_library(self.config))
 

@@ -4,6 +4,5 @@
 - policies: how wide each window is (fixed, adaptive, draft- or target-confidence, cost: call_cost.py times
   the target per width, cost_policy.py keeps the part of a proposal that pays);
 - sampling: logits -> probabilities -> tokens, the same transform for draft and target;
-- positions: how many KV-cache slots a generation writes, per engine;
 - stats: acceptance, accepted length, time split.
 """

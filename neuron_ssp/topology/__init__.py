@@ -1,4 +1,5 @@
-"""Topology: instance catalog, tp rules, NeuronCore placement and device-memory plan. Pure logic.
+"""Topology: instance catalog, tp rules, NeuronCore placement, device-memory plan and the cache slots each
+engine writes (positions.py). Pure logic.
 
 The pipeline's loader and the deploy code call `validate_config` before loading anything and
 `plan_deployment` to place the models.

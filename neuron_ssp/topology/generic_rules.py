@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig, greedy_acceptor_problem
 from neuron_ssp.errors import Problem
-from neuron_ssp.speculation.positions import draft_slots, slot_library, slot_rule, target_slots
 from neuron_ssp.topology.models import ARCHITECTURES, Architecture
+from neuron_ssp.topology.positions import draft_slots, slot_library, slot_rule, target_slots
 from neuron_ssp.topology.report import ValidationReport
 
 
@@ -24,7 +24,7 @@ def check_window(config: Config, models: dict[str, ModelConfig], report: Validat
 
 
 def check_positions(config: Config, models: dict[str, ModelConfig], report: ValidationReport) -> None:
-    """n_positions must hold every slot a generation writes (`neuron_ssp.speculation.positions`): the KV cache is
+    """n_positions must hold every slot a generation writes (`neuron_ssp.topology.positions`): the KV cache is
     sized once, at compile time.
 
     Without `generation.max_prompt_tokens` a one-token prompt is assumed; the engine checks the real

@@ -26,7 +26,7 @@ import torch
 
 from neuron_ssp.backends.base import SingleSlot
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.speculation.positions import NXDI, extra_target_slots
+from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
 SEQ_IDS = torch.tensor([0], dtype=torch.int32)
 
@@ -42,7 +42,7 @@ class NxdiBackend(SingleSlot):
         self.speculation_length = speculation_length
         self.compiled_windows = [speculation_length] if speculation_length else []
         self.max_score_width: int | None = speculation_length or 1
-        # every call is k wide (speculation.positions' NxDI rule), which engines.native.check_room adds
+        # every call is k wide (topology.positions' NxDI rule), which engines.native.check_room adds
         self.padding_slots = extra_target_slots("native", speculation_length, NXDI) if speculation_length else 0
 
     def with_window(self, k: int) -> NxdiBackend:
