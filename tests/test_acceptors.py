@@ -30,14 +30,26 @@ def test_greedy_acceptor_keeps_the_agreeing_prefix_then_the_target_token():
     assert full.tolist() == [[2, 3, 4, 5]]
 
 
-def test_probabilistic_accepts_a_token_the_target_prefers_and_rejects_an_impossible_one():
-    params = SamplingParams(temperature=1.0)
+def test_probabilistic_accepts_a_token_the_target_prefers():
     target = torch.tensor([[[0.0, 10.0, -30.0], [0.0, 0.0, 0.0]]])
-    draft = torch.tensor([[[0.0, 0.0, 0.0]]])
-    acceptor = ProbabilisticAcceptor(params, torch.Generator().manual_seed(0))
-    assert acceptor(torch.tensor([[1]]), draft, target)[0, 0] == 1
-    rejected = acceptor(torch.tensor([[2]]), draft, target)
-    assert rejected.shape == (1, 1) and rejected[0, 0] != 2  # resampled from max(0, p - q)
+    acceptor = ProbabilisticAcceptor(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert acceptor(torch.tensor([[1]]), torch.zeros(1, 1, 3), target)[0, 0] == 1
+
+
+def test_probabilistic_keeps_with_p_over_q_and_resamples_from_the_residual():
+    """p = (0.85, 0.10, 0.05), q = (0.90, 0, 0.10), drafted token 2: kept with probability p(2)/q(2) = 1/2;
+    a rejection draws from norm(max(0, p - q)) = (0, 1, 0), so always token 1, which p alone draws one time
+    in ten (resampling from p would give token 0 most of the time, from q never token 1)."""
+    p, q = torch.tensor([0.85, 0.10, 0.05]), torch.tensor([0.90, 0.0, 0.10])
+    target = torch.stack([p.log(), torch.zeros(3)]).unsqueeze(0)  # the second row: the bonus token's
+    draft = q.log().view(1, 1, 3)
+    acceptor = ProbabilisticAcceptor(SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draws = 4000
+    outcomes = [tuple(acceptor(torch.tensor([[2]]), draft, target)[0].tolist()) for _ in range(draws)]
+    rejections = [out for out in outcomes if len(out) == 1]
+    assert set(rejections) == {(1,)}  # every rejection: the residual's only token
+    assert all(out[0] == 2 for out in outcomes if len(out) == 2)  # a kept draft, then the bonus token
+    assert abs(len(rejections) / draws - 0.5) < 4 * (0.25 / draws) ** 0.5  # within 4 sigma of 1 - p(2)/q(2)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -111,11 +111,6 @@ def test_rule_table(data: dict[str, Any], errors: set[str], warnings: set[str]) 
         assert p.rule and p.fix
 
 
-def test_table_is_large_and_mixed() -> None:
-    valid = [c for c in CASES if not c[2]]
-    assert len(CASES) >= 25 and len(valid) >= 10 and len(CASES) - len(valid) >= 15
-
-
 def test_blog_fp32_fix_names_the_targets_tp() -> None:
     errors, _ = problems(merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}))
     assert errors[0].fix == "set the draft's tp_degree to 32, like the target"

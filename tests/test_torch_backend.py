@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 
+import numpy
 import pytest
 import torch
+import torch.utils._pytree as pytree
 import transformers
-from conftest import backend, tiny_llama
+from conftest import TINY_VOCAB, backend, tiny_llama
+from torch.overrides import TorchFunctionMode
 from transformers import MistralConfig, MistralForCausalLM
 
 from neuron_ssp.backends.base import SingleSlot
@@ -107,16 +110,110 @@ def test_results_are_unchanged_on_cpu(temperature):
         plain_generate(HostLogits(backend(target)), PROMPT, 30, sampling).tokens
 
 
-def test_the_backend_never_copies_logits_to_the_host(monkeypatch):
-    """On CUDA `.cpu()` is a (n, vocab) device-to-host copy per call; only token ids may cross."""
-    target, draft = backend(tiny_llama(0)), backend(tiny_llama(1, layers=1))
-    gen = speculative(target, draft, 4, SamplingConfig(temperature=1.0))
+class LogitsOnDevice(TorchFunctionMode):
+    """Follows logits through every torch call and records each time one is read on the host.
 
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("logits copied to the host")
+    On CUDA the logits live on the GPU, and reading them in Python (`.item()`, `.tolist()`, `float()`, numpy)
+    or moving them with `.cpu()` / `.to("cpu")` is a device-to-host copy per call. On a CPU the model's device
+    is the host, so no copy can be seen; what can be seen is the code that would copy on a GPU. Logits are the
+    float tensors whose last dimension is the vocabulary, and every float tensor computed from one (integer
+    and bool results, the token ids and decisions, may cross). Moving one is allowed only to a device read
+    off a logits tensor (`.to(p.device)`) or one of `devices` (the backends'), the same device on a GPU;
+    any other destination (a name, `torch.device("cpu")`, a tensor of ids) is a crossing."""
 
-    monkeypatch.setattr(torch.Tensor, "cpu", refuse)
-    assert len(gen.generate(PROMPT, 20).tokens) == 20
+    READS = {"cpu", "item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__bool__",
+             "__complex__", "__repr__", "__format__"}
+
+    def __init__(self, vocab_size: int, devices: list[torch.device]):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.crossings: list[str] = []
+        self.logits_seen = 0
+        self._tainted: dict[int, torch.Tensor] = {}  # id -> the tensor, held so that no id is reused
+        self._device_side: list[torch.device] = list(devices)  # compared by identity: equal values are not enough
+
+    def tainted(self, value: object) -> bool:
+        return isinstance(value, torch.Tensor) and id(value) in self._tainted
+
+    def _taint(self, tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point() and id(tensor) not in self._tainted:
+            self._tainted[id(tensor)] = tensor
+            self.logits_seen += 1
+
+    def _on_device(self, destination: object) -> bool:
+        if isinstance(destination, torch.Tensor):
+            return self.tainted(destination)
+        if isinstance(destination, torch.device):
+            return destination.type != "cpu" or any(destination is d for d in self._device_side)
+        return isinstance(destination, int) or (isinstance(destination, str) and not destination.startswith("cpu"))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+        source = bool(inputs) and self.tainted(args[0]) if args else False
+        name = getattr(func, "__name__", "")
+        if source and name in self.READS:
+            self.crossings.append(f"{name}() of a {tuple(args[0].shape)} {args[0].dtype} from the logits")
+        elif source and name == "to":
+            destinations = [x for x in (*args[1:], kwargs.get("device"), kwargs.get("other"))
+                            if x is not None and not isinstance(x, (torch.dtype, bool))]
+            self.crossings += [f"to({d!r}) of a {tuple(args[0].shape)} tensor from the logits"
+                               for d in destinations if not self._on_device(d)]
+        elif name == "copy_" and self.tainted(args[1]) and not self.tainted(args[0]):
+            self.crossings.append(f"copy_ of a {tuple(args[1].shape)} tensor from the logits into another")
+        result = func(*args, **kwargs)
+        if func == torch.Tensor.device.__get__ and source:
+            self._device_side.append(result)
+        derived = any(self.tainted(x) for x in inputs)
+        for out in pytree.tree_leaves(result):
+            if isinstance(out, torch.Tensor) and (derived or (out.dim() and out.shape[-1] == self.vocab_size)):
+                self._taint(out)
+        if derived and (name.endswith("_") or name == "__setitem__") and isinstance(args[0], torch.Tensor):
+            self._taint(args[0])  # written in place from the logits
+        return result
+
+
+@pytest.mark.parametrize("forward", ["compact", "hf"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logits_never_leave_the_models_device(forward, temperature):
+    """scoring.py: logits stay on the model's device, the sampler draws there, only token ids cross."""
+    target, draft = (TorchBackend(tiny_llama(0), 512, forward=forward),
+                     TorchBackend(tiny_llama(1, layers=1), 512, forward=forward))
+    plain_target = TorchBackend(tiny_llama(0), 512, forward=forward)
+    sampling = SamplingConfig(temperature=temperature, seed=3)
+    watch = LogitsOnDevice(TINY_VOCAB, [target.device, draft.device, plain_target.device])
+    with watch:
+        speculated = speculative(target, draft, 4, sampling).generate(PROMPT, 20)
+        plain = plain_generate(plain_target, PROMPT, 20, sampling)
+    assert watch.logits_seen > 100  # it did follow the logits
+    assert watch.crossings == []
+    assert len(speculated.tokens) == len(plain.tokens) == 20
+
+
+def test_the_watch_sees_each_way_of_reading_logits_on_the_host():
+    """LogitsOnDevice itself: what a change to the backend or the sampler could do to logits on a GPU."""
+    crossings = {
+        ".cpu()": lambda x: x.cpu(),
+        '.to("cpu")': lambda x: x.to("cpu"),
+        '.to(device=torch.device("cpu"))': lambda x: x.to(device=torch.device("cpu")),
+        ".to(a tensor of ids)": lambda x: x.to(torch.zeros(1, dtype=torch.long)),
+        ".item() of a softmax": lambda x: x.softmax(-1)[0, 3].item(),
+        ".tolist() of a row": lambda x: x[0].tolist(),
+        "float() of a maximum": lambda x: float(x.max()),
+        "numpy": lambda x: numpy.asarray(x.exp()),
+        "a copy into another tensor": lambda x: torch.empty(2).copy_(x.amax(-1)),
+    }
+    allowed = {
+        "token ids": lambda x: (int(x.argmax()), x.argmax(-1).tolist(), torch.multinomial(x.softmax(-1), 1).tolist()),
+        "a bool": lambda x: bool(x.isfinite().all()),
+        "the logits' own device": lambda x: x[:, :5].to(x.softmax(-1).device),
+        "a dtype": lambda x: x.to(torch.float64),
+    }
+    for what, read in {**crossings, **allowed}.items():
+        watch = LogitsOnDevice(TINY_VOCAB, [])
+        with watch:
+            read(torch.randn(2, TINY_VOCAB) + 0.0)
+        assert bool(watch.crossings) == (what in crossings), (what, watch.crossings)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
