@@ -15,6 +15,8 @@ from tools_support import PROMPT_ROWS, pipeline_on, write_prompts
 
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.cli import main
+from neuron_ssp.cli.report import describe, fit_fields, pack_fields
+from neuron_ssp.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -61,3 +63,44 @@ def test_generation_commands(tiny_model: None, tmp_path: Path) -> None:
     assert "HF lookup" in bench and "SSp ÷ HF" in bench and "geomean" in bench
     assert "report" in run_at_80("bench", "--prompts", prompts, "--prompts", prompts, "--half", "report",
                                  "--max-new-tokens", "4")
+
+
+def header_fields(command: list[str]) -> list[str]:
+    """The "name value" fields of the command's config header, as `describe` joins them with " | "."""
+    temperature = command[command.index("--temperature") + 1] if "--temperature" in command else None
+    overrides = {"sampling.temperature": float(temperature)} if temperature else {}
+    return describe(load_config(None, overrides)).split(" | ")
+
+
+HEADED_COMMANDS = {
+    "generate": ["generate", "--max-new-tokens", "6", "abcabcabc"],
+    "compare": ["compare", "--max-new-tokens", "6", "--warmup", "0", "abcabcabc"],
+    "latency": ["latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0", "--prompts"],
+    "eval": ["eval", "--nb-prompts", "2", "--answer-tokens", "3"],
+    "eval-lossless": ["eval", "--lossless", "--samples", "20", "--max-new-tokens", "2", "--temperature", "1.0"],
+    "bench": ["bench", "--nb-prompts", "1", "--max-new-tokens", "6", "--prompts"],
+    "bench-drafters": ["bench", "--nb-prompts", "1", "--max-new-tokens", "4", "--drafter", "ngram,suffix",
+                       "--prompts"],
+    "tune-k": ["tune-k", "--k", "2,3", "--nb-prompts", "1", "--max-new-tokens", "4", "--prompts"],
+}
+
+
+@pytest.mark.parametrize("command", HEADED_COMMANDS.values(), ids=HEADED_COMMANDS.keys())
+def test_the_config_header_breaks_between_fields_only(tiny_model: None, tmp_path: Path, command: list[str]) -> None:
+    """At 80 columns `generate` printed 'acceptor ' on one line and 'probabilistic' on the next (compare:
+    'k=16 (draft' / '15)'): every field must read whole on one line, and no line may pass 80 columns."""
+    if command[-1] == "--prompts":
+        command = [*command, str(write_prompts(tmp_path / "prompts.jsonl", PROMPT_ROWS))]
+    lines = run_at_80(*command).splitlines()
+    fields = header_fields(command)
+    assert sum(len(field) for field in fields) + 3 * (len(fields) - 1) > 80  # the header needs two lines
+    for field in fields:
+        assert any(field in line for line in lines), (field, lines[:4])
+    header = [line for line in lines if fields[-1] in line or fields[0] in line]
+    assert all(len(line) <= 80 for line in header), header
+
+
+def test_fields_are_packed_up_to_the_width_and_never_split() -> None:
+    assert pack_fields(["a b", "cc d", "e"], 8) == ["a b", "cc d | e"]  # "cc d | e" is exactly 8
+    assert pack_fields(["x" * 12, "y z", "w"], 8) == ["x" * 12, "y z | w"]  # too wide: a line of its own
+    assert fit_fields("a b | cc d\nq r | s", 8) == "a b\ncc d\nq r | s"  # each line of a title on its own

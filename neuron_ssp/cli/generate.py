@@ -8,10 +8,9 @@ from statistics import mean
 
 import click
 from rich.progress import Progress
-from rich.table import Table
 
 from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_config
-from neuron_ssp.cli.report import console, describe, stats_table, status_console
+from neuron_ssp.cli.report import console, describe, fit_fields, stats_table, status_console, titled_table
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.load import load_pipeline
@@ -45,7 +44,7 @@ def generate(config: Config, prompt: str, threads: int | None, as_json: bool) ->
         out = pipeline.speculative(prompt)
         echo_json({"text": out.text, "tokens": out.tokens, "stats": out.result.stats.to_dict()})
         return
-    console.print(f"[dim]{describe(config)}[/dim]")
+    console.print(f"[dim]{fit_fields(describe(config))}[/dim]")
     out = pipeline.speculative(prompt, on_text=lambda text: console.print(text, end="", markup=False,
                                                                            highlight=False))
     console.print()
@@ -74,7 +73,7 @@ def compare(config: Config, prompt: str, warmup: int, threads: int | None, as_js
                    "speculative": {"text": ssp.text, "stats": s.to_dict()},
                    "speedup": speedup, "outputs_equal": plain.tokens == ssp.tokens})
         return
-    table = Table(title=describe(config), title_justify="left")
+    table = titled_table(describe(config))
     table.add_column("")
     table.add_column("plain (target only)", justify="right")
     table.add_column("speculative", justify="right")
@@ -122,7 +121,7 @@ def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, th
     if as_json:
         echo_json({"prompts": rows, "mean": summary})
         return
-    table = Table(title=f"latency over {len(rows)} prompts | {describe(config)}", title_justify="left")
+    table = titled_table(f"latency over {len(rows)} prompts | {describe(config)}")
     for name in ("prompt", "plain ms/token", "SSp ms/token", "speedup", "acceptance", "accepted len"):
         table.add_column(name, justify="right")
     for i, r in enumerate(rows, 1):

@@ -20,7 +20,7 @@ from neuron_ssp.cli.neuron import parse_ks
 from neuron_ssp.cli.options import echo_json, with_config
 from neuron_ssp.cli.options import set_threads as _set_threads
 from neuron_ssp.cli.options import threads_option as _threads_option
-from neuron_ssp.cli.report import console, describe, status_console
+from neuron_ssp.cli.report import console, describe, fit_fields, status_console
 from neuron_ssp.cli.tools_report import (
     bench_json,
     bench_table,
@@ -251,7 +251,7 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
                    "settings": _settings(config, temperature=temperature)})
         return
     sampled = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": temperature})})
-    console.print(f"[dim]{describe(sampled)}[/dim]")
+    console.print(f"[dim]{fit_fields(describe(sampled))}[/dim]")
     for line in lossless_lines(report):
         console.print(line)
     if report.drafted_share == 0:

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from neuron_ssp.cli.report import titled_table
 from neuron_ssp.tools.bench import BenchResult, CategoryResult
 from neuron_ssp.tools.eval_math import MathEval
 from neuron_ssp.tools.lossless import LosslessReport
@@ -42,7 +43,7 @@ def tune_k_json(result: TuneKResult) -> dict[str, Any]:
 def tune_k_table(result: TuneKResult, title: str, show_setup: bool, wide: bool = False) -> Table:
     """Fits 80 columns by default (k, α, τ, ms/token, call ms, measured vs width-model speedup and gap);
     `wide` adds per-position acceptance, full drafts, c, the Leviathan predictions and setup times."""
-    table = Table(title=title, title_justify="left")
+    table = titled_table(title)
     names = ["k", "α", "τ", "ms/tok", "call ms", "speedup", "width model", "gap"]
     if wide:
         names += ["acceptance per position", "full drafts", "c", "plain ms/tok", "Leviathan (drafts)", "gap",
@@ -85,7 +86,7 @@ def math_json(result: MathEval, seed: int, temperature: float) -> dict[str, Any]
 
 
 def math_table(result: MathEval, title: str, interval: IntervalMethod = "wilson") -> Table:
-    table = Table(title=title, title_justify="left")
+    table = titled_table(title)
     for name in ("", "correct", "accuracy", f"95% {INTERVAL_NAMES[interval]} interval"):
         table.add_column(name, justify="right")
     for name, p in (("plain sampling", result.plain), ("speculative sampling", result.ssp)):
@@ -140,7 +141,7 @@ def bench_table(result: BenchResult, title: str) -> Group:
     """Two tables of at most eight short columns (speed; acceptance and costs), so each reads at 80
     characters; --json has every figure."""
     rows = [*result.categories, result.overall]
-    speed = Table(title=title, title_justify="left")
+    speed = titled_table(title)
     for name in ("category", "prompts", "plain tok/s", "SSp tok/s", "speedup", "SSp ÷ HF", "HF lookup"):
         speed.add_column(name, justify="right")
     for c in rows:
@@ -185,7 +186,7 @@ def drafter_table(result: BenchResult, title: str) -> Group:
     """Per category, in two tables that each read at 80 characters: speed (plain tok/s, each drafter's
     speedup, HF prompt lookup's) and acceptance (each drafter's α and accepted length)."""
     rows = [*result.categories, result.overall]
-    speed = Table(title=title, title_justify="left")
+    speed = titled_table(title)
     acceptance = Table()
     for name in ("category", "plain tok/s", *result.drafters, "HF lookup", "= plain"):
         speed.add_column(name, justify="right")
@@ -245,7 +246,7 @@ def repeated_table(passes: dict[str, BenchResult], title: str) -> Group:
     categories = [c.category for c in groups["warm"]]  # the same rows, in the same order, in every pass
     tables = []
     for n, name in enumerate(passes["warm"].drafters):
-        table = Table(title=f"{title}\ndrafter {name}" if n == 0 else f"drafter {name}", title_justify="left")
+        table = titled_table(f"{title}\ndrafter {name}" if n == 0 else f"drafter {name}")
         for column in ("category", *passes, "warm α", "warm acc len", "= plain"):
             table.add_column(column, justify="right")
         for i, category in enumerate(categories):
