@@ -38,7 +38,9 @@ class PlatformConfig(_Strict):
     # preallocated KV cache, oneDNN-packed weights on a CPU in fp32; hf: the model's own forward;
     # auto: compact wherever the model is a plain Llama
     forward: Literal["auto", "compact", "hf"] = "auto"
-    compile: bool = False  # torch.compile the compact forward: CUDA's fast path; takes many minutes on a small CPU
+    # torch.compile the compact forward (dynamic shapes, no CUDA graphs): not a fast path, slower than eager on an
+    # H100 (39.4 vs 11.8 ms a one-token call, docs/configuration.md); takes minutes to compile on a small CPU
+    compile: bool = False
 
     @model_validator(mode="after")
     def _compile_needs_compact(self) -> PlatformConfig:

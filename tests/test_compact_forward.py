@@ -119,8 +119,8 @@ def test_compile_without_a_cxx_compiler_is_refused_with_the_fix(monkeypatch):
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                     reason="torch.compile on a CPU (inductor) needs a C++ compiler: none on PATH")
 def test_compiled_forward_matches_hugging_face(tmp_path, monkeypatch):
-    """torch.compile (inductor, dynamic widths and slots) of the same forward: CUDA's fast path, run here
-    on the CPU, where the code is the same."""
+    """torch.compile (inductor, dynamic widths and slots) of the same forward gives the same logits: run here
+    on the CPU, with the same code as on CUDA (where it is slower than eager: docs/configuration.md)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = tiny_llama(0)
     ours, reference = TorchBackend(model, 512, compile=True), TorchBackend(model, 512, forward="hf")

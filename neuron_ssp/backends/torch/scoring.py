@@ -3,7 +3,8 @@
 Two forwards score the tokens, and plain decoding and speculative sampling use the same one, so every
 speedup compares like with like:
 - `compact` (llama_forward.py): our forward of a plain Llama over the model's weights with a
-  preallocated cache, oneDNN-packed on a CPU in fp32, optionally through torch.compile;
+  preallocated cache, on the row kernel (or oneDNN-packed) on a CPU in fp32, optionally through
+  torch.compile (slower than eager on an H100: llama_forward.py);
 - `hf` (hf_forward.py): the model's own forward with a DynamicCache, for every other model.
 `auto` takes compact wherever it covers the model.
 
