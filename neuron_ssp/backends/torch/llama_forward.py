@@ -26,7 +26,9 @@ call there is bound by Python and kernel launches (the memory-bound limit is ~0.
 path on a GPU, fixed shapes captured once and replayed as CUDA graphs, is future work with batching. On a
 CPU the compiled forward runs torch's ops, not the row kernel, and never beat the row kernel. Compiling
 takes minutes there. Inductor keeps its compiled artifacts in `TORCHINDUCTOR_CACHE_DIR`, which
-`compile_cache_dir` points at the package cache, so a later run starts faster.
+`_compiled` sets to the package cache only where it is unset. With transformers 5.x (torch 2.13) it is
+already set when `_compiled` runs: importing transformers imports torch._dynamo, whose package.py calls
+inductor's `cache_dir()` at import, and that sets the variable to the default, /tmp/torchinductor_<user>.
 """
 
 from __future__ import annotations
