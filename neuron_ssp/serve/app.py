@@ -28,7 +28,7 @@ from neuron_ssp.config import SamplingConfig, ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
 from neuron_ssp.serve import openapi
-from neuron_ssp.serve.errors import ApiError, error_body, error_response
+from neuron_ssp.serve.errors import ApiError, error_response
 from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.responses import OpenAIFormat
@@ -36,13 +36,12 @@ from neuron_ssp.serve.schemas import (
     GenerationRequest,
     chat_request,
     completion_request,
-    is_lmi_body,
-    lmi_request,
-    parse_json,
+    invocation_request,
 )
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
+from neuron_ssp.serve.validation import parse_json
 from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
-from neuron_ssp.speculation.positions import max_new_tokens_within
+from neuron_ssp.topology.positions import max_new_tokens_within
 
 log = logging.getLogger("neuron_ssp.serve")
 CLIENT_CLOSED = 499  # nginx's "client closed request": what the request counter records for a disconnect
@@ -69,20 +68,15 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc, request.state.request_id)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        fix = "see docs/serving.md for the routes" if exc.status_code == 404 else "check the method and path"
+        """404 and 405 (whose `Allow` header, RFC 9110's, Starlette's router puts in the exception's headers)."""
+        fix = "see docs/serving.md for the routes" if exc.status_code == 404 else \
+            f"send {(exc.headers or {}).get('Allow', 'another method')} to {request.url.path}"
         return error_response(ApiError(exc.status_code, Problem("path", request.url.path, str(exc.detail).lower(),
-                                                                fix)), request.state.request_id)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        request_id = request.state.request_id
-        log.error("request %s failed", request_id, exc_info=exc)
-        return JSONResponse(error_body(500, f"internal server error (request id {request_id}); the server log "
-                                       "holds the details"), status_code=500, headers={"X-Request-Id": request_id})
+                                                                fix), headers=dict(exc.headers or {})))
 
     async def generate(request: Request, spec: GenerationRequest) -> Response:
         request_id = request.state.request_id
@@ -91,15 +85,14 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
                                         f"send model '{model_name}' (GET /v1/models lists it)"))
         prompt_ids = _encode(pipeline, spec)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
-        _check_room(pipeline, prompt_ids, max_tokens, "parameters.max_new_tokens" if spec.kind == "lmi"
-                    else "max_tokens")
+        _check_room(pipeline, prompt_ids, max_tokens, spec)
         sampling = _sampling(pipeline, spec)
         timeout = settings.timeout_s
         job = Job(request_id, prompt_ids, max_tokens, sampling, spec.stop, time.monotonic() + timeout, timeout,
                   asyncio.get_running_loop(), spec.top_logprobs if spec.logprobs else None)
         worker.submit(job)
-        log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s", request_id, spec.kind,
-                 len(prompt_ids), max_tokens, spec.stream)
+        log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
+                 request_id, spec.kind, len(prompt_ids), max_tokens, spec.stream, request.state.client_request_id)
         try:
             first = await next_event(job, request)
             if isinstance(first, Failed):
@@ -123,16 +116,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
 
     @app.post("/invocations", **openapi.route("invocations"))
     async def invocations(request: Request) -> Response:
-        data = await _read_json(request)
-        if is_lmi_body(data):
-            return await generate(request, lmi_request(data))
-        if "messages" in data:
-            return await generate(request, chat_request(data))
-        if "prompt" in data:
-            return await generate(request, completion_request(data))
-        raise ApiError(400, Problem("body", sorted(data), "not a known body: expected `inputs` (LMI/TGI), "
-                                    "`messages` (OpenAI chat) or `prompt` (OpenAI completions)",
-                                    'send {"inputs": "...", "parameters": {...}} or an OpenAI body'))
+        return await generate(request, invocation_request(await _read_json(request)))
 
     @app.get("/v1/models", **openapi.route("models"))
     async def models() -> dict[str, Any]:
@@ -161,7 +145,8 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         page = resources.files("neuron_ssp.serve").joinpath("static/playground.html").read_text()
         return HTMLResponse(page.replace("{{MODEL}}", model_name))
 
-    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
+    largest = max_new_tokens_within(pipeline.target.n_positions, 1, pipeline.extra_slots)  # for a 1-token prompt
+    app.openapi = lambda: openapi.document(app, model_name, largest)  # type: ignore[method-assign]
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
     return app
 
@@ -204,8 +189,9 @@ def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
     return sampling
 
 
-def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, field: str) -> None:
-    """The CLI's n_positions rule, with the fix phrased for a client (who cannot resize the cache)."""
+def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, spec: GenerationRequest) -> None:
+    """The CLI's n_positions rule, phrased for a client (who cannot resize the cache): it names the field the
+    client can change and quotes only what the client sent, never the server's default as if it were sent."""
     try:
         pipeline.check_room(prompt_ids, max_tokens)
     except NeuronSSPError as exc:
@@ -213,6 +199,12 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, f
         if problem.field != "target.n_positions":
             raise ApiError(400, exc.problems) from None
         room = max_new_tokens_within(pipeline.target.n_positions, len(prompt_ids), pipeline.extra_slots)
-        fix = (f"send {field} <= {room}" if room >= 1 else "shorten the prompt") + \
-            " (the server's target.n_positions is fixed when it starts)"
-        raise ApiError(400, Problem(field, max_tokens, problem.rule, fix)) from None
+        fixed = " (the server's target.n_positions is fixed when it starts)"
+        prompt = Problem(spec.prompt_field, f"{len(prompt_ids)} tokens", problem.rule, "shorten the prompt" + fixed)
+        if room < 1:
+            raise ApiError(400, prompt) from None
+        if spec.max_tokens is not None:
+            raise ApiError(400, Problem(spec.budget_field, spec.max_tokens, problem.rule,
+                                        f"send {spec.budget_field} <= {room}" + fixed)) from None
+        raise ApiError(400, replace(prompt, fix=f"send {spec.budget_field} <= {room} (without it the server's "
+                                    f"default, {max_tokens}, applies), or shorten the prompt" + fixed)) from None

@@ -55,5 +55,6 @@ def _utf8(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def error_response(error: ApiError, request_id: str) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers={**error.headers, "X-Request-Id": request_id})
+def error_response(error: ApiError) -> JSONResponse:
+    """The error's body and headers; the gate (serve/gate.py) adds X-Request-Id to every response."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)

@@ -1,21 +1,33 @@
-"""ASGI middleware: request ids, the 1 MiB body limit, the API key and the per-status request counter.
+"""ASGI middleware: request ids, the 1 MiB body limit, the API key, the per-status request counter, and
+the 500 for a failure no route expected.
 
 Pure ASGI (not BaseHTTPMiddleware) so that a streaming response still sees its client disconnect. The
 key guards /v1/* and /invocations; under --sagemaker, SageMaker authenticates /invocations callers
 itself (and sends no key), so there it guards /v1/* only. Its refusals are rendered like every other
 error (serve/errors.py).
+
+Every request gets its own id (the response `id` is built from it, so two answers never share one); a
+client's `X-Request-Id` is echoed in that header and logged beside ours, never used as the id itself.
+An unexpected exception is answered here with a 500 and not re-raised: Starlette's outermost middleware
+re-raises after its own 500, and uvicorn then drops the keep-alive connection without `Connection: close`,
+so the client's next request on it failed.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
 from neuron_ssp.errors import Problem
-from neuron_ssp.serve.errors import ApiError, error_response
+from neuron_ssp.serve.errors import ApiError, error_body, error_response
 from neuron_ssp.serve.metrics import ServerMetrics
+
+log = logging.getLogger("neuron_ssp.serve")
 
 MAX_BODY_BYTES = 1 << 20
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/invocations")
@@ -39,28 +51,34 @@ class Gate:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex[:16]
-        scope.setdefault("state", {})["request_id"] = request_id
-        status = [500]
+        request_id, client_id = uuid.uuid4().hex, headers.get("x-request-id")
+        scope.setdefault("state", {}).update(request_id=request_id, client_request_id=client_id)
+        echoed = (client_id or request_id).encode("latin-1")
+        status = [0]  # 0 until the response starts
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                headers = list(message.get("headers", []))
-                if not any(name.lower() == b"x-request-id" for name, _ in headers):
-                    headers.append((b"x-request-id", request_id.encode()))
-                message["headers"] = headers
+                message["headers"] = [(name, value) for name, value in message.get("headers", [])
+                                      if name.lower() != b"x-request-id"] + [(b"x-request-id", echoed)]
             await send(message)
 
         try:
             refusal = self._refusal(scope["path"], headers)
             if refusal is not None:
-                await error_response(refusal, request_id)(scope, receive, send_with_id)
+                await error_response(refusal)(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            log.error("request %s (client's X-Request-Id %s) failed", request_id, client_id, exc_info=exc)
+            if status[0]:  # a response half sent cannot be completed: the connection has to close
+                raise
+            body = error_body(500, f"internal server error (request id {request_id}); the server log holds "
+                                   "the details")
+            await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
         finally:
             if scope["path"] in GENERATION_PATHS:
-                self.metrics.requests.labels(scope["path"], str(status[0])).inc()
+                self.metrics.requests.labels(scope["path"], str(status[0] or 500)).inc()
 
     def _refusal(self, path: str, headers: dict[str, str]) -> ApiError | None:
         length = headers.get("content-length", "")

@@ -1,9 +1,11 @@
 """The API described: /openapi.json (and the /docs page FastAPI renders from it) for every route.
 
-Request bodies come from the pydantic models the server validates with (serve/schemas.py); response
-bodies and the error body from the models below, whose shapes serve/responses.py and serve/sagemaker.py
-build (tests/test_serve_fuzz.py checks real answers against them). Client generators and API fuzzers
-start from this document, as they do from vLLM's server.
+Request bodies come from the pydantic models the server validates with (serve/schemas.py), so every limit a
+field's check enforces is stated by the same declaration; two depend on the running server and are stated
+from the values its checks use: the one model it serves, and the largest budget any prompt leaves. Response
+bodies and the error body come from the models below, whose shapes serve/responses.py and serve/sagemaker.py
+build (tests/test_serve_fuzz.py checks real answers against them), streams by their content types. Client
+generators and API fuzzers start from this document, as they do from vLLM's server.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from neuron_ssp.serve.schemas import ChatCompletionBody, CompletionBody, LmiBody
+from neuron_ssp.serve.schemas import INVOCATION_BODIES, ChatCompletionBody, CompletionBody, LmiBody
 
 VERSION = "1"
 DESCRIPTION = ("Speculative sampling behind OpenAI's chat and completions API and SageMaker's container contract. "
@@ -47,7 +49,7 @@ class SpeculativeStats(BaseModel):
     target_calls: int
     draft_tokens: int
     accepted_tokens: int
-    seed: int | None  # the random seed the request sampled with: send it back to reproduce a sample
+    seed: int | None  # the random seed the request sampled with (null: greedy): send it back to reproduce a sample
 
 
 class TopLogprob(BaseModel):
@@ -141,13 +143,31 @@ class Health(BaseModel):
     running: int | None = None
 
 
-REQUEST_BODIES: dict[str, list[type[BaseModel]]] = {
-    "chat": [ChatCompletionBody], "completion": [CompletionBody],
-    "invocations": [ChatCompletionBody, CompletionBody, LmiBody]}
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _invocation_body() -> dict[str, Any]:
+    """One of the three bodies, each without the keys that take precedence over its own (the server's rule)."""
+    keys = list(INVOCATION_BODIES)
+    return {"oneOf": [{"allOf": [_ref(model), *({"not": {"required": [k]}} for k in keys[:i])]} if i else _ref(model)
+                      for i, model in enumerate(INVOCATION_BODIES.values())]}
+
+
+REQUEST_BODIES: dict[str, dict[str, Any]] = {
+    "chat": _ref(ChatCompletionBody), "completion": _ref(CompletionBody), "invocations": _invocation_body()}
 ANSWERS: dict[str, type[BaseModel] | tuple[type[BaseModel], ...]] = {
     "chat": ChatCompletion, "completion": Completion, "invocations": (ChatCompletion, Completion, LmiResponse)}
-STREAMS = {"chat": "text/event-stream", "completion": "text/event-stream",
-           "invocations": "text/event-stream or application/jsonlines (LMI)"}
+STREAMS = {"chat": ["text/event-stream"], "completion": ["text/event-stream"],
+           "invocations": ["text/event-stream", "application/jsonlines"]}  # with `stream: true` (jsonlines: LMI)
+STREAM_SCHEMAS = {  # OpenAPI 3.1: an event stream's schema describes one event, as parsed (its `data` text)
+    "text/event-stream": {"type": "object", "required": ["data"], "description": "one SSE event: a chunk as JSON "
+                          "(docs/serving.md), an error body, or `[DONE]` last",
+                          "properties": {"data": {"type": "string", "pattern": "^(\\{.*\\}|\\[DONE\\])$"}}},
+    "application/jsonlines": {"type": "string", "description": "one JSON object a line (LMI's stream)"},
+}
+BUDGETS = (("ChatCompletionBody", "max_tokens"), ("ChatCompletionBody", "max_completion_tokens"),
+           ("CompletionBody", "max_tokens"), ("LmiParameters", "max_new_tokens"))
 GENERATION_ERRORS = {400: "a bad body: every problem named (field, value, rule, fix)",
                      401: "a missing or wrong API key", 404: "an unknown model", 413: "a body over 1 MiB",
                      415: "a body that is not JSON", 503: "the queue is full or the server drains (Retry-After)",
@@ -158,15 +178,12 @@ def route(kind: str) -> dict[str, Any]:
     """Keyword arguments of a route decorator: its request body (the server parses it itself, with a size cap)
     and its answers."""
     if kind in REQUEST_BODIES:
-        models = REQUEST_BODIES[kind]
-        refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in models]
-        body = {"required": True, "content": {"application/json": {"schema": refs[0] if len(refs) == 1
-                                                                   else {"oneOf": refs}}}}
+        body = {"required": True, "content": {"application/json": {"schema": REQUEST_BODIES[kind]}}}
         answer = ANSWERS[kind]
-        ok: dict[str, Any] = {"model": answer} if isinstance(answer, type) else {
-            "content": {"application/json": {"schema": {"oneOf": [{"$ref": f"#/components/schemas/{m.__name__}"}
-                                                                  for m in answer]}}}}
-        ok["description"] = f"the answer; with `stream: true`, {STREAMS[kind]}"
+        streams = {media: {"schema": STREAM_SCHEMAS[media]} for media in STREAMS[kind]}
+        ok: dict[str, Any] = {"model": answer, "content": streams} if isinstance(answer, type) else {
+            "content": {"application/json": {"schema": {"oneOf": [_ref(m) for m in answer]}}, **streams}}
+        ok["description"] = f"the answer; with `stream: true`, {' or '.join(STREAMS[kind])}"
         responses: dict[int | str, Any] = {200: ok}
         responses.update({status: {"model": ErrorResponse, "description": why}
                           for status, why in GENERATION_ERRORS.items()})
@@ -182,8 +199,9 @@ def route(kind: str) -> dict[str, Any]:
     return {"responses": simple[kind]}
 
 
-def document(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document for the routes, plus the request bodies' schemas (built once, then cached)."""
+def document(app: FastAPI, model_name: str, largest_budget: int) -> dict[str, Any]:
+    """FastAPI's document for the routes, plus the request bodies' schemas and this server's two limits
+    (built once, then cached)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
@@ -193,5 +211,14 @@ def document(app: FastAPI) -> dict[str, Any]:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="validation")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
+    for body in ("ChatCompletionBody", "CompletionBody"):  # any other name is a 404
+        _branch(components[body]["properties"]["model"], "string")["enum"] = [model_name]
+    for body, name in BUDGETS:  # a longer prompt leaves less: the 400 says how much
+        _branch(components[body]["properties"][name], "integer")["maximum"] = largest_budget
     app.openapi_schema = doc
     return doc
+
+
+def _branch(prop: dict[str, Any], json_type: str) -> dict[str, Any]:
+    """The schema of one JSON type within an optional field's `anyOf`."""
+    return next(b for b in prop.get("anyOf", [prop]) if b.get("type") == json_type)

@@ -1,11 +1,12 @@
 """Request bodies -> one `GenerationRequest`: OpenAI chat/completions (vLLM's field set) and LMI/TGI.
 
-Types are checked by pydantic (finite numbers, a seed that fits 64 bits, text that is valid Unicode);
-the value rules (temperature >= 0, top_p in (0, 1], n = 1, ...) are checked here so that every problem
-of a body is reported at once, each naming field, value, rule, fix. Unknown fields are accepted and
-ignored, as OpenAI's and vLLM's servers do, except those that would change the answer and are not
-supported (tools, response_format): those are refused rather than silently ignored. The same models
-describe the bodies in /openapi.json.
+Every rule a single field obeys is a constraint on its pydantic model (types strict: JSON integers, numbers,
+booleans, no "3" or true for an integer; finite numbers; 64-bit seeds; valid Unicode; ranges and lengths), so
+one declaration both checks a body (serve/validation.py turns each error into field, value, rule and fix,
+all at once) and states the limit in /openapi.json. Rules between two fields (DEPENDS_ON) are checked here
+and stated there as `if`/`then`. Unknown fields are accepted and ignored, as OpenAI's and vLLM's servers do,
+except those that would change the answer and that this server cannot honour (NO_OP_VALUES): those are
+refused, unless they carry the value that asks for nothing (what OpenAI clients send as defaults).
 """
 
 from __future__ import annotations
@@ -14,15 +15,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from neuron_ssp.errors import Problem
 from neuron_ssp.serve.errors import ApiError
+from neuron_ssp.serve.validation import validate
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5); vLLM's default max_logprobs
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); torch seeds take any of them
-NOT_SUPPORTED = ("tools", "tool_choice", "functions", "function_call", "response_format")
+# Python's white space (str.isspace, what the prompt checks strip; none lies above U+3000) as a pattern that
+# pydantic's regex and JSON Schema's both read: a text must hold one character outside it
+NOT_BLANK = "[^" + "".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()) + "]"
+# fields that would change the answer and that this server cannot honour -> the values that ask for nothing
+NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "tools": (), "tool_choice": ("none",), "functions": (), "function_call": ("none",),
+    "response_format": ({"type": "text"},), "logit_bias": ({},), "frequency_penalty": (0,),
+    "presence_penalty": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+}
+DEPENDS_ON = {"stream_options": "stream", "top_logprobs": "logprobs"}  # allowed only with the other one true
 
 
 def _unicode(text: str) -> str:
@@ -34,12 +45,55 @@ def _unicode(text: str) -> str:
     return text
 
 
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer: 3.0 is one (Python's parser reads it as a float), "3" and true are not."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+INTEGRAL = BeforeValidator(_integral)  # after a type's constraints, so that JSON Schema states them
 Text = Annotated[str, AfterValidator(_unicode)]
-Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Prompt = Annotated[str, Field(pattern=NOT_BLANK), AfterValidator(_unicode)]  # constraints first: then the
+StopString = Annotated[str, Field(min_length=1), AfterValidator(_unicode)]  # JSON Schema states them too
+StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]
+Budget = Annotated[int, Field(ge=1), INTEGRAL]
+Temperature = Annotated[float, Field(ge=0)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+TopK = Annotated[int, Field(ge=-1), INTEGRAL]
+TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL]
+One = Annotated[int, Field(ge=1, le=1), INTEGRAL]
+
+
+# what a sampling field is for: the OpenAPI description, and the reason a message gives with a field's rule
+SEED = "64-bit: send it back to reproduce a sample"
+BUDGET = "tokens to generate at most: with the prompt's they must fit the model's context (max_model_len)"
+TEMPERATURE, TOP_P, TOP_K = "0 = greedy", "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field)"
+
+
+def _refused(name: str) -> Any:
+    """A field this server cannot honour: documented as taking only the values that ask for nothing."""
+    no_ops = NO_OP_VALUES[name]
+    unless = f" unless {' or '.join(json.dumps(v) for v in no_ops)}" if no_ops else ""
+    return Field(None, description=f"not supported: refused{unless}", json_schema_extra={"enum": [None, *no_ops]})
+
+
+def _dependencies(model: type[BaseModel]) -> list[tuple[str, str]]:
+    """The DEPENDS_ON pairs that are both fields of `model` (an unknown field is ignored, whatever its name)."""
+    return [(name, other) for name, other in DEPENDS_ON.items()
+            if name in model.model_fields and other in model.model_fields]
+
+
+def _state_dependencies(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The model's dependencies in JSON Schema: a field that is set (not null) requires the other one true."""
+    rules = [{"if": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]},
+              "then": {"properties": {other: {"const": True}}, "required": [other]}}
+             for name, other in _dependencies(model)]
+    if rules:
+        schema["allOf"] = rules
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class TextPart(_Body):
@@ -57,53 +111,74 @@ class StreamOptions(_Body):
 
 
 class _Sampling(_Body):
-    model: Text | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = Field(None, description="extra field (vLLM's too): 0 or -1 = off")
-    seed: Seed | None = None
-    stop: Text | list[Text] | None = None
+    model_config = ConfigDict(json_schema_extra=_state_dependencies)
+
+    model: Text | None = Field(None, description="the served model (GET /v1/models)")
+    max_tokens: Budget | None = Field(None, description=BUDGET)
+    temperature: Temperature | None = Field(None, description=TEMPERATURE)
+    top_p: TopP | None = Field(None, description=TOP_P)
+    top_k: TopK | None = Field(None, description=TOP_K)
+    seed: Seed | None = Field(None, description=SEED)
+    stop: StopString | StopList | None = Field(None, description="text that ends the answer (not returned)")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
-    n: int = 1
-    tools: Any = Field(None, description="not supported: refused")
-    tool_choice: Any = Field(None, description="not supported: refused unless 'none'")
-    functions: Any = Field(None, description="not supported: refused")
-    function_call: Any = Field(None, description="not supported: refused unless 'none'")
-    response_format: Any = Field(None, description="not supported: refused unless {'type': 'text'}")
+    n: One = Field(1, description="one completion per request: send one request per completion")
+    tools: Any = _refused("tools")
+    tool_choice: Any = _refused("tool_choice")
+    functions: Any = _refused("functions")
+    function_call: Any = _refused("function_call")
+    response_format: Any = _refused("response_format")
+    logit_bias: Any = _refused("logit_bias")
+    frequency_penalty: Any = _refused("frequency_penalty")
+    presence_penalty: Any = _refused("presence_penalty")
+    echo: Any = _refused("echo")
+    suffix: Any = _refused("suffix")
+    best_of: Any = _refused("best_of")
+
+
+def _any_text(schema: dict[str, Any]) -> None:
+    """The prompt check's rule for a conversation, stated: some message holds some text."""
+    text = {"type": "string", "pattern": NOT_BLANK}
+    schema["contains"] = {"properties": {"content": {"anyOf": [
+        text, {"type": "array", "contains": {"properties": {"text": text}}}]}}}
 
 
 class ChatCompletionBody(_Sampling):
-    messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    messages: list[ChatMessage] = Field(min_length=1, json_schema_extra=_any_text,
+                                        description="the conversation; some message must hold some text")
+    max_completion_tokens: Budget | None = Field(None, description=f"{BUDGET}; wins over max_tokens")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, description=f"0..{MAX_TOP_LOGPROBS}, with logprobs: true")
+    top_logprobs: TopLogprobs | None = Field(None, description="alternatives per token, with logprobs: true")
 
 
 class CompletionBody(_Sampling):
-    prompt: Text | list[Text]
-    logprobs: int | None = Field(None, description=f"0..{MAX_TOP_LOGPROBS}: the most likely tokens per position")
+    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=1)] = Field(
+        description="one text, not only white space; a list holds exactly one (send one request per prompt)")
+    logprobs: TopLogprobs | None = Field(None, description="the most likely tokens per position")
 
 
 class LmiParameters(_Body):
     """SageMaker LMI (DJL Serving) / TGI `parameters`; LMI <= 0.31 samples only with do_sample."""
 
-    max_new_tokens: int | None = None
+    max_new_tokens: Budget | None = Field(None, description=BUDGET)
     do_sample: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: Seed | None = None
-    stop: list[Text] | None = None  # TGI
-    stop_sequences: list[Text] | None = None  # LMI
+    temperature: Temperature | None = Field(None, description=TEMPERATURE)
+    top_p: TopP | None = Field(None, description=TOP_P)
+    top_k: TopK | None = Field(None, description=TOP_K)
+    seed: Seed | None = Field(None, description=SEED)
+    stop: StopList | None = Field(None, description="TGI's name for stop_sequences")
+    stop_sequences: StopList | None = Field(None, description="text that ends the answer (not returned)")
     details: bool = False
 
 
 class LmiBody(_Body):
-    inputs: Text
+    inputs: Prompt = Field(description="the raw text, not only white space")
     parameters: LmiParameters = LmiParameters()
     stream: bool = False
+
+
+PROMPT_FIELDS = {"chat": "messages", "completion": "prompt", "lmi": "inputs"}
+BUDGET_FIELDS = {"chat": "max_tokens", "completion": "max_tokens", "lmi": "parameters.max_new_tokens"}
 
 
 @dataclass
@@ -125,72 +200,64 @@ class GenerationRequest:
     details: bool = False  # LMI: add `details` to the answer
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per position, with logprobs
+    max_tokens_field: str | None = None  # chat: max_completion_tokens when that one set max_tokens
 
+    @property
+    def prompt_field(self) -> str:
+        """The field that holds the prompt, as the client named it."""
+        return PROMPT_FIELDS[self.kind]
 
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says where it stopped parsing."""
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        snippet = raw[:80].decode("utf-8", "replace")
-        raise ApiError(400, Problem("body", snippet, f"not valid JSON{where}",
-                                    "send a JSON object with Content-Type: application/json")) from None
-    if not isinstance(data, dict):
-        raise ApiError(400, Problem("body", data, "must be a JSON object", 'send an object such as '
-                                    '{"model": ..., "messages": [{"role": "user", "content": "Hi"}]}'))
-    return data
+    @property
+    def budget_field(self) -> str:
+        """The field that sets max_tokens, as the client named it (or would)."""
+        return self.max_tokens_field or BUDGET_FIELDS[self.kind]
 
 
 def chat_request(data: dict[str, Any]) -> GenerationRequest:
-    body = _validate(ChatCompletionBody, data)
-    problems = _sampling_problems(body)
-    if not body.messages:
-        problems.append(Problem("messages", [], "must hold at least one message",
-                                'send [{"role": "user", "content": "..."}]'))
-    if body.top_logprobs is not None and not body.logprobs:
-        problems.append(Problem("top_logprobs", body.top_logprobs, "needs logprobs: true (OpenAI's rule)",
-                                "send logprobs: true with it, or leave top_logprobs out"))
-    problems += _top_logprobs_problems("top_logprobs", body.top_logprobs)
-    _raise(problems)
+    body = validate(ChatCompletionBody, data)
+    _raise(_sampling_problems(body))
     messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                  else "".join(p.text for p in m.content)} for m in body.messages]
     request = _common("chat", body)
     request.messages = messages
-    request.max_tokens = body.max_completion_tokens or body.max_tokens
+    if body.max_completion_tokens is not None:
+        request.max_tokens, request.max_tokens_field = body.max_completion_tokens, "max_completion_tokens"
     request.logprobs, request.top_logprobs = body.logprobs, body.top_logprobs or 0
     return request
 
 
 def completion_request(data: dict[str, Any]) -> GenerationRequest:
-    body = _validate(CompletionBody, data)
-    problems = _sampling_problems(body)
-    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    if len(prompts) != 1:
-        problems.append(Problem("prompt", body.prompt, "exactly one prompt per request (speculation runs batch 1)",
-                                "send a single string; send one request per prompt"))
-    problems += _top_logprobs_problems("logprobs", body.logprobs)
-    _raise(problems)
+    body = validate(CompletionBody, data)
+    _raise(_sampling_problems(body))
     request = _common("completion", body)
-    request.prompt = prompts[0]
+    request.prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     request.logprobs, request.top_logprobs = body.logprobs is not None, body.logprobs or 0
     return request
 
 
 def lmi_request(data: dict[str, Any]) -> GenerationRequest:
-    body = _validate(LmiBody, data)
+    body = validate(LmiBody, data)
     p = body.parameters
     sample = p.do_sample if p.do_sample is not None else bool(p.temperature)  # LMI 0.32 infers it
-    request = GenerationRequest("lmi", prompt=body.inputs, max_tokens=p.max_new_tokens,
-                                temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
-                                top_p=p.top_p, top_k=_top_k(p.top_k), seed=p.seed,
-                                stop=(p.stop_sequences or p.stop or []), stream=body.stream, details=p.details)
-    _raise(_value_problems(request, prefix="parameters."))
-    return request
+    return GenerationRequest("lmi", prompt=body.inputs, max_tokens=p.max_new_tokens,
+                             temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
+                             top_p=p.top_p, top_k=_top_k(p.top_k), seed=p.seed,
+                             stop=(p.stop_sequences or p.stop or []), stream=body.stream, details=p.details)
 
 
-def is_lmi_body(data: dict[str, Any]) -> bool:
-    return "inputs" in data
+INVOCATION_BODIES = {"inputs": LmiBody, "messages": ChatCompletionBody, "prompt": CompletionBody}  # in this order
+
+
+def invocation_request(data: dict[str, Any]) -> GenerationRequest:
+    """SageMaker's /invocations takes any of the three bodies: the first key of INVOCATION_BODIES that the
+    body holds decides which (/openapi.json states the same precedence)."""
+    build = {LmiBody: lmi_request, ChatCompletionBody: chat_request, CompletionBody: completion_request}
+    for key, model in INVOCATION_BODIES.items():
+        if key in data:
+            return build[model](data)
+    raise ApiError(400, Problem("body", sorted(data), "not a known body: expected `inputs` (LMI/TGI), "
+                                "`messages` (OpenAI chat) or `prompt` (OpenAI completions)",
+                                'send {"inputs": "...", "parameters": {...}} or an OpenAI body'))
 
 
 def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationRequest:
@@ -205,78 +272,23 @@ def _top_k(value: int | None) -> int | None:
 
 
 def _sampling_problems(body: _Sampling) -> list[Problem]:
-    problems = _value_problems(_common("completion", body)) + _unsupported_problems(body)
-    if body.stream_options is not None and not body.stream:
-        problems.append(Problem("stream_options", body.stream_options.model_dump(), "only allowed with stream: true "
-                                "(as vLLM's server rules)", "send stream: true, or leave stream_options out"))
-    if body.n != 1:
-        problems.append(Problem("n", body.n, "only n = 1 is supported: speculative sampling runs one sequence "
-                                "at a time (batch 1)", "leave n out or send n = 1; send one request per completion"))
-    if isinstance(body, ChatCompletionBody) and body.max_completion_tokens is not None \
-            and body.max_completion_tokens < 1:
-        problems.append(Problem("max_completion_tokens", body.max_completion_tokens, "must be >= 1",
-                                "send at least 1, or leave it out for the server's default"))
-    return problems
+    """The rules between fields, and the fields this server refuses rather than ignores."""
+    dependent = [Problem(name, value.model_dump() if isinstance(value, BaseModel) else value,
+                         f"only allowed with {other}: true (OpenAI's and vLLM's rule)",
+                         f"send {other}: true with it, or leave {name} out")
+                 for name, other in _dependencies(type(body))
+                 if (value := getattr(body, name)) is not None and getattr(body, other) is not True]
+    return dependent + [
+        Problem(name, value, "not supported by this server: speculative sampling here returns plain text from "
+                "the model's own distribution (no tool calls, structured output, penalties, biases, echo, suffix "
+                "or best-of)", f"leave {name} out")
+        for name, no_ops in NO_OP_VALUES.items()
+        if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in no_ops)]
 
 
-def _value_problems(r: GenerationRequest, prefix: str = "") -> list[Problem]:
-    names = {"max_tokens": "max_new_tokens"} if prefix else {}
-    checks = [
-        ("max_tokens", r.max_tokens is not None and r.max_tokens < 1, "must be >= 1",
-         "send at least 1, or leave it out for the server's default"),
-        ("temperature", r.temperature is not None and r.temperature < 0, "must be >= 0 (0 = greedy)",
-         "send 0 for greedy decoding or a positive temperature"),
-        ("top_p", r.top_p is not None and not 0 < r.top_p <= 1, "must be in (0, 1]",
-         "send a value above 0 and at most 1 (1 = off)"),
-        ("top_k", r.top_k is not None and r.top_k < 0, "must be >= 0, or -1 (0 and -1 = off)",
-         "send 0 or a positive integer"),
-        ("stop", len(r.stop) > MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings",
-         f"send up to {MAX_STOP_STRINGS}"),
-        ("stop", any(s == "" for s in r.stop), "a stop string must not be empty", "remove the empty string"),
-    ]
-    return [Problem(prefix + names.get(name, name), r.stop if name == "stop" else getattr(r, name), rule, fix)
-            for name, bad, rule, fix in checks if bad]
-
-
-def _unsupported_problems(body: _Sampling) -> list[Problem]:
-    """Fields that would change the answer and that this server cannot honour: refused, not ignored."""
-    harmless = {"tool_choice": "none", "function_call": "none", "response_format": {"type": "text"}}
-    return [Problem(name, value, "not supported by this server: speculative sampling here returns plain text "
-                    "(no tool calls, no structured output)", f"leave {name} out")
-            for name in NOT_SUPPORTED if (value := getattr(body, name)) is not None and value != harmless.get(name)]
-
-
-def _top_logprobs_problems(name: str, value: int | None) -> list[Problem]:
-    if value is None or 0 <= value <= MAX_TOP_LOGPROBS:
-        return []
-    return [Problem(name, value, f"must be in 0..{MAX_TOP_LOGPROBS}", f"send at most {MAX_TOP_LOGPROBS}")]
-
-
-def _validate(model: type[_Body], data: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ApiError(400, _merge([_problem(err) for err in exc.errors()])) from None
-
-
-def _problem(err: Any) -> Problem:
-    where = ".".join(str(p) for p in err["loc"] if not _union_tag(str(p)))
-    if err["type"] == "missing":
-        return Problem(where, None, "required field is missing", f"add `{where}` to the body")
-    return Problem(where, err.get("input"), err["msg"].lower(), f"send {where} with the right type")
-
-
-def _union_tag(part: str) -> bool:
-    """pydantic names the branch of a union in `loc` (`str`, `list[str]`): not a field."""
-    return part in {"str", "int", "float", "bool"} or "[" in part or part.startswith("function-")
-
-
-def _merge(problems: list[Problem]) -> list[Problem]:
-    """A field that fails several union branches (str | list) is reported once."""
-    seen: dict[str, Problem] = {}
-    for problem in problems:
-        seen.setdefault(problem.field, problem)
-    return list(seen.values())
+def _same(value: Any, ok: Any) -> bool:
+    """JSON equality: 0 == 0.0, but false is not 0."""
+    return value == ok and isinstance(value, bool) == isinstance(ok, bool)
 
 
 def _raise(problems: list[Problem]) -> None:

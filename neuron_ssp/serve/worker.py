@@ -349,7 +349,8 @@ class JobRun:
         ended_by_model = bool(result.tokens) and result.tokens[-1] in pipeline.eos_token_ids
         reason = "stop" if self.text.stopped or ended_by_model else "length"
         self.worker.metrics.finished.labels(reason).inc()
-        seed = job.sampling.seed if pipeline.config.speculation.engine != "fused" else None
+        sampled = job.sampling.temperature > 0 and pipeline.config.speculation.engine != "fused"
+        seed = job.sampling.seed if sampled else None  # greedy uses none; fused seeds on the device
         job.emit(Done(self.text.text, reason, returned, result.stats, seed,
                       self.text.logprobs[:returned] if job.top_logprobs is not None else None))
 
