@@ -1,7 +1,7 @@
 """A real server process on the stand-in pipeline: SIGTERM (how SageMaker and systemd stop a container) and
-client disconnects. The running request finishes, queued ones get 503, the port closes and the process
-exits 0; a request that outlasts drain_timeout is cancelled and its client gets a final error; a client
-that leaves is counted as aborted, not as a server error."""
+client disconnects. The running request finishes, queued ones get 503, /ping answers 503 while it runs, then
+the port closes and the process exits 0; a request that outlasts drain_timeout is cancelled and its client
+gets a final error; a client that leaves is counted as aborted, not as a server error."""
 
 from __future__ import annotations
 
@@ -82,6 +82,34 @@ def test_sigterm_finishes_the_running_request_refuses_queued_ones_and_exits_0():
         raise AssertionError("the port is still open after exit")
     except httpx.TransportError:
         pass
+
+
+def test_while_draining_the_port_stays_open_and_ping_health_and_new_requests_answer_503():
+    """SageMaker and load balancers poll /ping: during the drain it says 503 (docs/serving.md), rather than
+    the connection being refused, and a new request gets a 503 with Retry-After it can act on."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(port, reply=300)  # about 5 s of generation
+    try:
+        wait_healthy(url, proc)
+        results: dict[str, httpx.Response] = {}
+        running = threading.Thread(target=lambda: results.update(running=httpx.post(
+            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 300}, timeout=30)))
+        running.start()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        ping, health = httpx.get(f"{url}/ping", timeout=5), httpx.get(f"{url}/health", timeout=5)
+        late = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
+        running.join(30)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, proc.stderr.read()
+    assert ping.status_code == health.status_code == 503 and ping.json()["status"] == "draining"
+    assert late.status_code == 503 and late.headers["retry-after"] and "shutting down" in late.text
+    assert results["running"].status_code == 200 and results["running"].json()["choices"][0]["text"] == "a" * 300
 
 
 def test_a_client_that_leaves_is_aborted_and_sigterm_past_drain_timeout_sends_a_final_error_and_exits_0():

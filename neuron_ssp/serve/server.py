@@ -1,10 +1,12 @@
 """Start-up and shutdown: load and validate the pipeline before the port opens, then run uvicorn.
 
 SIGTERM (how SageMaker and systemd stop a container): stop accepting, refuse the queued requests
-(503), let the running one finish within `drain_timeout`; past that the worker cancels it at its next
-iteration and its client gets a final error (an SSE error chunk, or a 503). Then the worker thread is
-joined and the process exits 0. uvicorn's own graceful-shutdown limit is set a little later, so it
-never cuts a connection before that final error is written.
+(503), let the running ones finish within `drain_timeout`; past that the worker cancels them at their next
+iteration and their clients get a final error (an SSE error chunk, or a 503). The port stays open while
+they run, so /ping and /health answer 503 (a load balancer's health check sees the drain, not a refused
+connection) and a new request gets a 503 with Retry-After. Then uvicorn closes the port, waits for the
+open connections within what is left of `drain_timeout` plus FINAL_ERROR_S (so it never cuts a connection
+before that final error is written), the worker thread is joined and the process exits 0.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+import time
 from dataclasses import dataclass
 from types import FrameType
 
@@ -77,7 +81,8 @@ def serving_batch(config: Config) -> int:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's graceful shutdown, plus: the worker refuses queued work as soon as the signal arrives."""
+    """uvicorn's graceful shutdown, after a drain: the first signal makes the worker refuse new work and keeps
+    the port open (answering 503) until the running requests are done; then uvicorn shuts down as usual."""
 
     def __init__(self, config: uvicorn.Config, worker: GenerationWorker, drain_timeout: float):
         super().__init__(config)
@@ -85,11 +90,23 @@ class _DrainingServer(uvicorn.Server):
         self.drain_timeout = drain_timeout
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.should_exit:
-            log.info("signal %s: draining (the running request has %.0f s to finish, queued ones get 503)", sig,
-                     self.drain_timeout)
+        if self.worker.accepting and not self.should_exit:
+            log.info("signal %s: draining (the running requests have %.0f s to finish; /ping, /health and new "
+                     "requests answer 503 meanwhile)", sig, self.drain_timeout)
             self.worker.drain(self.drain_timeout)
-        super().handle_exit(sig, frame)
+            threading.Thread(target=self._exit_when_drained, args=(sig, frame), name="drain", daemon=True).start()
+            return
+        super().handle_exit(sig, frame)  # a second signal: shut down now (a third one: force)
+
+    def _exit_when_drained(self, sig: int, frame: FrameType | None) -> None:
+        """Wait until no request is generating or answering (the worker cuts its jobs at drain_timeout), then
+        let uvicorn close the port, with the time left of the old bound for the open connections."""
+        deadline = time.monotonic() + self.drain_timeout + FINAL_ERROR_S
+        while (self.worker.running or self.server_state.tasks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.config.timeout_graceful_shutdown = max(deadline - time.monotonic(), 1.0)
+        if not self.should_exit:
+            super().handle_exit(sig, frame)
 
 
 def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
