@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from neuron_ssp.errors import Problem, UsageError
 
@@ -132,6 +132,38 @@ class GenerationConfig(_Strict):
     chat_template: bool = True  # wrap the prompt as a user turn when the tokenizer has a template
 
 
+class NxdiSettings(_Strict):
+    """neuron.library nxdi only: NeuronConfig arguments beyond those derived from the models, under NxDI's own
+    names (its `inference_demo` flags: --context-encoding-buckets is context_encoding_buckets), passed as given
+    and read back after construction (backends/nxdi/api.py)."""
+
+    # prompt lengths with a context-encoding graph each; a prompt runs the smallest bucket above its length.
+    # None: NxDI's default, powers of two from 128 up to the longest prompt (topology/nxdi_graphs.py)
+    context_encoding_buckets: list[PositiveInt] | None = None
+    # cache lengths with a decoding graph each (the k-wide target, the draft, the fused graph); None: n_positions
+    token_generation_buckets: list[PositiveInt] | None = None
+    fused_qkv: bool = False
+    sequence_parallel_enabled: bool = False
+    qkv_kernel_enabled: bool = False  # NKI kernels: trn2 (NKI 0.3 dropped Trn1/Inf2 kernels, NxDI 2.29 notes)
+    attn_kernel_enabled: bool = False
+    mlp_kernel_enabled: bool = False
+    cc_pipeline_tiling_factor: int = Field(2, ge=1)  # NxDI's default 2; its trn2 Llama-3.3-70B tutorial sets 1
+
+    @field_validator("context_encoding_buckets", "token_generation_buckets")
+    @classmethod
+    def _ascending(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or value != sorted(set(value))):
+            raise ValueError("buckets must be a non-empty list of distinct lengths in ascending order; "
+                             f"write them as {sorted(set(value)) or '[n_positions]'}, or leave the key out")
+        return value
+
+    def switches(self) -> dict[str, Any]:
+        """The switches set away from NxDI's defaults, as NeuronConfig arguments (the buckets are passed for
+        every model, defaulted: topology/nxdi_graphs.py)."""
+        defaults = NxdiSettings()
+        return {name: value for name, value in self if "buckets" not in name and value != getattr(defaults, name)}
+
+
 class NeuronSettings(_Strict):
     """Neuron only: which AWS library runs the models, where compiled models are kept (`neuron-ssp compile`)
     and the compiler's cache."""
@@ -144,6 +176,7 @@ class NeuronSettings(_Strict):
     # after load, before the first request: a k-wide window against k one-token calls (backends/neuron/selftest.py)
     self_test: bool = True
     self_test_min_agreement: float = Field(0.9, ge=0.0, le=1.0)  # argmax agreement below this fails the load
+    nxdi: NxdiSettings = Field(default_factory=NxdiSettings)
 
 
 DEFAULT_REQUEST_TIMEOUT = 300.0
@@ -281,7 +314,7 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
     "": Config, "platform": PlatformConfig, "target": ModelConfig, "draft": ModelConfig,
     "speculation": SpeculationConfig, "sampling": SamplingConfig, "generation": GenerationConfig,
-    "neuron": NeuronSettings, "serve": ServeConfig, "suffix": SuffixConfig,
+    "neuron": NeuronSettings, "serve": ServeConfig, "suffix": SuffixConfig, "nxdi": NxdiSettings,
 }
 
 

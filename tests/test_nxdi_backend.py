@@ -192,3 +192,80 @@ def test_only_the_expected_stubs_ran(nxdi: Any, tiny_model_dirs: dict[str, Path]
     target, draft = load(config)
     speculative(config, target, draft, GreedyAcceptor()).generate(prompt(7), 12)
     assert set(stubs.CALLS) <= {"torch_neuronx.get_platform_target", "neuronxcc.CollectivesConfig"}
+
+
+def test_a_draft_nxdi_cannot_place_is_refused_before_anything_loads(nxdi: Any, tiny_model_dirs: dict[str, Path]
+                                                                    ) -> None:
+    """Both models of a process load from the first visible core; NxDI's start_rank_id is a multi-node rank offset
+    (inference_demo.py:795), so a draft on other cores would get another rank's weights, never other cores."""
+    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], draft={"first_core": 1},
+                         neuron={"self_test": False})
+    with pytest.raises(UsageError) as error:
+        load(config)
+    assert [p.field for p in error.value.problems] == ["draft.first_core"]
+    assert nxdi.DEVICE_CALLS == []
+
+
+def test_prefill_runs_the_smallest_context_bucket_nxdi_builds_by_default(nxdi: Any, tiny_model_dirs: dict[str, Path]
+                                                                         ) -> None:
+    """Context encoding is bucketed as NxDI's own default would (autobucketing.generate_buckets(128, max context)):
+    a 6-token prompt runs the 128 graph, not one padded to 256; decoding keeps one graph (n_positions)."""
+    from neuronx_distributed_inference.modules.autobucketing import generate_buckets
+
+    positions = {"n_positions": 256}
+    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], target=positions, draft=positions,
+                         neuron={"self_test": False})
+    target, draft = load(config)
+    for backend in (target, draft):
+        assert backend.app.context_encoding_model.neuron_config.buckets == generate_buckets(128, 256) == [128, 256]
+    assert target.app.speculation_model.neuron_config.buckets == [256]
+    assert draft.app.token_generation_model.neuron_config.buckets == [256]
+    widths = []
+    cte = target.app.context_encoding_model
+    real = cte._forward
+    cte._forward = lambda *args: widths.append(args[0].shape[1]) or real(*args)
+    ids = prompt(6)
+    last = target.prefill(ids)
+    assert widths == [128]
+    assert torch.allclose(last, reference_logits(tiny_model_dirs["target"], ids.tolist())[5], atol=1e-5)
+    reference = LlamaForCausalLM.from_pretrained(str(tiny_model_dirs["target"]), dtype=torch.float32).eval()
+    with torch.inference_mode():
+        hf = reference.generate(ids.view(1, -1), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+    assert speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24).tokens == hf[0, 6:].tolist()
+    assert widths == [128, 128]  # the speculative generation's prefill ran the same graph
+
+
+def test_our_bucket_defaults_and_graph_counts_are_nxdis(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
+    """`plan` and `compile` count one graph per bucket of each NxDI sub-model: held against the applications NxDI
+    builds (ModelWrapper.neuron_config.buckets) for the native engine and for fused speculation."""
+    from neuronx_distributed_inference.modules.autobucketing import generate_buckets
+
+    from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
+    from neuron_ssp.topology.nxdi_graphs import default_buckets
+
+    assert all(default_buckets(128, n) == generate_buckets(128, n) for n in range(16, 5000, 7))
+    positions = {"n_positions": 256}
+    for engine in ("native", "fused"):
+        config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], target=positions, draft=positions,
+                             speculation={"engine": engine}, neuron={"nxdi": {"token_generation_buckets": [128, 256]}})
+        plan = plan_deployment(config)
+        models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+        apps = ({"target": fused_application(models)[0]} if engine == "fused" else
+                {role: models.application(role, 4 if role == "target" else 0)[0] for role in ("target", "draft")})
+        for role, app in apps.items():
+            assert sum(len(wrapper.neuron_config.buckets) for wrapper in app.models) == plan.models[role].graphs.total
+        assert plan.models["target"].graphs.total == 4  # 2 context + 2 decoding buckets; fused: the draft inside
+
+
+def test_nxdi_takes_every_argument_of_the_tutorial_config(nxdi: Any) -> None:
+    """configs/nxdi-llama33-70b-trn2-tutorial.yaml's NeuronConfig for both models, read back after NxDI built it
+    (NeuronConfig only logs an argument it does not know)."""
+    from neuron_ssp.backends.nxdi.api import load_nxdi
+    from neuron_ssp.config import load_config
+
+    api = load_nxdi("trn2")
+    config = load_config(Path(__file__).parents[1] / "configs" / "nxdi-llama33-70b-trn2-tutorial.yaml")
+    for role, k, fused in (("target", 7, True), ("draft", 0, False)):
+        built = api.neuron_config(api.neuron_config_kwargs(config, role, k, fused=fused, lnc=2),
+                                  {"do_sample": False, "top_k": 1})
+        assert (built.mlp_kernel_enabled, built.cc_pipeline_tiling_factor, built.max_context_length) == (True, 1, 12288)

@@ -32,6 +32,8 @@ def test_compile_keeps_the_draft_once_and_the_target_per_k(nxdi: Any, tiny_model
     report = json.loads(result.output[result.output.index("{\n"):])
     rows = report["results"]
     assert report["estimate"] is None  # transformers-neuronx's bucket estimate does not apply to NxDI
+    # one context-encoding bucket (128 positions) and one decoding graph each (topology/nxdi_graphs.py)
+    assert report["graphs"] == {"target k=3": 2, "target k=4": 2, "draft (no speculation)": 2}
     assert [(r["role"], r["k"], r["reused"]) for r in rows] == [
         ("target", [3], False), ("target", [4], False), ("draft", None, False)]
     again = CliRunner().invoke(main, ["compile", str(path), "--k", "3,4", "--out", str(out), "--json"])

@@ -52,7 +52,7 @@ def test_the_nxdi_dlami_is_looked_up_by_its_sdk(stubbed: StubbedAws) -> None:
                     {"Name": "architecture", "Values": ["x86_64"]},
                     {"Name": "state", "Values": ["available"]}],
     })
-    chosen = ami.resolve_ami("pinned", stubbed.clients.ec2, stubbed.clients.ssm, REGION, ami.NXDI_TRN1_INF2)
+    chosen = ami.resolve_ami("pinned", stubbed.clients.ec2, stubbed.clients.ssm, REGION, ami.pin_for("nxdi", "trn1"))
     assert chosen.image_id == "ami-0nxdi228" and chosen.source == "pinned Neuron SDK 2.28"
 
 

@@ -77,9 +77,10 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     nxdi = config.neuron.library == "nxdi"
     compiler = (NxdiCompiler(widest, plan_deployment(widest), ks, force) if nxdi
                 else Compiler(widest, plan_deployment(widest), ks, force, int(compile_process_gib * GIB)))
-    estimate = None if isinstance(compiler, NxdiCompiler) else compiler.estimate  # transformers-neuronx's buckets
+    # transformers-neuronx: its networks, processes and host memory; NxDI: the graphs of its buckets
+    estimate = None if isinstance(compiler, NxdiCompiler) else compiler.estimate
     console = Console(stderr=as_json)
-    for line in estimate.lines() if estimate else []:
+    for line in compiler.lines() if isinstance(compiler, NxdiCompiler) else compiler.estimate.lines():
         console.print(line, highlight=False)
     columns = (
         SpinnerColumn(),
@@ -103,6 +104,7 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
             json.dumps(
                 {
                     "estimate": estimate.to_dict() if estimate else None,
+                    "graphs": compiler.graph_counts() if isinstance(compiler, NxdiCompiler) else None,
                     "results": [
                         {
                             "role": r.job.role,
@@ -239,7 +241,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "packages": versions,
         "neuron_stack_warning": stack_warning(versions),
         "transformers_neuronx": library,
-        "nxdi": _nxdi_status(),
+        "nxdi": _nxdi_status(devices.instance_type),
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
         "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
@@ -259,21 +261,31 @@ def _library_status() -> dict[str, Any]:
     return {"usable": True, "version": api.version, "api_generation": api.generation, "kv_rule": api.kv_rule}
 
 
-def _nxdi_status() -> dict[str, Any]:
-    """NxD Inference: installed here (and usable: it imports with what we call), its SDK, the DLAMI venvs."""
+def _nxdi_status(instance_type: str | None) -> dict[str, Any]:
+    """NxD Inference: installed here (and usable: it imports with what we call), its SDK, the DLAMI venvs, and the
+    release this instance's family needs (topology/nxdi_releases.py) with how to install it."""
     from neuron_ssp.backends.nxdi.env import LAST_TRN1_INF2_SDK, probe_nxdi
+    from neuron_ssp.topology.catalog import find_instance
+    from neuron_ssp.topology.nxdi_releases import install_advice, release_for
 
     install = probe_nxdi()
+    instance = find_instance(instance_type or "")
+    family = instance.generation if instance else None
+    needed = release_for(family) if family else None
     status: dict[str, Any] = {"version": install.version, "sdk": install.sdk, "dlami_venvs": install.venvs,
-                              "runs_trn1_inf2": install.runs_trn1_inf2, "last_trn1_inf2_sdk": LAST_TRN1_INF2_SDK}
+                              "runs_trn1_inf2": install.runs_trn1_inf2, "last_trn1_inf2_sdk": LAST_TRN1_INF2_SDK,
+                              "family": family, "release_needed": needed.nxdi if needed else None,
+                              "release_fits": None if needed is None or install.sdk is None
+                              else install.sdk == needed.sdk}
+    if status["release_fits"] is False:
+        status["release_advice"] = install_advice(family)
     if install.version is None:
-        from neuron_ssp.backends.nxdi.api import INSTALL
-
-        return {**status, "usable": False, "problem": "neuronx-distributed-inference is not installed", "fix": INSTALL}
+        return {**status, "usable": False, "problem": "neuronx-distributed-inference is not installed",
+                "fix": f"{install_advice(family)}. Without Neuron hardware use platform.backend: torch"}
     from neuron_ssp.backends.nxdi.api import load_nxdi
 
     try:
-        load_nxdi()
+        load_nxdi(family)
     except NeuronSSPError as exc:
         return {**status, "usable": False, "problem": exc.problems[0].rule, "fix": exc.problems[0].fix}
     return {**status, "usable": True}
@@ -414,6 +426,10 @@ def print_nxdi(console: Console, nxdi: dict[str, Any]) -> None:
     else:
         console.print(f"NxD Inference: [yellow]{escape(nxdi['problem'])}[/yellow]")
         console.print(f"  fix: {nxdi['fix']}", soft_wrap=True, markup=False, highlight=False)
+    if nxdi["release_fits"] is False:
+        needed = f"this {nxdi['family']} instance needs NxD Inference {nxdi['release_needed']}"
+        console.print(f"  [yellow]{needed}[/yellow]: {escape(nxdi['release_advice'])}", soft_wrap=True,
+                      highlight=False)
     for venv in nxdi["dlami_venvs"]:
         console.print(f"  DLAMI NxD Inference venv here: {venv} (source {venv}/bin/activate)")
 

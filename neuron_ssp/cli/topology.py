@@ -19,6 +19,7 @@ from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import (
     DeploymentPlan,
+    ModelPlan,
     ValidationReport,
     plan_all_instances,
     plan_deployment,
@@ -27,6 +28,7 @@ from neuron_ssp.topology import (
 from neuron_ssp.topology.memory import gib
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, kv_rule_for_version
 from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
+from neuron_ssp.topology.published_runs import published_run
 
 NEURONX_VERSION = click.option(
     "--neuronx-version", "neuronx_version", metavar="VERSION",
@@ -114,9 +116,10 @@ def _projection(config: Config, deployment: DeploymentPlan, engine: str | None, 
     if engine is None:
         return None
     draft = deployment.models.get("draft") if config.speculation.drafter == "model" else None
-    return project(engine, config.speculation.k, alpha, deployment.instance.name,
-                   deployment.models["target"].architecture.name, draft.architecture.name if draft else None,
-                   target_ms, draft_ms)
+    target_arch, draft_arch = deployment.models["target"].architecture.name, draft.architecture.name if draft else None
+    run = published_run(deployment.instance.name, target_arch, draft_arch)
+    return project(engine, config.speculation.k, alpha, deployment.instance.name, target_arch, draft_arch,
+                   target_ms, draft_ms, deployment.library, (run, run.differences(config)) if run else None)
 
 
 def _kv_rule(neuronx_version: str | None) -> str:
@@ -204,12 +207,31 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
                   f"recommended: {deployment.recommended_tp or 'none'}")
     console.print(f"load order: {' -> '.join(deployment.load_order)}; "
                   f"NEURON_RT_VISIBLE_CORES={deployment.visible_cores}")
+    console.print(f"compiled graphs, one neuronx-cc run each ({deployment.library}'s buckets; a prompt runs the "
+                  "smallest context bucket that holds it):")
+    for role, model in models.items():
+        console.print(f"  {role}: {_graphs_text(model)}", highlight=False)
     console.print(_cost_line(deployment))
     kv = (f"kv heads replicated as {KV_RULES[deployment.kv_rule]}" if deployment.library == "transformers-neuronx"
           else "kv heads replicated as its GQA sharding does")
     console.print(f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
                   f"multiple of tp, {kv}. Cores needed = (weights + KV cache) / usable HBM per core, before "
                   "rounding up to a tp the platform accepts (smallest tp alone).")
+
+
+def _graphs_text(model: ModelPlan) -> str:
+    graphs = model.graphs
+    if not graphs.total:
+        return "none of its own: compiled into the target's fused graphs"
+    parts = [f"{graphs.context} context encoding", f"{graphs.token} token generation",
+             f"{graphs.speculation} speculation"]
+    kinds = " + ".join(part for part in parts if not part.startswith("0 "))
+    return (f"{graphs.total} = {kinds}; context buckets {_lengths(model.context_buckets)}, "
+            f"decoding buckets {_lengths(model.decoding_buckets)}")
+
+
+def _lengths(buckets: list[int]) -> str:
+    return ", ".join(str(b) for b in buckets)
 
 
 def _print_projection(console: Console, projection: Projection) -> None:

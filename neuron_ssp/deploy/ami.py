@@ -8,11 +8,9 @@ rebuilt image of the same SDK (security patches) is still picked, a newer SDK ne
 `/opt/aws_neuronx_venv_pytorch_2_7_transformers`; the bootstrap checks that it exists, so a wrong
 pick fails at boot with a clear message, not mid-benchmark.
 
-NxD Inference (`neuron.library: nxdi`) pins the same way, by instance generation: Trn1/Inf2 models run up to
-SDK 2.28 (NxDI 0.8; from 2.29 NxDI models need Trn2, its release notes), Trn2 on SDK 2.31, the last DLAMI
-whose venv list has `/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference` (aws-neuron-sdk dlami pages at the
-2.28.1 and 2.31.0 releases; the 2.32.0 page lists no NxD Inference venv). Both are the multi-framework
-"Deep Learning AMI Neuron (Ubuntu 24.04)".
+NxD Inference (`neuron.library: nxdi`) pins the same way, by instance family, from the one release table
+(topology/nxdi_releases.py: Trn1/Inf2 on SDK 2.28, Trn2 on SDK 2.31, the last DLAMI with an NxD Inference
+venv). Both are the multi-framework "Deep Learning AMI Neuron (Ubuntu 24.04)".
 """
 
 from __future__ import annotations
@@ -25,9 +23,9 @@ from neuron_ssp.config import Config
 from neuron_ssp.deploy.errors import aws_errors
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.topology.catalog import find_instance
+from neuron_ssp.topology.nxdi_releases import NxdiRelease, release_for
 
 TRANSFORMERS_NEURONX_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"
-NXDI_VENV = "/opt/aws_neuronx_venv_pytorch_2_9_nxd_inference"
 LATEST_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id"
 
 
@@ -62,15 +60,14 @@ class DlamiPin:
 # SDK 2.25 is the last release whose DLAMI has the transformers-neuronx venv (2.26.0 removed it).
 PINNED = DlamiPin(sdk="2.25", name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ",
                   support="transformers-neuronx: out of support since 2025-09-16, SDK 2.25 is its last release")
-# The DLCs with neuronx_distributed_inference: aws-neuron/deep-learning-containers README at 2be9ed1 (2.32.0,
-# which ships no PyTorch inference DLC of its own; 2.31.1 is the newest).
-NXDI_DLC = "public.ecr.aws/neuron/pytorch-inference-neuronx:2.9.0-neuronx-py312-sdk{sdk}-ubuntu24.04"
-NXDI_TRN1_INF2 = DlamiPin(sdk="2.28", name_prefix="Deep Learning AMI Neuron (Ubuntu 24.04) ", venv=NXDI_VENV,
-                          support="NxD Inference 0.8: the last SDK whose NxDI models run on Trn1/Inf2 (an older "
-                          "release: no fixes for Trn1/Inf2 after it)", dlc=NXDI_DLC.format(sdk="2.28.0"))
-NXDI_TRN2 = DlamiPin(sdk="2.31", name_prefix="Deep Learning AMI Neuron (Ubuntu 24.04) ", venv=NXDI_VENV,
-                     support="NxD Inference 0.10: supported in maintenance mode (critical fixes only)",
-                     dlc=NXDI_DLC.format(sdk="2.31.1"))
+NXDI_DLAMI = "Deep Learning AMI Neuron (Ubuntu 24.04) "
+
+
+def nxdi_pin(release: NxdiRelease) -> DlamiPin:
+    """The DLAMI and DLC of an NxD Inference release. Its DLC: aws-neuron/deep-learning-containers README at
+    2be9ed1 (2.32.0 ships no PyTorch inference DLC of its own; 2.31.1 is the newest with NxDI)."""
+    return DlamiPin(sdk=release.sdk, name_prefix=NXDI_DLAMI, venv=release.venv, support=release.support,
+                    dlc=release.dlc)
 
 
 def pin_for_config(config: Config) -> DlamiPin:
@@ -82,7 +79,7 @@ def pin_for_config(config: Config) -> DlamiPin:
 def pin_for(library: str, generation: str) -> DlamiPin:
     """The DLAMI release that runs `library` on an instance of `generation`."""
     if library == "nxdi":
-        return NXDI_TRN2 if generation == "trn2" else NXDI_TRN1_INF2
+        return nxdi_pin(release_for(generation))
     return PINNED
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from neuron_ssp.topology.published_runs import TRN2_LLAMA_33_70B, TUTORIAL_SOURCE
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -31,6 +33,9 @@ PUBLISHED_LATENCY: dict[tuple[str, str], Latency] = {
         for instance in ("trn1.32xlarge", "trn1n.32xlarge")
     },
     ("llama-2-70b", "inf2.48xlarge"): Latency(34.0, _INF2_TABLES),
+    (TRN2_LLAMA_33_70B.target, TRN2_LLAMA_33_70B.instance): Latency(
+        TRN2_LLAMA_33_70B.plain_ms_per_token,
+        f"{TUTORIAL_SOURCE}, its setup without speculation (NxD Inference, tp 64, NKI kernels)"),
 }
 
 

@@ -3,7 +3,7 @@
 fused (FusedSpeculativeDecoder, fused_speculation.py at 1ade6d74): the draft loop, acceptance and sampling
 run on device, so only what its GenerationConfig expresses is possible; its constructor asserts the same
 tp degree and vocabulary for both models; `sample` asserts sequence_length <= max_position - k (its k =
-our k - 1; the slot rule is in neuron_ssp.speculation.positions) and counts committed tokens in a
+our k - 1; the slot rule is in neuron_ssp.topology.positions) and counts committed tokens in a
 10-column histogram (our k <= 9); its graph binds the draft's cache at the target's buckets, so the
 draft needs the target's n_positions at least.
 library (SpeculativeGenerator, speculation.py): from SDK 2.21 it counts accepted tokens with
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from neuron_ssp.config import BUILTIN_ACCEPTORS, Config, ModelConfig
 from neuron_ssp.errors import Problem
-from neuron_ssp.speculation.positions import FUSED_DRAFT_RULE
 from neuron_ssp.topology.models import Architecture
+from neuron_ssp.topology.positions import FUSED_DRAFT_RULE
 from neuron_ssp.topology.report import ValidationReport
 
 FUSED_MAX_WINDOW = 9  # FusedSpeculativeDecoder.sample: rate = torch.zeros(batch_size, 10), indexed by k + 1
@@ -116,7 +116,7 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
     (`_tkg_postprocessor`, model_base.py:2799). With do_sample the target samples only the window's last
     position (`_sample_on_device`, model_base.py:1162, marked FIXME), so only greedy decoding is defined; the
     draft's process group must divide the target's tp (`initialize_speculative_draft_group`, NxD
-    parallel_state.py:1533 at fbac349b)."""
+    parallel_state.py:1533 at fbac349b), and its cache is read at the target's positions."""
     spec, problems, native = config.speculation, [], "or use speculation.engine: native"
     if spec.drafter != "model":
         problems.append(Problem("speculation.drafter", spec.drafter,
@@ -142,10 +142,13 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
                                 f"NxDI fused speculation runs the draft on a group of ranks that divides the "
                                 f"target's tp ({target.tp_degree})",
                                 f"use a draft tp_degree that divides {target.tp_degree}"))
-    if draft is not None and draft.first_core != target.first_core:
-        problems.append(Problem("draft.first_core", draft.first_core,
-                                "NxDI fused speculation compiles the draft into the target's graph, on its ranks",
-                                f"set draft.first_core: {target.first_core}"))
+    # its draft starts on the target's first core like every NxDI draft (neuron_rules: NxDI placement)
+    if draft is not None and draft.n_positions != target.n_positions:
+        problems.append(Problem("draft.n_positions", draft.n_positions,
+                                f"NxDI fused speculation sizes the draft's KV cache by the draft's own n_positions "
+                                f"(kv_cache_manager.py:197) but feeds it the target's bucket and attention mask "
+                                f"(model_base.py:1832), so the two must be equal (target: {target.n_positions})",
+                                f"set draft.n_positions: {target.n_positions}"))
     return problems
 
 

@@ -12,6 +12,7 @@ from neuron_ssp.topology.catalog import INSTANCES, Instance, find_instance, simi
 from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees
 from neuron_ssp.topology.memory import HEADROOM_FRACTION, gib, usable_bytes_per_core
 from neuron_ssp.topology.models import Architecture
+from neuron_ssp.topology.nxdi_releases import install_advice, release_for
 from neuron_ssp.topology.parallelism import (
     KV_REPLICATED_TO_HEADS,
     TESTED_TP,
@@ -45,12 +46,14 @@ def check_instance(instance_type: str | None, report: ValidationReport,
                                      f"{hint}use one of {known}"))
         return None
     if library == "nxdi":
-        if instance.generation != "trn2":
+        release = release_for(instance.generation)
+        if release != release_for("trn2"):  # a family held back on an older SDK than the newest NxDI's
             report.warnings.append(Problem(
                 "neuron.library", library,
-                f"NxD Inference runs Llama on {instance.generation} up to Neuron SDK 2.28 (NxDI 0.8); from SDK 2.29 "
-                "its models are supported on Trn2 and newer only (NxDI release notes, 2.29.0)",
-                "use the NxD Inference venv of a Neuron SDK 2.28 DLAMI on this instance, or deploy on trn2.48xlarge"))
+                f"NxD Inference runs Llama on {instance.generation} up to Neuron SDK {release.sdk} (NxDI "
+                f"{release.nxdi}); from SDK 2.29 its models are supported on Trn2 and newer only (NxDI release "
+                "notes, 2.29.0), so an unpinned install cannot run here",
+                f"install that release ({install_advice(instance.generation)}), or deploy on trn2.48xlarge"))
         return instance
     if instance.generation == "trn2":
         report.errors.append(Problem(
@@ -104,10 +107,10 @@ def check_batch(models: dict[str, ModelConfig], report: ValidationReport) -> Non
 def check_placement(models: dict[str, ModelConfig], instance: Instance, report: ValidationReport,
                     library: str = "transformers-neuronx") -> None:
     """Core sets inside the instance; with transformers-neuronx the draft on exactly the target's cores
-    (in-process loading). NxD Inference loads each model on its own ranks (`load(dir, start_rank_id,
-    local_ranks_size)`) and its own demo gives the draft a tp of its own (inference_demo.py:520,
-    `--draft-model-tp-degree`), so there only the bounds apply (engine fused: engine_rules).
-    Runs after check_tp and check_memory, so its fix can tell whether the target's tp is sound."""
+    (in-process loading). NxD Inference too loads every model of a process from the first visible core, but
+    its own demo gives the draft a tp of its own (inference_demo.py:520, `--draft-model-tp-degree`, both
+    loaded with the default start_rank_id 0, :571, :585), so there the draft need only start where the target
+    does. Runs after check_tp and check_memory, so its fix can tell whether the target's tp is sound."""
     for role, model in models.items():
         cores = core_set(model)
         if model.tp_degree <= instance.neuron_cores < cores.last + 1:
@@ -116,7 +119,10 @@ def check_placement(models: dict[str, ModelConfig], instance: Instance, report: 
                 f"cores {cores} run past the {instance.neuron_cores} NeuronCores of {instance.name} "
                 f"(0-{instance.neuron_cores - 1})",
                 f"set {role}.first_core to at most {instance.neuron_cores - model.tp_degree}"))
-    if "draft" not in models or library == "nxdi":
+    if "draft" not in models:
+        return
+    if library == "nxdi":
+        _check_nxdi_placement(models["target"], models["draft"], report)
         return
     target, draft = models["target"], models["draft"]
     target_cores, draft_cores = core_set(target), core_set(draft)
@@ -137,6 +143,23 @@ def check_placement(models: dict[str, ModelConfig], instance: Instance, report: 
             f"draft cores {draft_cores} and target cores {target_cores} differ: transformers-neuronx "
             f"places every model of a process from the first visible core, and {why}",
             f"set the draft's first_core to {target.first_core}, like the target"))
+
+
+def _check_nxdi_placement(target: ModelConfig, draft: ModelConfig, report: ValidationReport) -> None:
+    """NxDI places a model by NEURON_RT_VISIBLE_CORES, one range per process, ranks 0.. from its first core:
+    `load(dir, start_rank_id, ...)` offsets tensor-parallel ranks for multi-node runs (inference_demo.py:795),
+    and the weights are sharded from neuron_config.start_rank_id (application_base.py:156-163), so a draft
+    that starts on another core than the target cannot be placed there by one process."""
+    if draft.first_core == target.first_core:
+        return
+    report.errors.append(Problem(
+        "draft.first_core", draft.first_core,
+        f"draft cores {core_set(draft)} vs target cores {core_set(target)}: NxD Inference loads every model of a "
+        "process from the first visible core (NEURON_RT_VISIBLE_CORES); its start_rank_id is a multi-node rank "
+        f"offset, so a draft at tp {draft.tp_degree} from core {draft.first_core} would be given ranks "
+        f"{draft.first_core - target.first_core}.. of a {draft.tp_degree}-rank model, not other cores",
+        f"set draft.first_core: {target.first_core} (the draft then runs on the target's first "
+        f"{draft.tp_degree} cores, as NxDI's own demo loads it)"))
 
 
 def _same_tp_fix(target_tp: int, report: ValidationReport) -> str:

@@ -24,6 +24,10 @@ from neuron_ssp.topology.memory import (
     usable_bytes_per_core,
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
+from neuron_ssp.topology.networks import Networks, compiled_networks, context_buckets, token_buckets
+from neuron_ssp.topology.nxdi_graphs import context_buckets as nxdi_context_buckets
+from neuron_ssp.topology.nxdi_graphs import nxdi_graphs
+from neuron_ssp.topology.nxdi_graphs import token_buckets as nxdi_token_buckets
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, allowed_tp_degrees, device_heads, runs_on
 from neuron_ssp.topology.placement import (
     CoreSet,
@@ -51,6 +55,9 @@ class ModelPlan:
     cores_needed: float  # core-equivalents of usable HBM (weights + KV), before rounding to a tp
     smallest_fitting_tp: int | None  # on this instance, this model alone
     cores: CoreSet
+    graphs: Networks  # compiled per model (NxDI: per target and k), one neuronx-cc run each
+    context_buckets: list[int]  # prompt lengths with a context-encoding graph (a prompt runs the first above it)
+    decoding_buckets: list[int]  # cache lengths with a decoding graph
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,7 @@ def plan_deployment(config: Config, instance_type: str | None = None, ms_per_tok
     instance = _instance(instance_type or config.platform.instance_type)
     placed = place_models(loaded_models(config), config.neuron.library, kv_rule,
                           tuple(windows or (config.speculation.k,)))
-    plans = {role: _model_plan(role, p, instance) for role, p in placed.items()}
+    plans = {role: _model_plan(config, role, p, instance) for role, p in placed.items()}
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
     fitting = fitting_tp_degrees(list(placed.values()), instance)
@@ -224,16 +231,23 @@ def place_models(models: dict[str, ModelConfig], library: str, kv_rule: str,
     return placed
 
 
-def _model_plan(role: str, placed: Placed, instance: Instance) -> ModelPlan:
+def _model_plan(config: Config, role: str, placed: Placed, instance: Instance) -> ModelPlan:
     model, architecture = placed.model, placed.architecture
     usage = placed.footprint()
     alone = fitting_tp_degrees([placed], instance)
+    if placed.library == "nxdi":
+        graphs = nxdi_graphs(config, role, model)
+        buckets = (nxdi_context_buckets(config, model), nxdi_token_buckets(config, model))
+    else:
+        graphs = compiled_networks(model.n_positions, placed.windows)
+        buckets = (context_buckets(model.n_positions), token_buckets(model.n_positions))
     return ModelPlan(
         role=role, path=model.path, architecture=architecture, dtype=model.dtype,
         tp_degree=model.tp_degree, first_core=model.first_core, n_positions=model.n_positions,
         batch_size=model.batch_size, footprint=usage,
         cores_needed=cores_needed(usage, instance.hbm_per_core_bytes),
         smallest_fitting_tp=alone[0] if alone else None, cores=core_set(model),
+        graphs=graphs, context_buckets=buckets[0], decoding_buckets=buckets[1],
     )
 
 
@@ -256,4 +270,6 @@ def _model_dict(plan: ModelPlan) -> dict[str, Any]:
         "extra_networks": usage.extra_networks, "network_bytes_per_core": usage.network_bytes_per_core,
         "bytes_per_core": usage.bytes_per_core, "cores_needed": plan.cores_needed,
         "smallest_fitting_tp": plan.smallest_fitting_tp,
+        "graphs": {**asdict(plan.graphs), "total": plan.graphs.total},
+        "context_buckets": plan.context_buckets, "decoding_buckets": plan.decoding_buckets,
     }

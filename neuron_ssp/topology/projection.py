@@ -7,7 +7,10 @@ acceptance α) in one k-wide call, priced like a one-token call (batch 1 on Neur
 the weights; a k-wide call reads them once). The draft costs its own published ms/token per step:
 - native: k-1 draft calls, each a host round trip (not counted: it is what `fused` removes);
 - fused: FusedSpeculativeDecoder always runs the draft k times per iteration (its k + 1 with its
-  k = ours - 1, fused_speculation.py at 1ade6d74), but on device, with no host round trip.
+  k = ours - 1, fused_speculation.py at 1ade6d74), but on device, with no host round trip; NxD Inference's
+  NeuronFusedSpecModel too (k draft runs, the last only to fill its cache, model_base.py:1835 at 4bcdc54b).
+Where AWS published a measured run of the same pair on the same instance (topology/published_runs.py), its
+figures come last, with the config fields where this config differs from that run.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuron_ssp.topology.costs import published_latency
+from neuron_ssp.topology.published_runs import PublishedRun
 
 DEFAULT_ALPHA = 0.8
 
@@ -63,8 +67,10 @@ def _latency(arch: str, instance: str, given_ms: float | None, flag: str, publis
 
 
 def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, draft_arch: str | None,
-            target_ms: float | None = None, draft_ms: float | None = None) -> Projection:
-    """Every figure with the assumption it rests on; None where a latency is neither published nor given."""
+            target_ms: float | None = None, draft_ms: float | None = None, library: str = "transformers-neuronx",
+            published: tuple[PublishedRun, list[str]] | None = None) -> Projection:
+    """Every figure with the assumption it rests on; None where a latency is neither published nor given.
+    `published`: a run AWS measured of this pair and instance, and where this config differs from it."""
     target_ms, target_note = _latency(target_arch, instance, target_ms, "--ms-per-token", "published plain decoding")
     if draft_arch is None:
         draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
@@ -77,16 +83,32 @@ def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, 
     speedup = None if ms is None or target_ms is None else target_ms / ms
     overhead = ("host round trip per draft token not counted (native pays it, fused does not)"
                 if engine == "native" else "no host round trip: draft loop and acceptance on device")
+    fused_draft = ("NeuronFusedSpecModel runs the draft k times (the last fills its cache)" if library == "nxdi"
+                   else "FusedSpeculativeDecoder runs the draft its k + 1 = our k times")
     return Projection(engine, k, [
         Figure("target ms/token", target_ms, "ms", target_note),
         Figure("draft ms/token", draft_ms, "ms", draft_note),
         Figure("α", alpha, "", "assumed acceptance rate, i.i.d. per token (measure it: neuron-ssp tune-k)"),
         Figure("tokens per target call τ", tau, "", f"(1-α^k)/(1-α) with k={k} (Leviathan et al.)"),
         Figure("draft steps per call", float(steps), "",
-               "k-1 drafted tokens" if engine == "native"
-               else "FusedSpeculativeDecoder runs the draft its k + 1 = our k times"),
+               "k-1 drafted tokens" if engine == "native" else fused_draft),
         Figure("target call ms", target_ms, "ms",
                "a k-wide call priced like a one-token call (batch 1 reads the weights once); tune-k measures it"),
         Figure("projected ms/token", ms, "ms", f"(target call + steps × draft) / τ; {overhead}"),
         Figure("speedup", speedup, "x", "target ms/token ÷ projected ms/token, same instance and tp"),
+        *(_published_figures(*published) if published else []),
     ])
+
+
+def _published_figures(run: PublishedRun, differences: list[str]) -> list[Figure]:
+    """AWS's measured figures; for another setup of the pair, which fields differ (each can move them)."""
+    if differences:
+        fields = ", ".join(d.split(" ", 1)[0] for d in differences)
+        basis = f"measured by AWS for its setup, which this config is not: it differs in {fields}"
+    else:
+        basis = "measured by AWS for exactly this setup"
+    return [
+        Figure("published ms/token", run.ms_per_token, "ms", f"{basis} ({run.source})"),
+        Figure("published speedup", run.plain_ms_per_token / run.ms_per_token, "x",
+               f"{run.plain_ms_per_token:g} ms without speculation ÷ {run.ms_per_token:g} ms with it, same setup"),
+    ]

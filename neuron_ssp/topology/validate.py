@@ -21,6 +21,7 @@ from neuron_ssp.topology.neuron_rules import (
     check_placement,
     check_tp,
 )
+from neuron_ssp.topology.nxdi_rules import check_nxdi_settings
 from neuron_ssp.topology.parallelism import KV_PADDING
 from neuron_ssp.topology.placement import core_set, load_order, loaded_models
 from neuron_ssp.topology.report import ValidationReport
@@ -41,6 +42,7 @@ def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence
     check_vocabulary(architectures, models.get("draft"), report)
     check_engine(config, models, architectures, report)
     check_acceptor(config, report)
+    check_nxdi_settings(config, models, report)
     if on_neuron:
         _check_neuron(config, models, architectures, report, kv_rule, tuple(windows or (config.speculation.k,)))
     return report

@@ -21,6 +21,11 @@ What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b,
 4. On CPU NxDI's ModelBuilder (which builds the draft's process group through `init_custom_process_group_fn`,
    application_base.py:61) never runs; the test calls the same function right after `to_cpu()` initialises
    model parallelism.
+6. On hardware every bucket is a graph of its own, traced after `DecoderModelInstance.get(bucket_rank)` sets the
+   module's n_positions (and a fused model's draft and target's) to that bucket (model_wrapper.py:1548-1576). On
+   CPU one eager model, built at n_positions = seq_len, serves every bucket: before each call its n_positions is
+   set to the bucket the wrapper padded the inputs to (the attention mask's width, `pad_inputs`), as `get` would
+   have for that graph, and restored after.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def _require_parameters(func: Any, names: tuple[str, ...]) -> None:
 @contextmanager
 def cpu_device() -> Iterator[None]:
     """NxDI's compile and load replaced by its CPU mode, for the duration of the context."""
-    from neuronx_distributed_inference.models import application_base, model_base
+    from neuronx_distributed_inference.models import application_base, model_base, model_wrapper
     from neuronx_distributed_inference.models.application_base import NeuronApplicationBase
     from neuronx_distributed_inference.models.model_base import NeuronBaseForCausalLM
 
@@ -68,18 +73,21 @@ def cpu_device() -> Iterator[None]:
              "the class-wide fused checkpoint prefix")
     _require(model_base.NeuronBaseModel.__init__, "self.speculation_length = config.neuron_config.speculation_length",
              "the eager model's copy of speculation_length")
+    _require(model_wrapper.DecoderModelInstance.get, "self.module.n_positions = bucket_value",
+             "a bucket's graph traced at n_positions = the bucket")
 
     saved = (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
-             application_base.initialize_model_parallel)
+             application_base.initialize_model_parallel, model_wrapper.ModelWrapper._forward)
     prefixes = {cls: cls.__dict__["_FUSED_PREFIX"] for cls in _subclasses(app_cls) if "_FUSED_PREFIX" in cls.__dict__}
     app_cls.compile = _compile
     app_cls.load = _load
     NeuronBaseForCausalLM._copy_past_key_values = _copy_back(saved[2])
+    model_wrapper.ModelWrapper._forward = _at_bucket(saved[4])
     try:
         yield
     finally:
         (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
-         application_base.initialize_model_parallel) = saved
+         application_base.initialize_model_parallel, model_wrapper.ModelWrapper._forward) = saved
         for cls in _subclasses(app_cls):  # patch 5
             if cls in prefixes:
                 cls._FUSED_PREFIX = prefixes[cls]
@@ -154,3 +162,22 @@ def _copy_back(original: Any) -> Any:
         return None
 
     return copy_past_key_values
+
+
+def _at_bucket(original: Any) -> Any:
+    """The wrapper's call with the shared eager model set to the bucket its inputs were padded to (patch 6)."""
+
+    def forward(self: Any, *args: Any) -> Any:
+        module = self.model
+        modules = [module, module.draft_model, module.target_model] if self.neuron_config.enable_fused_speculation \
+            else [module]
+        saved = [m.n_positions for m in modules]
+        for m in modules:
+            m.n_positions = args[1].shape[1]  # the attention mask, padded to the bucket by pad_inputs
+        try:
+            return original(self, *args)
+        finally:
+            for m, n_positions in zip(modules, saved, strict=True):
+                m.n_positions = n_positions
+
+    return forward

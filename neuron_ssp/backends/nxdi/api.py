@@ -11,6 +11,8 @@ What we call, at NxDI 0.9.0 (aws-neuron/neuronx-distributed-inference 4bcdc54b):
 - `enable_fused_speculation=True` with `FusedSpecNeuronConfig(worker_cls, draft_config, draft_model_path)`
   (config.py:1045) puts draft and target in one graph (`engine: fused`, engines/nxdi_fused.py).
 - `logical_nc_config` (config.py:570): 2 on trn2 (two physical cores per logical core), 1 on trn1/inf2.
+- `enable_bucketing` with `context_encoding_buckets` and `token_generation_buckets` (config.py:186-201): one
+  graph per bucket, so a prompt runs the smallest context bucket that holds it (topology/nxdi_graphs.py).
 """
 
 from __future__ import annotations
@@ -27,16 +29,12 @@ from typing import Any
 from neuron_ssp.backends.imports import import_library
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
+from neuron_ssp.topology.nxdi_releases import install_advice
 
-NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 SUPPORTED = ("neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
              "cd3abf3, the SDK 2.28 release)")
-INSTALL = (
-    "on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_*_nxd_inference/bin/activate (on trn1/inf2 the "
-    "SDK 2.28 DLAMI's, on trn2 the newest); elsewhere: pip install neuronx-distributed-inference "
-    f"--extra-index-url={NEURON_INDEX}. "
-    "Without Neuron hardware use platform.backend: torch"
-)
+INSTALL = f"{install_advice()}. Without Neuron hardware use platform.backend: torch"
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 LNC = {"trn2": 2}  # logical NeuronCore config per instance generation; 1 elsewhere
 
@@ -49,21 +47,26 @@ class NxdiApi:
     config: ModuleType  # neuronx_distributed_inference.models.config
     llama: ModuleType  # neuronx_distributed_inference.models.llama.modeling_llama
     hf_adapter: ModuleType  # neuronx_distributed_inference.utils.hf_adapter
+    family: str | None = None  # the instance family it runs on (catalog generation): its messages name its release
 
     def neuron_config_kwargs(self, config: Config, role: str, speculation_length: int, fused: bool = False,
                              lnc: int = 1) -> dict[str, Any]:
-        """The allow-list of NeuronConfig arguments for one model; identical for compile and load."""
+        """The allow-list of NeuronConfig arguments for one model; identical for compile and load. Context
+        encoding is bucketed (topology/nxdi_graphs.py), and the config's neuron.nxdi settings are passed as given."""
         model = config.target if role == "target" else config.draft
         assert model is not None, f"no {role} in the config"
-        context = min(config.generation.max_prompt_tokens or model.n_positions, model.n_positions)
         kwargs: dict[str, Any] = {
             "tp_degree": model.tp_degree,
             "batch_size": model.batch_size,
             "seq_len": model.n_positions,
-            "max_context_length": context,
+            "max_context_length": max_context_length(config, model),
             "torch_dtype": TORCH_DTYPES[model.dtype],
             "speculation_length": speculation_length,
             "logical_nc_config": lnc,
+            **config.neuron.nxdi.switches(),
+            "enable_bucketing": True,
+            "context_encoding_buckets": context_buckets(config, model),
+            "token_generation_buckets": token_buckets(config, model),
         }
         if fused:
             kwargs["enable_fused_speculation"] = True
@@ -74,7 +77,7 @@ class NxdiApi:
         if on_device_sampling is not None:
             extra["on_device_sampling_config"] = self.config.OnDeviceSamplingConfig(**on_device_sampling)
         built = self.config.NeuronConfig(**kwargs, **extra)
-        check_applied(built, kwargs, self.version)
+        check_applied(built, kwargs, self.version, self.family)
         return built
 
     def inference_config(self, model_dir: Path, neuron_config: Any) -> Any:
@@ -94,7 +97,7 @@ class NxdiApi:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def check_applied(built: Any, kwargs: dict[str, Any], version: str) -> None:
+def check_applied(built: Any, kwargs: dict[str, Any], version: str, family: str | None = None) -> None:
     """Every argument we passed must be an attribute of the built NeuronConfig with our value."""
     import torch
 
@@ -108,12 +111,12 @@ def check_applied(built: Any, kwargs: dict[str, Any], version: str) -> None:
         raise RuntimeProblem(Problem(
             "neuronx-distributed-inference", version,
             f"NeuronConfig did not take {', '.join(wrong)}; supported: {SUPPORTED}",
-            f"install a supported version: pip install 'neuronx-distributed-inference<0.11' "
-            f"--extra-index-url={NEURON_INDEX}"))
+            f"install the release of the instance: {install_advice(family)}"))
 
 
-def load_nxdi() -> NxdiApi:
-    """The installed NxDI, or a RuntimeProblem that says what is missing and how to install it."""
+def load_nxdi(family: str | None = None) -> NxdiApi:
+    """The installed NxDI, or a RuntimeProblem that says what is missing and how to install it (for `family`,
+    the instance family it is to run on, when known)."""
     config, llama, hf_adapter = import_library(
         tuple(f"neuronx_distributed_inference.{name}" for name in ("models.config", "models.llama.modeling_llama",
                                                                     "utils.hf_adapter")),
@@ -131,9 +134,8 @@ def load_nxdi() -> NxdiApi:
     if missing:
         raise RuntimeProblem(Problem("neuronx-distributed-inference", version,
                                      f"this version lacks {', '.join(missing)}; supported: {SUPPORTED}",
-                                     "pip install 'neuronx-distributed-inference<0.11' "
-                                     f"--extra-index-url={NEURON_INDEX}"))
-    return NxdiApi(version, config, llama, hf_adapter)
+                                     f"install the release of the instance: {install_advice(family)}"))
+    return NxdiApi(version, config, llama, hf_adapter, family)
 
 
 def installed_version() -> str:

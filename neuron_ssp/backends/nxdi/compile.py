@@ -4,10 +4,12 @@ width per target), each kept with our manifest; loading and tune-k reuse them (b
 from __future__ import annotations
 
 from neuron_ssp.backends.neuron.compile import CompileJob, CompileResult, compile_jobs
+from neuron_ssp.backends.nxdi.api import model_config
 from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
+from neuron_ssp.topology.nxdi_graphs import nxdi_graphs
 
 
 class NxdiCompiler:
@@ -21,6 +23,17 @@ class NxdiCompiler:
         self.force = force
         self.fused = config.speculation.engine == "fused"
         self.jobs = [CompileJob("target", tuple(ks))] if self.fused else compile_jobs(plan, ks, one_k_per_model=True)
+
+    def graph_counts(self) -> dict[str, int]:
+        """Graphs NxDI traces per job: one per context-encoding and decoding bucket (topology/nxdi_graphs.py)."""
+        config = self.models.config
+        return {job.label: nxdi_graphs(config, job.role, model_config(config, job.role)).total for job in self.jobs}
+
+    def lines(self) -> list[str]:
+        counts = self.graph_counts()
+        per_job = ", ".join(f"{label}: {count}" for label, count in counts.items())
+        return [f"graphs to compile: {sum(counts.values())} ({per_job}), one per context-encoding and decoding "
+                "bucket; `neuron-ssp plan` lists the buckets"]
 
     def run(self, job: CompileJob) -> CompileResult:
         k = job.speculation_lengths[0] if job.speculation_lengths else 0

@@ -14,9 +14,11 @@ import glob
 import importlib.metadata
 from dataclasses import dataclass
 
+from neuron_ssp.topology.nxdi_releases import release_for
+
 NXDI_VENV_GLOB = "/opt/aws_neuronx_venv_pytorch_*_nxd_inference"
 SDK_BY_VERSION = (("0.8.", "2.28"), ("0.9.", "2.29"), ("0.10.17", "2.30"), ("0.10.18", "2.31"))
-LAST_TRN1_INF2_SDK = "2.28"
+LAST_TRN1_INF2_SDK = release_for("trn1").sdk  # topology/nxdi_releases.py, the table deploy and docs read
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class NxdiInstall:
         """Whether this version's models run on Trn1/Inf2 (SDK <= 2.28); None when unknown."""
         if self.sdk is None:
             return None
-        return tuple(map(int, self.sdk.split("."))) <= (2, 28)
+        return tuple(map(int, self.sdk.split("."))) <= tuple(map(int, LAST_TRN1_INF2_SDK.split(".")))
 
 
 def sdk_of(version: str) -> str | None:

@@ -3,10 +3,17 @@
 NxDI's flow (feature guide, "Speculative Decoding with a Draft model"; application_base.py:292, 318 at
 4bcdc54b): build `NeuronLlamaForCausalLM(model_dir, config)`, `compile(dir)` (traces every sub-model and writes
 `model.pt` + `neuron_config.json`), `load(dir, start_rank_id, local_ranks_size)` (NEFFs to the device, weights
-sharded from the checkpoint). A compiled directory holds ONE speculation width (speculation_length is one
-int), so the target is compiled once per k; the draft (speculation_length 0) once for all. Each directory
-carries our manifest (k, tp, dtype, library version, NxDI config digest) and is reused only when it matches;
-without `neuron.compiled_dir` the compiled models are kept in the local cache, since NxDI loads only from disk.
+sharded from the checkpoint). Placement is NEURON_RT_VISIBLE_CORES (the plan's range, set before the first
+load): every model of the process starts at its first core. `start_rank_id` is no core offset but the
+tensor-parallel rank a node starts at in a multi-node run (inference_demo.py:795, `node_rank *
+local_ranks_size`); the weights are sharded for the ranks from `neuron_config.start_rank_id`
+(application_base.py:156-163, NxD model_builder.py:852), so it stays 0 here and validate refuses a draft
+that would need another first core (topology/neuron_rules.py).
+
+A compiled directory holds ONE speculation width (speculation_length is one int), so the target is compiled
+once per k; the draft (speculation_length 0) once for all. Each directory carries our manifest (k, tp, dtype,
+library version, NxDI config digest) and is reused only when it matches; without `neuron.compiled_dir` the
+compiled models are kept in the local cache, since NxDI loads only from disk.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from neuron_ssp.topology import DeploymentPlan, validate_config
 
 def prepare_nxdi(config: Config, plan: DeploymentPlan) -> NxdiApi:
     validate_config(config).raise_if_invalid()
-    api = load_nxdi()
+    api = load_nxdi(plan.instance.generation)
     prepare_device(config, plan)
     return api
 
@@ -43,7 +50,6 @@ class NxdiModels:
         self.api = api
         self.store = artifact_store(config)
         self.lnc = LNC.get(plan.instance.generation, 1)
-        self.first_visible = min(m.first_core for m in plan.models.values())
 
     def application(self, role: str, speculation_length: int) -> tuple[Any, ArtifactSpec]:
         """The NxDI application for `role` and the artifact spec its compiled form is kept under."""
@@ -75,9 +81,8 @@ class NxdiModels:
         return target, seconds
 
     def load(self, role: str, app: Any, directory: Path) -> None:
-        """NEFFs and weights onto the plan's cores: ranks count from the first visible core."""
-        model = model_config(self.config, role)
-        app.load(str(directory), start_rank_id=model.first_core - self.first_visible, local_ranks_size=model.tp_degree)
+        """NEFFs and weights onto the first `tp_degree` visible cores: ranks 0.. of a one-node model."""
+        app.load(str(directory), start_rank_id=0, local_ranks_size=model_config(self.config, role).tp_degree)
 
 
 def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBackend, NxdiBackend | None]:
