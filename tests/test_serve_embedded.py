@@ -275,3 +275,48 @@ def test_playground_in_headless_chromium_matches_the_api(server, tmp_path):
     assert screenshot.stat().st_size > 0
     assert counted == str(api.json()["usage"]["completion_tokens"])  # the page counts what usage counts
     assert after_error == ("error", "0", "-", "-")  # a failed run leaves no stale statistics behind
+
+
+def test_playground_sends_and_shows_64_bit_seeds_exactly(server, tmp_path):
+    """A JavaScript number holds 53 bits: the page sent 9223372036854775807 as ...808 (over the limit, a 400),
+    showed no seed, and its seed box cut its placeholder off. The seed it shows must reproduce its text."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def run(seed: str) -> tuple[str, str]:
+        box = driver.find_element(By.ID, "seed")
+        box.clear()
+        box.send_keys(seed)
+        driver.find_element(By.ID, "run").click()
+        WebDriverWait(driver, 900, poll_frequency=0.5).until(
+            lambda d: d.find_element(By.ID, "status").text in ("done", "error"))
+        assert driver.find_element(By.ID, "error").text == ""
+        return (driver.execute_script("return document.getElementById('output').textContent"),
+                driver.find_element(By.ID, "seed_used").text)
+
+    def api(seed: int) -> str:
+        return httpx.post(f"{server}/v1/chat/completions", timeout=900, json={
+            "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "temperature": 0.8,
+            "seed": seed}).json()["choices"][0]["message"]["content"]
+
+    driver = chromium_driver(tmp_path)
+    try:
+        driver.get(f"{server}/")
+        fits = driver.execute_script("""const box = document.getElementById("seed"), style = getComputedStyle(box);
+            const ctx = document.createElement("canvas").getContext("2d"); ctx.font = style.font;
+            return ctx.measureText(box.placeholder).width <= box.clientWidth - parseFloat(style.paddingLeft)
+                - parseFloat(style.paddingRight);""")
+        prompt = driver.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys(PROMPT)
+        for field, value in (("max_tokens", 8), ("temperature", 0.8)):
+            box = driver.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(str(value))
+        typed, typed_seed = run("9223372036854775807")
+        fresh, fresh_seed = run("")
+    finally:
+        driver.quit()
+    assert fits, "the seed box cuts its placeholder off"
+    assert typed_seed == "9223372036854775807" and typed == api(2**63 - 1)
+    assert fresh_seed.lstrip("-").isdigit() and fresh == api(int(fresh_seed))  # the shown seed reproduces it
