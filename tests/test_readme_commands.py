@@ -1,5 +1,5 @@
 """The README's two first commands are the ones CI runs: its test command is `.ci/run`'s last line, and
-the transformers 4.46 leg generates from the README's prompt. A README that drifts from CI would tell a
+the transformers legs (4.46.3, 5.0.0) generate from the README's prompt. A README that drifts from CI would tell a
 newcomer to run something nobody checks."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ def test_the_readme_starts_with_set_up_and_generate_then_the_tests() -> None:
     assert ci[-1] == tests
 
 
-def test_the_transformers_446_leg_generates_from_the_readme_prompt() -> None:
+def test_the_transformers_legs_generate_from_the_readme_prompt() -> None:
     prompt = re.search(r'generate "([^"]+)"', readme_commands()[0])
     assert prompt
-    leg = (ROOT / ".ci" / "transformers-4.46.sh").read_text()
-    assert f'prompt="{prompt.group(1)}"' in leg
+    assert f'prompt="{prompt.group(1)}"' in (ROOT / ".ci" / "transformers-leg.sh").read_text()
+    for leg in ("transformers-4.46.sh", "transformers-5.0.sh"):  # both run the shared leg
+        assert '/transformers-leg.sh" ' in (ROOT / ".ci" / leg).read_text()

@@ -16,6 +16,8 @@ from torch.overrides import TorchFunctionMode
 from transformers import MistralConfig, MistralForCausalLM
 
 from neuron_ssp.backends.base import SingleSlot
+from neuron_ssp.backends.torch import hf_forward
+from neuron_ssp.backends.torch.hf_forward import TRANSFORMERS_5
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
@@ -56,9 +58,9 @@ def speculative(target, draft, k: int, sampling: SamplingConfig = GREEDY) -> Spe
 def test_sliding_window_models_roll_back_rejected_drafts(k):
     target_model = tiny_sliding(0)
     draft_model = tiny_sliding(1, noise=0.2)
-    assert any(getattr(layer, "is_sliding", False) for layer in getattr(backend(target_model)._forward._new_cache(),
-                                                                          "layers", [])) or not hasattr(
-        transformers.cache_utils, "DynamicSlidingWindowLayer")
+    layers = getattr(backend(target_model)._forward._new_cache(), "layers", [])
+    # window-sized layers where this transformers rolls them back (5.18+), full-length ones before
+    assert any(getattr(layer, "is_sliding", False) for layer in layers) == hf_forward.SLIDING_LAYERS_ROLL_BACK
     plain = plain_generate(backend(target_model), PROMPT, 40, GREEDY).tokens
     hf = target_model.generate(PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40,
                                pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -68,10 +70,28 @@ def test_sliding_window_models_roll_back_rejected_drafts(k):
     assert 0 < result.stats.acceptance_rate < 1  # rejections past the window: the case that used to fail
 
 
+@pytest.mark.skipif(not TRANSFORMERS_5, reason="transformers 5.x only: 4.x caches keep every state")
+@pytest.mark.parametrize("k", [2, 7])
+def test_full_length_layers_stand_in_for_sliding_ones_that_cannot_roll_back(monkeypatch, k):
+    """What transformers 4.56-5.17 get (their sliding layers cannot be rolled back under the mask), run
+    on this one: full-length layers, the mask applying the window, the same tokens as Hugging Face's."""
+    monkeypatch.setattr(hf_forward, "SLIDING_LAYERS_ROLL_BACK", False)
+    target_model, draft_model = tiny_sliding(0), tiny_sliding(1, noise=0.2)
+    target = backend(target_model)
+    layers = target._forward._new_cache().layers
+    assert layers and not any(getattr(layer, "is_sliding", False) for layer in layers)
+    assert target._forward._recording is False
+    hf = target_model.generate(PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40,
+                               pad_token_id=0)[0, len(PROMPT):].tolist()
+    assert plain_generate(target, PROMPT, 40, GREEDY).tokens == hf  # the window still applies
+    result = speculative(target, backend(draft_model), k).generate(PROMPT, 40)
+    assert result.tokens == hf and 0 < result.stats.acceptance_rate < 1
+
+
 def test_a_cache_that_cannot_roll_back_is_refused_up_front(monkeypatch):
     cache_base = transformers.cache_utils.Cache
-    if not hasattr(cache_base, "activate_past_recording"):
-        pytest.skip("this transformers has no sliding-window cache layers")
+    if not hasattr(cache_base, "activate_past_recording") or not hf_forward.SLIDING_LAYERS_ROLL_BACK:
+        pytest.skip("this transformers' sliding-window layers are replaced by full-length ones")
     monkeypatch.delattr(cache_base, "activate_past_recording")
     with pytest.raises(UsageError) as err:
         TorchBackend(tiny_sliding(0), 512, name="target")

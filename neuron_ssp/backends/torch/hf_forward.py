@@ -11,6 +11,8 @@ Sliding-window (and linear-attention) cache layers of transformers 5.x keep only
 states and refuse to crop past it, unless past recording is switched on: it is, after the prompt
 (as Hugging Face's assisted generation does). Recording layers then keep every state written since
 the last rollback; each rollback cuts later than the one before it, so they always hold what it needs.
+Sliding-window layers are used only from transformers 5.18 on (`SLIDING_LAYERS_ROLL_BACK`); before, the
+cache holds those layers at full length and the attention mask applies the window, as 4.x does.
 
 Several sequences: one DynamicCache per slot, and a batched call scores its segments one after the other
 (one forward each, no padding or mask batching): correct and simple, not faster than separate calls.
@@ -30,6 +32,12 @@ from neuron_ssp.backends.base import Segment
 from neuron_ssp.errors import Problem, UsageError
 
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
+# Whether this transformers' sliding-window cache layers can be rolled back under their attention mask.
+# 4.56-5.14's refuse to crop past the window (no past recording); 5.15-5.17's record the past but hand
+# attention every state recorded since the last crop while the mask covers the window only, so two calls
+# without a rollback between them (the model drafter's one-token steps, a fully accepted window) fail in
+# sdpa_attention: "The size of tensor a (7) must match the size of tensor b (6)". 5.18 returns the window.
+SLIDING_LAYERS_ROLL_BACK = Version(transformers.__version__).release >= (5, 18)
 
 
 class HfForward:
@@ -70,7 +78,23 @@ class HfForward:
         return out.logits[0]
 
     def _new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config) if TRANSFORMERS_5 else DynamicCache()
+        if not TRANSFORMERS_5:
+            return DynamicCache()  # every layer full length; a sliding window is the mask's job
+        cache = DynamicCache(config=self.model.config)
+        return cache if SLIDING_LAYERS_ROLL_BACK else _full_length_layers(cache)
+
+
+def _full_length_layers(cache: DynamicCache) -> DynamicCache:
+    """Full-length layers in place of the sliding-window ones, which this transformers cannot roll back.
+
+    The mask still applies the window (it is built from the model's config, and a full layer reports
+    every position to it), so the scores are the sliding model's; the cost is the states of the whole
+    sequence instead of the last window, as with 4.x and with full-attention models.
+    """
+    from transformers.cache_utils import DynamicLayer  # 4.56+; only 5.x reaches here
+
+    cache.layers[:] = [DynamicLayer() if getattr(layer, "is_sliding", False) else layer for layer in cache.layers]
+    return cache
 
 
 def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
