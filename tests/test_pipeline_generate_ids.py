@@ -171,3 +171,15 @@ def test_drafter_none_is_plain_decoding_through_the_same_loop(policy):
         assert result.stats.draft_tokens == 0 and result.stats.target_calls == 15
     assert pipeline.generator.generate(PROMPT, 16).tokens == plain_generate(pipeline.target, PROMPT, 16,
                                                                               pipeline.config.sampling).tokens
+
+
+def test_a_seed_reproduces_its_text_while_the_suffix_history_grows():
+    """The suffix drafter drafts differently once earlier requests fed its history; the text stays the same."""
+    pipeline = tiny_pipeline(**{"speculation.drafter": "suffix"})
+    hot = SamplingConfig(temperature=1.0, seed=21)
+    first = pipeline.generate_ids(PROMPT, 24, hot)
+    for seed in range(3):  # other requests teach the history
+        pipeline.generate_ids(PROMPT, 24, SamplingConfig(temperature=1.0, seed=seed))
+    again = pipeline.generate_ids(PROMPT, 24, hot)
+    assert again.stats.draft_tokens != first.stats.draft_tokens  # the drafts changed...
+    assert again.tokens == first.tokens == plain_generate(pipeline.target, PROMPT, 24, hot).tokens  # ...the text not
