@@ -214,6 +214,7 @@ class BatchLoop:
         row.stats.new_tokens = row.seq.generated_count
         self._free.append(row.slot)
 
+
 def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, noise: PositionNoise) -> list[int]:
     """The acceptor's tokens for one row, in transformers-neuronx's call shape, checked: the first n-1
     drafted tokens then one of its choice. `noise`: the positions' noise, for acceptors that draw from it."""
