@@ -18,8 +18,9 @@ from neuron_ssp.backends.base import Segment, SlotView
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.batch import BatchLoop, RowRequest
+from neuron_ssp.engines.batch import BatchLoop
 from neuron_ssp.engines.native import plain_generate
+from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel

@@ -24,7 +24,8 @@ from neuron_ssp.engines.base import (
     TokenCallback,
     sampling_params,
 )
-from neuron_ssp.engines.batch import BatchLoop, RowRequest
+from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.policies import WindowPolicy

@@ -27,8 +27,8 @@ from neuron_ssp.engines.base import (
     TokenCallback,
     sampling_params,
 )
-from neuron_ssp.engines.batch import RowRequest
 from neuron_ssp.engines.native import SpeculativeGenerator
+from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, target_cost

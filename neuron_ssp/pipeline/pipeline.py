@@ -13,8 +13,9 @@ from transformers import PreTrainedTokenizerBase
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck
-from neuron_ssp.engines.batch import BatchLoop, RowRequest
+from neuron_ssp.engines.batch import BatchLoop
 from neuron_ssp.engines.native import plain_generate
+from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt

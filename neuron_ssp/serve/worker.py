@@ -31,7 +31,7 @@ import torch
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import GenerationResult
-from neuron_ssp.engines.batch import BatchLoop, Row
+from neuron_ssp.engines.rows import Row, RowLoop
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.pipeline import Pipeline
@@ -207,7 +207,7 @@ class GenerationWorker:
             finally:
                 self.active.remove(run)
 
-    def _run_rows(self, loop: BatchLoop) -> None:
+    def _run_rows(self, loop: RowLoop) -> None:
         """Admit queued jobs while slots are free (waiting for one only when nothing runs), then step."""
         rows: dict[Row, JobRun] = {}
         stopping = False
@@ -224,7 +224,7 @@ class GenerationWorker:
             if rows:
                 self._step(loop, rows)
 
-    def _join(self, loop: BatchLoop, job: Job, rows: dict[Row, JobRun]) -> None:
+    def _join(self, loop: RowLoop, job: Job, rows: dict[Row, JobRun]) -> None:
         run = self._admit(job)
         if run is None:
             return
@@ -236,7 +236,7 @@ class GenerationWorker:
         else:
             run.end(*(_ended(row) if row is not None else (None, error)))
 
-    def _step(self, loop: BatchLoop, rows: dict[Row, JobRun]) -> None:
+    def _step(self, loop: RowLoop, rows: dict[Row, JobRun]) -> None:
         self.metrics.batch_size.observe(len(loop.rows))
         committed = sum(row.seq.length for row in loop.rows)
         begin = time.perf_counter()

@@ -1,0 +1,98 @@
+"""A request as a row of a batching loop, and the interface every such loop offers the server.
+
+Our loop (batch.py) and a library's batched loop (NxD Inference's fused speculation with continuous
+batching) both take `RowRequest`s, keep each as a `Row` (committed tokens, cache slot, stats, callbacks)
+and step all rows at once; the server's scheduler drives either through `RowLoop`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from neuron_ssp.drafters.base import Draft, Drafter
+from neuron_ssp.engines.base import (
+    CommitCallback,
+    Committed,
+    GenerationResult,
+    LogitsCallback,
+    StopCheck,
+    TokenCallback,
+)
+from neuron_ssp.speculation.acceptors import TokenAcceptor
+from neuron_ssp.speculation.policies import WindowPolicy
+from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.speculation.sampling import SamplingParams
+from neuron_ssp.speculation.stats import GenerationStats
+
+DrafterForSlot = Callable[[int], Drafter]  # the row's drafter, given its cache slot (a draft model's slot)
+
+
+@dataclass
+class RowRequest:
+    """What one request brings to the loop. No drafter: plain decoding (the baseline)."""
+
+    prompt_ids: torch.Tensor
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int = 0
+    eos_token_ids: Collection[int] = ()
+    drafter_for: DrafterForSlot | None = None
+    acceptor: TokenAcceptor | None = None
+    policy: WindowPolicy | None = None
+    on_tokens: TokenCallback | None = None
+    on_commit: CommitCallback | None = None
+    on_logits: LogitsCallback | None = None
+    should_stop: StopCheck | None = None
+
+
+class Row:
+    """A running request."""
+
+    def __init__(self, request: RowRequest, slot: int, k: int, vocab_size: int):
+        self.request = request
+        self.slot = slot
+        self.seq = Committed(request.prompt_ids, request.max_new_tokens, request.eos_token_ids, request.on_tokens,
+                             request.on_commit, request.on_logits)
+        self.policy = request.policy or WindowPolicy(1)
+        self.drafter = request.drafter_for(slot) if request.drafter_for is not None else None
+        self.noise = PositionNoise(request.seed)
+        self.stats = GenerationStats(k=k if self.drafter is not None else 1)
+        self.started = time.perf_counter()
+        self.confidence = 1.0
+        self.draft = Draft.empty(vocab_size)  # this step's proposal, then what is kept of it
+        self.error: Exception | None = None
+        self.cancelled = False
+
+    @property
+    def finished(self) -> bool:
+        return self.seq.done or self.cancelled or self.error is not None
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(self.seq.generated(), self.stats)
+
+
+
+
+class RowLoop(Protocol):
+    """Rows of one target at once, at most its slots. Requests join between steps; a step advances every
+    running row by one call and returns the rows that finished (EOS, budget, cancel or their own error)."""
+
+    rows: list[Row]
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def join(self, request: RowRequest) -> Row:
+        """Start a request in a free slot; a request that ends at once (EOS, budget 1) comes back finished."""
+        ...
+
+    def step(self) -> list[Row]: ...
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        """One request alone, to its end."""
+        ...
