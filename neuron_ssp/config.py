@@ -41,6 +41,11 @@ class PlatformConfig(_Strict):
     # torch.compile the compact forward (dynamic shapes, no CUDA graphs): not a fast path, slower than eager on an
     # H100 (39.4 vs 11.8 ms a one-token call, docs/configuration.md); takes minutes to compile on a small CPU
     compile: bool = False
+    # torch backend, compact forward: prompt tokens prefilled per step of the batching loop, in the same call as
+    # the running requests' windows (chunked prefill: a joining prompt does not stall them for its whole prefill);
+    # 0: every prompt whole, in its own call. The same for one request alone, so its output does not depend on
+    # the batch (engines/batch.py)
+    prefill_chunk: int = Field(64, ge=0, le=4096)
 
     @model_validator(mode="after")
     def _compile_needs_compact(self) -> PlatformConfig:
