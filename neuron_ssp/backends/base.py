@@ -20,11 +20,18 @@ import torch
 @dataclass(frozen=True)
 class Segment:
     """One sequence's part of a batched call: `tokens` (m,) int64 written at positions start..start+m-1 of
-    cache slot `slot`."""
+    cache slot `slot`. `logits_rows`: how many of its LAST rows' logits the call returns (None: all m); a
+    chunk of a prompt being prefilled wants 0, or 1 when it ends the prompt (the head over the other rows
+    would be wasted work). Only backends with a `prompt_chunk` receive it set."""
 
     slot: int
     start: int
     tokens: torch.Tensor
+    logits_rows: int | None = None
+
+    @property
+    def returned_rows(self) -> int:
+        return len(self.tokens) if self.logits_rows is None else self.logits_rows
 
 
 @runtime_checkable
@@ -34,6 +41,9 @@ class ModelBackend(Protocol):
     n_positions: int  # positions per slot: prompt + generated + k must fit
     max_score_width: int | None  # widest window scored in ONE call (Neuron: compiled k); None = any
     slots: int  # sequences the cache holds at once
+    # prompt tokens per step when a batching loop prefills prompts in chunks through score_batch, beside the
+    # other rows' windows (from position 0 of a fresh slot); None: a prompt whole through prefill_slot
+    prompt_chunk: int | None
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Encode the prompt (1-D int64) into positions 0..len-1 of slot 0; return the next-token logits (vocab,)."""
@@ -48,8 +58,8 @@ class ModelBackend(Protocol):
         ...
 
     def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
-        """ONE call for every segment (each slot at most once): float32 logits (total tokens, vocab), rows in
-        segment order."""
+        """ONE call for every segment (each slot at most once): float32 logits (each segment's returned_rows,
+        vocab), rows in segment order."""
         ...
 
 
@@ -57,6 +67,7 @@ class SingleSlot:
     """The batch-1 half of the interface, for backends that hold one sequence (Neuron, wrappers in tools)."""
 
     slots = 1
+    prompt_chunk: int | None = None
 
     def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
         _only_slot_0([slot])

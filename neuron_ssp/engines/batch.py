@@ -30,7 +30,7 @@ from neuron_ssp.engines.rows import Row, RowRequest
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
-from neuron_ssp.speculation.goodput import goodput_windows
+from neuron_ssp.speculation.goodput import goodput_windows, speculate_together
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
 
 
@@ -41,7 +41,11 @@ class BatchLoop:
         self.target = target
         self.k = k
         self.cost = cost  # the target's call cost per row count: goodput windows (cost policy rows)
-        self.rows: list[Row] = []
+        # prompt tokens scored per step beside the running rows' windows (chunked prefill: a joining prompt no
+        # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
+        # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
+        self.prefill_chunk: int | None = getattr(target, "prompt_chunk", None)
+        self.rows: list[Row] = []  # in joining order: prompts are prefilled first come, first served
         self._free = list(range(target.slots - 1, -1, -1))
 
     @property
@@ -49,15 +53,16 @@ class BatchLoop:
         return len(self._free)
 
     def join(self, request: RowRequest) -> Row:
-        """Start a request: check its room, prefill its prompt into a free slot (its own call) and commit its
-        first token. A request that ends there (EOS, a budget of one) is returned finished, not running."""
+        """Start a request: check its room, take a free slot, start its drafter and (without chunked prefill)
+        prefill its prompt in its own call and commit its first token. A request that ends there (EOS, a
+        budget of one) is returned finished, not running."""
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
         if not self._free:
             raise RuntimeError(f"no free slot: {self.target.slots} requests are running")
         row = Row(request, self._free.pop(), self.k, self.target.vocab_size)
         row.policy.reset()
         try:
-            self._prefill(row)
+            self._begin(row)
         except Exception:
             self._free.append(row.slot)
             raise
@@ -68,7 +73,8 @@ class BatchLoop:
         return row
 
     def step(self) -> list[Row]:
-        """One target call for every running row; returns the rows that finished (cancelled ones included)."""
+        """One target call for every running row (windows, and prompt chunks of rows still prefilling);
+        returns the rows that finished (cancelled ones included)."""
         for row in self.rows:
             row.cancelled = bool(row.request.should_stop and row.request.should_stop())
         cancelled = [row for row in self.rows if row.cancelled]
@@ -76,16 +82,25 @@ class BatchLoop:
             self._leave(row)
         if not self.rows:
             return cancelled
-        self._propose()
-        segments = [Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
-                    for row in self.rows]
+        chunks = self._prompt_chunks()
+        decoding = [row for row in self.rows if not row.prefilling]
+        self._propose(decoding, sum(len(segment.tokens) for segment in chunks.values()))
+        called = list(chunks) + decoding
+        segments = list(chunks.values()) + [
+            Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
+            for row in decoding]
         begin = time.perf_counter()
         logits = self.target.score_batch(segments)
         seconds = time.perf_counter() - begin
-        for row, rows_logits in zip(self.rows, logits.split([len(s.tokens) for s in segments]), strict=True):
+        for row, segment, rows_logits in zip(called, segments,
+                                             logits.split([segment.returned_rows for segment in segments]),
+                                             strict=True):
             row.stats.time_target_s += seconds
             try:
-                self._commit(row, rows_logits)
+                if row.prefilling:
+                    self._prefilled(row, len(segment.tokens), rows_logits)
+                else:
+                    self._commit(row, rows_logits)
             except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
                 row.error = exc
         ended = [row for row in self.rows if row.finished]
@@ -102,34 +117,66 @@ class BatchLoop:
             raise row.error
         return row.result()
 
-    def _prefill(self, row: Row) -> None:
-        request, seq = row.request, row.seq
+    def _begin(self, row: Row) -> None:
+        request = row.request
         begin = time.perf_counter()
         if row.drafter is not None:
             row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
         prefilled = time.perf_counter()
-        logits = self.target.prefill_slot(row.slot, request.prompt_ids)
         row.stats.time_draft_s += prefilled - begin
-        row.stats.time_target_s += time.perf_counter() - prefilled
-        check_finite(logits, seq.length - 1, self.target)
-        seq.extend([draw(logits, request.sampling, row.noise)], logits=logits)
-        if row.policy.uses_target_confidence:
-            row.confidence = _confidence(logits, seq.last)
+        if self.prefill_chunk is None:
+            logits = self.target.prefill_slot(row.slot, request.prompt_ids)
+            row.stats.time_target_s += time.perf_counter() - prefilled
+            self._prefilled(row, row.seq.prompt_len, logits.view(1, -1))
 
-    def _propose(self) -> None:
-        """Each row's proposal, then the windows: together by goodput where every row's policy weighs so."""
+    def _prompt_chunks(self) -> dict[Row, Segment]:
+        """This step's prompt chunks: `prefill_chunk` tokens in all, to the rows still prefilling in joining
+        order. A row's chunks are scored at its own positions, so on the row kernel its logits do not depend
+        on where the chunks were cut."""
+        chunks: dict[Row, Segment] = {}
+        budget = self.prefill_chunk or 0
         for row in self.rows:
+            if budget == 0:
+                break
+            if row.prefilling:
+                end = min(row.prefilled + budget, row.seq.prompt_len)
+                chunks[row] = Segment(row.slot, row.prefilled, row.request.prompt_ids[row.prefilled:end],
+                                      logits_rows=int(end == row.seq.prompt_len))
+                budget -= end - row.prefilled
+        return chunks
+
+    def _prefilled(self, row: Row, tokens: int, logits: torch.Tensor) -> None:
+        """`tokens` more of the row's prompt are in the cache; after the last, its first token from `logits`."""
+        row.prefilled += tokens
+        if row.prefilling:
+            return
+        seq = row.seq
+        check_finite(logits, seq.length - 1, self.target)
+        seq.extend([draw(logits[-1], row.request.sampling, row.noise)], logits=logits[-1:])
+        if row.policy.uses_target_confidence:
+            row.confidence = _confidence(logits[-1], seq.last)
+
+    def _propose(self, rows: list[Row], prompt_rows: int) -> None:
+        """Each row's proposal, then the windows: together by goodput where every row's policy weighs so
+        (`prompt_rows`: prompt tokens the call scores anyway); on compiled shapes all rows speculate or none."""
+        for row in rows:
             begin = time.perf_counter()
             window = min(row.policy.window(row.confidence), self.k, row.seq.remaining)
             row.draft = row.drafter.propose(row.seq.committed(), window - 1) \
                 if row.drafter is not None and window > 1 else Draft.empty(self.target.vocab_size)
             row.stats.time_draft_s += time.perf_counter() - begin
-        if self.cost is not None and all(row.policy.by_goodput for row in self.rows):
-            chances = [row.policy.chances(row.draft, row.confidence) for row in self.rows]
-            for row, chosen in zip(self.rows, goodput_windows(chances, self.cost), strict=True):
-                row.draft = row.draft.prefix(row.policy.settle(row.draft, chosen))
+        if rows and self.cost is not None and all(row.policy.by_goodput for row in rows):
+            chances = [row.policy.chances(row.draft, row.confidence) for row in rows]
+            width = self.target.max_score_width
+            if width is not None and self.target.slots > 1:
+                speculate = speculate_together(chances, self.cost, width)
+                chosen = [len(row.draft) if speculate else 0 for row in rows]
+            else:
+                chosen = goodput_windows(chances, self.cost, prompt_rows)
+            for row, kept in zip(rows, chosen, strict=True):
+                row.draft = row.draft.prefix(row.policy.settle(row.draft, kept))
         else:
-            for row in self.rows:
+            for row in rows:
                 row.draft = row.draft.prefix(row.policy.keep(row.draft, row.confidence))
 
     def _commit(self, row: Row, logits: torch.Tensor) -> None:

@@ -67,6 +67,11 @@ class Row:
         self.draft = Draft.empty(vocab_size)  # this step's proposal, then what is kept of it
         self.error: Exception | None = None
         self.cancelled = False
+        self.prefilled = 0  # prompt tokens in the target's cache: below the prompt's length, still prefilling
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < self.seq.prompt_len
 
     @property
     def finished(self) -> bool:

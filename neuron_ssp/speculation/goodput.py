@@ -19,9 +19,10 @@ import heapq
 from neuron_ssp.speculation.call_cost import WidthCost
 
 
-def goodput_windows(chances: list[list[float]], cost: WidthCost) -> list[int]:
+def goodput_windows(chances: list[list[float]], cost: WidthCost, other_rows: int = 0) -> list[int]:
     """How many of its drafted tokens each row keeps; `chances[r][j]`: the chance that row r's drafted
-    token j is accepted once tokens 0..j-1 were."""
+    token j is accepted once tokens 0..j-1 were. `other_rows`: rows the call scores anyway (prompt chunks
+    being prefilled), which make drafted tokens cheaper at the margin."""
     rows = len(chances)
     if rows == 0:
         return []
@@ -29,13 +30,13 @@ def goodput_windows(chances: list[list[float]], cost: WidthCost) -> list[int]:
     heapq.heapify(heap)
     order: list[int] = []
     n, expected = rows, float(rows)
-    best_rate, best_n = expected / cost.at(n), n
+    best_rate, best_n = expected / cost.at(n + other_rows), n
     while heap:
         negative_gain, r, j = heapq.heappop(heap)
         n += 1
         expected -= negative_gain
         order.append(r)
-        rate = expected / cost.at(n)
+        rate = expected / cost.at(n + other_rows)
         if rate > best_rate:
             best_rate, best_n = rate, n
         if j + 1 < len(chances[r]):
@@ -44,3 +45,18 @@ def goodput_windows(chances: list[list[float]], cost: WidthCost) -> list[int]:
     for r in order[: best_n - rows]:
         kept[r] += 1
     return kept
+
+
+def speculate_together(chances: list[list[float]], cost: WidthCost, width: int) -> bool:
+    """On compiled shapes (Neuron) a call has one width for all rows: either every row takes one token
+    (the one-token network) or every row's window is padded to the compiled `width` (its drafts then cost
+    nothing more). Speculate when the expected committed tokens per millisecond of the k-wide call beat
+    one token per row at the one-token call's cost."""
+    expected = 0.0
+    for row in chances:
+        expected += 1.0
+        survive = 1.0
+        for p in row:
+            survive *= p
+            expected += survive
+    return expected / cost.at(width) > len(chances) / cost.at(1)

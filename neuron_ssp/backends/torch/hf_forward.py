@@ -61,7 +61,8 @@ class HfForward:
 
     def score(self, segments: Sequence[Segment]) -> torch.Tensor:
         """Segment after segment, each against its slot's cache; rows in segment order."""
-        parts = [self._score_slot(segment.slot, segment.tokens, segment.start) for segment in segments]
+        parts = [self._score_slot(segment.slot, segment.tokens, segment.start)
+                 [len(segment.tokens) - segment.returned_rows:] for segment in segments]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _score_slot(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:

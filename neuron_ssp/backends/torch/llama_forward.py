@@ -82,22 +82,26 @@ class CompactLlama:
         """The prompt into positions 0.. of `slot`; beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as
         fast there as the row kernel)."""
         ids = prompt_ids.to(self.w.device)
-        return self._run(ids, ((slot, 0, ids.shape[0]),), True)[-1]
+        last = torch.tensor([ids.shape[0] - 1], device=self.w.device)
+        return self._run(ids, ((slot, 0, ids.shape[0]),), last)[-1]
 
     def score(self, segments: Sequence[Segment]) -> torch.Tensor:
         """Every segment's rows, in order; with the row kernel in chunks of at most MAX_ROWS rows."""
         ids = torch.cat([segment.tokens for segment in segments]).to(self.w.device)
         spans = [(segment.slot, segment.start, int(segment.tokens.shape[0])) for segment in segments]
+        kept = _kept_rows(segments, self.w.device)
         if self._kernel is None:
-            return self._run(ids, tuple(spans), False)
+            return self._run(ids, tuple(spans), kept)
         parts, begin = [], 0
         for chunk in row_chunks(spans, MAX_ROWS):
             end = begin + sum(count for _, _, count in chunk)
-            parts.append(self._run(ids[begin:end], chunk, False))
+            parts.append(self._run(ids[begin:end], chunk,
+                                   None if kept is None else kept[(kept >= begin) & (kept < end)] - begin))
             begin = end
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _forward(self, ids: torch.Tensor, spans: tuple[Span, ...], last_only: bool) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, spans: tuple[Span, ...], kept: torch.Tensor | None) -> torch.Tensor:
+        """The logits of the rows `kept` (None: all): the head is skipped for prompt rows nobody reads."""
         w = self.w
         x = F.embedding(ids, w.embed)
         if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
@@ -106,8 +110,10 @@ class CompactLlama:
                 self._kernel.layer(x, table, matrices, norms, cache, self._rotary, self._shape)
         else:
             x = self._torch_layers(x, spans)
-        if last_only:
-            x = x[-1:]
+        if kept is not None:
+            x = x[kept]
+            if x.shape[0] == 0:
+                return x.new_empty(0, w.head.sizes[0])
         return w.head(_rms_norm(x, w.norm, w.eps))[0]
 
     def _torch_layers(self, x: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
@@ -160,6 +166,19 @@ def row_chunks(spans: list[Span], limit: int) -> list[tuple[Span, ...]]:
     if chunk:
         chunks.append(tuple(chunk))
     return chunks
+
+
+def _kept_rows(segments: Sequence[Segment], device: torch.device) -> torch.Tensor | None:
+    """The call's rows whose logits are returned (each segment's last `returned_rows`); None when all are."""
+    if all(segment.logits_rows is None for segment in segments):
+        return None
+    kept: list[int] = []
+    begin = 0
+    for segment in segments:
+        end = begin + int(segment.tokens.shape[0])
+        kept += range(end - segment.returned_rows, end)
+        begin = end
+    return torch.tensor(kept, dtype=torch.long, device=device)
 
 
 def _row_ranges(spans: tuple[Span, ...]) -> list[tuple[int, int]]:

@@ -60,7 +60,7 @@ def load_torch_backends(config: Config, slots: int = 1
     check_caches_fit(caches, slots, device)
     platform = config.platform
     target = TorchBackend(target_model, config.target.n_positions, "target", platform.forward, platform.compile,
-                          slots=slots)
+                          slots=slots, prompt_chunk=platform.prefill_chunk)
     draft = TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots) \
         if len(caches) > 1 else None
     return target, draft, tokenizer

@@ -41,8 +41,9 @@ class TorchBackend:
     max_score_width: int | None = None
 
     def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch", forward: ForwardName = "auto",
-                 compile: bool = False, pack: bool | None = None, slots: int = 1):
-        """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32)."""
+                 compile: bool = False, pack: bool | None = None, slots: int = 1, prompt_chunk: int = 0):
+        """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32).
+        `prompt_chunk`: chunked prefill in the batching loop (platform.prefill_chunk; 0: whole prompts)."""
         self.model = model
         self.name = name
         self.slots = slots
@@ -56,6 +57,8 @@ class TorchBackend:
         else:
             weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack)
             self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile, slots)
+        # chunked prefill needs a cache addressed by position from a fresh slot: ours, not a DynamicCache's
+        self.prompt_chunk = prompt_chunk if prompt_chunk and self.forward_name == "compact" else None
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         return self.prefill_slot(0, prompt_ids)
