@@ -179,3 +179,28 @@ def test_a_join_that_fails_frees_its_slot():
     with pytest.raises(Exception, match="n_positions"):
         loop.join(too_long)
     assert loop.free_slots == 1
+
+
+class CompiledTables(SlotTables):
+    """SlotTables with compiled shapes (Neuron): a call is one-token or k wide for all its rows."""
+
+    max_score_width = K
+
+
+@pytest.mark.parametrize("k_wide_ms", [12.0, 60.0])
+def test_on_compiled_shapes_every_row_speculates_or_none_and_outputs_stay_the_requests_alone(k_wide_ms):
+    cost = WidthCost({1: 10.0, K: k_wide_ms})  # the one-token network, the k-wide one: cheap, then dear
+    target, draft = CompiledTables(lambda: TableBackend(VOCAB, 0), SLOTS), SlotTables(draft_table, SLOTS)
+    counts = AcceptanceModel()
+    requests = [request(i, s, draft, CostPolicy(K, cost, counts)) for i, s in enumerate(SAMPLINGS)]
+    outputs = run_batched(BatchLoop(target, K, cost), requests)
+    for i, sampling in enumerate(SAMPLINGS):
+        assert outputs[i] == alone(i, sampling), f"row {i}"
+    widths = [[n for _, _, n in call] for call in target.calls]
+    speculating = [call for call in widths if max(call) > 1]
+    if k_wide_ms == 60.0:
+        assert not speculating  # 6x a one-token call: no batch of these drafts yields more per millisecond
+    else:
+        assert len(speculating) > len(widths) // 2  # cheap: most steps speculate...
+        # ...every row its whole draft (a draft model's k-1 tokens), since padding to k costs nothing more
+        assert any(call.count(K) >= 2 for call in speculating)

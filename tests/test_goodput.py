@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import best_window
-from neuron_ssp.speculation.goodput import goodput_windows
+from neuron_ssp.speculation.goodput import goodput_windows, speculate_together
 
 
 def curve(per_row: float, fixed: float = 10.0, widest: int = 64) -> WidthCost:
@@ -62,3 +62,36 @@ def test_weak_drafts_drop_out_before_strong_ones():
     chances = [[0.95, 0.9, 0.9], [0.2, 0.2, 0.2]]
     kept = goodput_windows(chances, curve(per_row=2.0))
     assert kept[0] == 3 and kept[1] == 0
+
+
+def prefilled_rate(chances: list[list[float]], kept: list[int], cost: WidthCost, other: int) -> float:
+    """expected_rate with `other` rows of prompt chunks in the call (they commit nothing this step)."""
+    return expected_rate(chances, kept, cost) * cost.at(len(chances) + sum(kept)) \
+        / cost.at(len(chances) + sum(kept) + other)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3),
+       st.floats(0.0, 5.0), st.integers(0, 40))
+def test_with_prompt_chunks_in_the_call_the_choice_is_still_the_best_split(chances, per_row, other):
+    cost = curve(per_row, widest=80)
+    kept = goodput_windows(chances, cost, other)
+    best = max(prefilled_rate(chances, list(k), cost, other)
+               for k in itertools.product(*[range(len(row) + 1) for row in chances]))
+    assert prefilled_rate(chances, kept, cost, other) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_prompt_chunk_in_the_call_makes_drafts_cheaper_at_the_margin():
+    cost = WidthCost({1: 10.0, 2: 14.0, 3: 18.0, 64: 40.0, 66: 40.4, 67: 40.6})
+    chances = [[0.3, 0.3]]
+    assert goodput_windows(chances, cost) == [0]  # alone, a weak draft costs more than it brings
+    assert goodput_windows(chances, cost, other_rows=64) == [2]  # beside 64 prompt rows it is nearly free
+
+
+def test_compiled_shapes_speculate_together_when_the_k_wide_call_yields_more_per_millisecond():
+    cost = WidthCost({1: 10.0, 4: 15.0})  # the one-token network and the k = 4 network of a compiled batch
+    strong, weak = [0.9, 0.9, 0.9], [0.2, 0.1, 0.1]
+    assert speculate_together([strong, strong], cost, 4)  # 2 x 3.439 tokens / 15 ms > 2 / 10 ms
+    assert not speculate_together([weak, weak], cost, 4)  # 2 x 1.222 / 15 < 2 / 10
+    assert not speculate_together([[], []], cost, 4)  # nothing drafted: the k-wide call only costs more
+    assert speculate_together([strong, weak, weak], cost, 4) == (3.439 + 2 * 1.222 > 3 * 1.5)
