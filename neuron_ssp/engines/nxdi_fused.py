@@ -1,19 +1,36 @@
-"""`speculation.engine: fused` on NxD Inference: draft loop, target window and acceptance in one NxDI graph.
+"""`speculation.engine: fused` on NxD Inference: draft loop, target window and acceptance in one NxDI graph, for
+one request or for rows that join and leave (continuous batching).
 
-NxDI 0.9.0 (4bcdc54b), `NeuronFusedSpecModel` (models/model_base.py:1598): a call with one input token at
+NxDI 0.9.0 (4bcdc54b), `NeuronFusedSpecModel` (models/model_base.py:1598): a call with one input token per row at
 position p runs the draft k times from p (`_token_gen_forward`, :1812; the k-th pass only fills its cache),
 scores the input token and the k-1 drafts on the target in one k-wide pass, and keeps the drafts while they
-equal the target's own tokens (`_tkg_postprocessor`, :2799): 1..k tokens per call, the rest of the row
-padded with -1 (`acceptance_padding_token`). NxDI's speculation_length is our window k (unlike
-transformers-neuronx's fused k, which counts drafted tokens). We drive it as NxDI's own
-`_fused_assisted_decoding` does (utils/hf_adapter.py:495): the prompt through context encoding, then one
-call per iteration with the last committed token, position_ids [[p]] and attention_mask ones(p).
+equal the target's own tokens (`_tkg_postprocessor`, :2799): 1..k tokens per row, the rest of the row padded
+with -1 (`acceptance_padding_token`). NxDI's speculation_length is our window k (unlike transformers-neuronx's
+fused k, which counts drafted tokens). We drive it as NxDI's own `_fused_assisted_decoding` does
+(utils/hf_adapter.py:495): the prompt through context encoding, then one call per iteration with the last
+committed token, position_ids [[p]], attention_mask ones(p) and sampling_params for the call's rows (:518).
 
-The accepted row is `fused_outputs[0]` on a device (the KV cache stays there); on CPU NxDI keeps only the
-first output, the row itself (`_get_constructed_outputs`, model_base.py:3807). Greedy only: with do_sample
-the target samples just the window's last position (model_base.py:1162, a FIXME), refused by validate.
-Acceptance statistics are exact (every call drafts k-1 and commits n); the draft/target time split is not
-observable inside one graph and reads zero.
+Rows are the compiled batch's cache lines (seq_ids). A target compiled for batch B > 1 is built for continuous
+batching (backends/nxdi/api.py `continuous_batching`): each row's prompt is its own context-encoding call at
+batch 1 (`ctx_batch_size=1`) that writes the cache line `seq_ids` names (kv_cache_manager.py:483-487, "only
+supports single seq_id"); each step is ONE fused call over the running rows. NxDI pads a call with fewer rows
+than B with the missing seq_ids, sorted, and the first row's inputs (`_forward_with_pad`, model_wrapper.py:574-
+621, `_pad_helper` :520-546), and returns the given rows in the given order (index_select, :692-698); a full
+call is not reordered (:1343) and reads cache line i for row i (kv_cache_manager.py:293-301), so we always send
+rows sorted by slot, as vLLM's NxDI worker did (`NeuronSpeculationCausalLM.forward`, vllm
+model_executor/model_loader/neuronx_distributed.py: "sort block ids sequentially"). A padded row writes the
+first row's positions into a free line: stale, never read, overwritten by the next prompt there.
+
+In a batch the draft's attention mask opens, for every row, the columns of every row's current position
+(`draft_attention_mask.index_fill_(1, positions, 1)`, model_base.py:1883): a row behind the others drafts
+against stale slots of its own line. The target's mask is ours, so the output is unchanged (greedy, exact);
+only acceptance can drop where rows sit at different positions.
+
+The accepted rows are `fused_outputs[0]` on a device (the KV cache stays there); on CPU NxDI keeps only the
+first output, the rows themselves (`_get_constructed_outputs`, model_base.py:3807). Greedy only: with do_sample
+the target samples just the window's last position (model_base.py:1162, a FIXME), refused by validate and,
+per request, at join. Acceptance statistics are exact (every call drafts k-1 and commits n); the draft/target
+time split is not observable inside one graph and reads zero.
 """
 
 from __future__ import annotations
@@ -25,56 +42,149 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
+from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
 PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:1650)
-SEQ_IDS = torch.tensor([0], dtype=torch.int32)
+GREEDY = SamplingParams()
 
 
-class NxdiFusedEngine:
-    """Same `generate` as `SpeculativeGenerator`, run by NxDI's fused speculation graph."""
+class NxdiFusedLoop:
+    """Rows of NxDI's fused speculation graph, at most its compiled batch at once (`RowLoop`, engines/rows.py).
+    One loop per loaded target: it owns the cache lines. A request's drafter, acceptor and window policy are the
+    graph's (a draft model, greedy acceptance, k fixed at compile time); its sampling must be greedy."""
 
     def __init__(self, target: Any, k: int):
         self.target = target  # OnDeviceBackend over the fused NeuronLlamaForCausalLM
         self.app = target.model
         self.k = k
+        self.slots = compiled_batch(self.app)
+        self.rows: list[Row] = []
+        self._free = list(range(self.slots - 1, -1, -1))
 
-    @torch.inference_mode()
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
-        prompt_len = prompt_ids.shape[0]
-        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions",
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def join(self, request: RowRequest) -> Row:
+        """Encode the prompt into a free cache line (its own call) and commit the target's first token. A
+        request that ends there (EOS, a budget of one) is returned finished, not running."""
+        refuse_sampled(request.sampling)
+        check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
                    extra_target_slots("fused", self.k, NXDI))
-        eos, stats, tokens = set(eos_token_ids), GenerationStats(k=self.k), []
-        start = time.perf_counter()
-        row = self._call(prompt_ids.view(1, -1), torch.arange(prompt_len).view(1, -1), prompt_len)
-        committed = self._commit(row[:1], tokens, max_new_tokens, eos, on_tokens)
-        while committed and len(tokens) < max_new_tokens and tokens[-1] not in eos:
-            position = prompt_len + len(tokens) - 1  # the last committed token, not yet in either cache
-            row = self._call(torch.tensor([[tokens[-1]]]), torch.tensor([[position]]), position)
-            accepted = [t for t in row if t != PADDING]
-            committed = self._commit(accepted, tokens, max_new_tokens, eos, on_tokens)
-            stats.record_call(self.k - 1, len(accepted) - 1, committed)
-        stats.wall_s = time.perf_counter() - start
-        stats.new_tokens = len(tokens)
-        return GenerationResult(tokens, stats)
+        if not self._free:
+            raise RuntimeError(f"no free slot: {self.slots} requests are running")
+        row = Row(request, self._free.pop(), self.k, self.target.vocab_size)
+        row.stats = GenerationStats(k=self.k)  # the graph drafts k-1 tokens every call
+        try:
+            prompt_len = request.prompt_ids.shape[0]
+            first = self._call(request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1),
+                               [prompt_len])
+            row.prefilled = prompt_len  # the whole prompt in one context-encoding call
+            row.seq.extend(first[0][:1])
+        except Exception:
+            self._free.append(row.slot)
+            raise
+        if row.finished:
+            self._leave(row)
+        else:
+            self.rows.append(row)
+        return row
 
-    def _call(self, input_ids: torch.Tensor, position_ids: torch.Tensor, visible: int) -> list[int]:
-        out = self.app(input_ids=input_ids, seq_ids=SEQ_IDS, position_ids=position_ids,
-                       attention_mask=torch.ones(1, visible, dtype=torch.int64))
+    def step(self) -> list[Row]:
+        """One fused call for every running row; returns the rows that finished (cancelled ones included)."""
+        for row in self.rows:
+            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
+        cancelled = [row for row in self.rows if row.cancelled]
+        for row in cancelled:
+            self._leave(row)
+        if not self.rows:
+            return cancelled
+        rows = sorted(self.rows, key=lambda row: row.slot)
+        positions = [row.seq.length - 1 for row in rows]  # each row's last committed token, not yet in a cache
+        accepted = self._call(torch.tensor([[row.seq.last] for row in rows]), [row.slot for row in rows],
+                              torch.tensor(positions).view(-1, 1), positions)
+        for row, tokens in zip(rows, accepted, strict=True):
+            try:
+                if not tokens:
+                    raise RuntimeProblem(Problem(
+                        "speculation.engine", "fused", f"NxD Inference returned no token for cache line {row.slot}",
+                        "report it with the NxD Inference version; serve with speculation.engine: native meanwhile"))
+                row.stats.record_call(self.k - 1, len(tokens) - 1, row.seq.extend(tokens, len(tokens) - 1, self.k - 1))
+            except Exception as exc:  # this row's failure (a callback): the others go on
+                row.error = exc
+        ended = [row for row in self.rows if row.finished]
+        for row in ended:
+            self._leave(row)
+        return cancelled + ended
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        """One request alone, to its end."""
+        row = self.join(request)
+        while not row.finished:
+            self.step()
+        if row.error is not None:
+            raise row.error
+        return row.result()
+
+    def _call(self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor,
+              visible: list[int]) -> list[list[int]]:
+        """One NxDI call over rows in ascending cache lines; row i sees its cache slots 0..visible[i]-1 (the mask
+        NxDI itself infers from position_ids, model_base.py:3485). Returns each row's tokens, padding dropped."""
+        from neuronx_distributed_inference.modules.generation.sampling import prepare_sampling_params
+
+        mask = (torch.arange(max(visible)).view(1, -1) < torch.tensor(visible).view(-1, 1)).to(torch.int64)
+        out = self.app(input_ids=input_ids.to(torch.int64), seq_ids=torch.tensor(slots, dtype=torch.int32),
+                       position_ids=position_ids.to(torch.int64), attention_mask=mask,
+                       sampling_params=prepare_sampling_params(len(slots)))  # greedy: top_k 1
         fused = out.fused_outputs
         accepted = fused[0] if isinstance(fused, (list, tuple)) else fused
-        return [int(t) for t in accepted.reshape(-1)]
+        return [[int(t) for t in row if t != PADDING] for row in accepted.view(len(slots), -1)]
 
-    @staticmethod
-    def _commit(new: list[int], tokens: list[int], limit: int, eos: set[int], on_tokens: TokenCallback | None) -> int:
-        kept = new[: limit - len(tokens)]
-        for i, token in enumerate(kept):
-            if token in eos:
-                kept = kept[: i + 1]
-                break
-        tokens += kept
-        if on_tokens and kept:
-            on_tokens(kept)
-        return len(kept)
+    def _leave(self, row: Row) -> None:
+        if row in self.rows:
+            self.rows.remove(row)
+        row.stats.wall_s = time.perf_counter() - row.started
+        row.stats.new_tokens = row.seq.generated_count
+        self._free.append(row.slot)
+
+
+class NxdiFusedEngine:
+    """Same `generate` as `SpeculativeGenerator`: the loop with one row."""
+
+    def __init__(self, target: Any, k: int):
+        self.loop = NxdiFusedLoop(target, k)
+
+    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
+                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+        return self.loop.run(RowRequest(prompt_ids, max_new_tokens, GREEDY, eos_token_ids=eos_token_ids,
+                                        on_tokens=on_tokens))
+
+
+def compiled_batch(app: Any) -> int:
+    """The rows the fused graph was compiled for; above one only with NxDI's continuous batching (a prompt per
+    context-encoding call, into the cache line its seq_id names), which is how backends/nxdi builds it."""
+    config = app.neuron_config
+    batch = int(config.tkg_batch_size)
+    if batch > 1 and not (config.is_continuous_batching and config.ctx_batch_size == 1):
+        raise RuntimeProblem(Problem(
+            "target.batch_size", batch,
+            f"this NxD Inference fused model encodes prompts {config.ctx_batch_size} at a time without continuous "
+            "batching, so a request cannot join while others run",
+            "compile it through neuron-ssp (is_continuous_batching=True, ctx_batch_size=1), or set "
+            "target.batch_size: 1"))
+    return batch
+
+
+def refuse_sampled(sampling: SamplingParams) -> None:
+    """NxDI's fused speculation with a draft model is greedy only (model_base.py:1162, a FIXME: with do_sample
+    the target samples only the window's last position)."""
+    if not sampling.greedy:
+        raise UsageError(Problem(
+            "temperature", sampling.temperature,
+            "NxD Inference's fused speculation decodes greedily (with sampling its graph would sample only the "
+            "last position of each window: model_base.py:1162 at 4bcdc54b, a FIXME there)",
+            "leave temperature out or send 0, or serve with speculation.engine: native (samples losslessly)"))

@@ -14,7 +14,9 @@ What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b,
    `token_generation_model`, which such a target does not have (`enable_speculation` replaces it): the test
    points that name at the speculation model, whose eager model is the same shared one. For fused speculation
    the copy reads `fused_spec_model.draft_model`, an attribute ModelWrapper does not have: the test replaces
-   the fused branch with the same copy done through the wrapped eager model (the non-fused branch is NxDI's).
+   the fused branch with the same copy done through the wrapped eager models, into the context-encoding and the
+   fused model alike, as NxDI's branch means to (model_base.py:3767-3779; with continuous batching each wrapper
+   has an eager model of its own, application_base.py:612-619). The non-fused branch is NxDI's.
 5. A fused load sets `NeuronLlamaForCausalLM._FUSED_PREFIX = "target_model"` on the class and never resets it
    (`checkpoint_loader_fn`, application_base.py:668-672), so every later model of the process would look for
    prefixed checkpoint keys. Each test ends with the class attribute restored (one model per process in use).
@@ -26,6 +28,11 @@ What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b,
    CPU one eager model, built at n_positions = seq_len, serves every bucket: before each call its n_positions is
    set to the bucket the wrapper padded the inputs to (the attention mask's width, `pad_inputs`), as `get` would
    have for that graph, and restored after.
+7. A call with fewer rows than the compiled batch is padded to it; on CPU the wrapper then copies the returned
+   caches through `self.model.kv_mgr` (ModelWrapper.forward, model_wrapper.py:1417-1420), which a fused model
+   lacks (its caches are its draft's and target's, and the list it copies starts with the three next-step
+   tensors). The test gives each fused eager model a `kv_mgr` whose writes go nowhere: the copy NxDI makes right
+   after (`_copy_past_key_values`, patch 3) writes the caches where they belong.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 DEVICE_CALLS: list[tuple[str, str, dict[str, Any]]] = []  # (model dir name, "compile" | "load", arguments)
 CPU_GUARD = "Speculation is not yet supported for CPU inference."
 FUSED_COPY_BUG = "self.fused_spec_model.draft_model.layers"
+PADDED_CPU_COPY = "self.model.kv_mgr.past_key_values[i].data = kv_cache"
 
 
 def _require(source_of: Any, text: str, what: str) -> None:
@@ -75,6 +84,8 @@ def cpu_device() -> Iterator[None]:
              "the eager model's copy of speculation_length")
     _require(model_wrapper.DecoderModelInstance.get, "self.module.n_positions = bucket_value",
              "a bucket's graph traced at n_positions = the bucket")
+    _require(model_wrapper.ModelWrapper.forward, PADDED_CPU_COPY, "the padded batch's CPU copy-back")
+    _require(app_cls.to_cpu, "for model_wrapper in self.models:", "an eager model per wrapper (continuous batching)")
 
     saved = (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
              application_base.initialize_model_parallel, model_wrapper.ModelWrapper._forward)
@@ -138,27 +149,39 @@ def to_cpu(app: Any) -> None:
     finally:
         nc.speculation_length = k
         application_base.initialize_model_parallel = init
-    for module in app.models[0].model.modules():
+    eager = {id(wrapper.model): wrapper.model for wrapper in app.models}.values()  # one, or one per wrapper
+    for module in (m for model in eager for m in model.modules()):
         if isinstance(module, NeuronBaseModel):
             module.speculation_length = module.neuron_config.speculation_length
+    for model in eager if nc.enable_fused_speculation else ():  # patch 7
+        assert not hasattr(model, "kv_mgr"), "NxDI's fused model now has a kv_mgr of its own"
+        model.kv_mgr = SimpleNamespace(past_key_values=_Discard())
     if k and not nc.enable_fused_speculation:
         assert not hasattr(app, "token_generation_model"), "NxDI now builds a token-generation model beside speculation"
         app.token_generation_model = app.speculation_model  # patch 3: the same shared eager model
 
 
+class _Discard:
+    """`past_key_values` of patch 7's kv_mgr: every line is a fresh object, so the write lands nowhere."""
+
+    def __getitem__(self, index: int) -> SimpleNamespace:
+        return SimpleNamespace()
+
+
 def _copy_back(original: Any) -> Any:
-    """NxDI's KV copy-back, with its fused branch done through the wrapped eager model (patch 3)."""
+    """NxDI's KV copy-back, with its fused branch done through the wrapped eager models (patch 3)."""
 
     def copy_past_key_values(self: Any, outputs: list[Any]) -> None:
         if not self.neuron_config.enable_fused_speculation:
             return original(self, outputs)
-        fused = self.fused_spec_model.model  # the eager NeuronFusedSpecModel every wrapper shares on CPU
-        draft_cache = fused.draft_model.kv_mgr.past_key_values
         caches = outputs[4:]  # after accepted tokens, next input ids, next attention mask, next position ids
-        for i, tensor in enumerate(caches[: len(draft_cache)]):
-            draft_cache[i].data = tensor
-        for i, tensor in enumerate(caches[len(draft_cache) :]):
-            fused.target_model.kv_mgr.past_key_values[i].data = tensor
+        # the eager NeuronFusedSpecModel(s): one shared by every wrapper, or one each with continuous batching
+        for fused in {id(w.model): w.model for w in (self.context_encoding_model, self.fused_spec_model)}.values():
+            draft_cache = fused.draft_model.kv_mgr.past_key_values
+            for i, tensor in enumerate(caches[: len(draft_cache)]):
+                draft_cache[i].data = tensor
+            for i, tensor in enumerate(caches[len(draft_cache) :]):
+                fused.target_model.kv_mgr.past_key_values[i].data = tensor
         return None
 
     return copy_past_key_values

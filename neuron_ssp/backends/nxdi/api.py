@@ -13,6 +13,8 @@ What we call, at NxDI 0.9.0 (aws-neuron/neuronx-distributed-inference 4bcdc54b):
 - `logical_nc_config` (config.py:570): 2 on trn2 (two physical cores per logical core), 1 on trn1/inf2.
 - `enable_bucketing` with `context_encoding_buckets` and `token_generation_buckets` (config.py:186-201): one
   graph per bucket, so a prompt runs the smallest context bucket that holds it (topology/nxdi_graphs.py).
+- `is_continuous_batching` and `ctx_batch_size` (config.py:161-164): a fused target over several rows that join
+  and leave (`continuous_batching`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,21 @@ class NxdiApi:
         """A digest of everything NxDI compiles from (its own serialisation, `models.config.to_dict`)."""
         data = self.config.to_dict(neuron_config)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def continuous_batching(batch_size: int) -> dict[str, Any]:
+    """NeuronConfig arguments for fused speculation over `batch_size` rows that join and leave (engines/nxdi_fused.py),
+    for draft and target alike: continuous batching with prompts encoded one at a time (`ctx_batch_size=1`), the
+    decoding graph at `batch_size` (`tkg_batch_size` defaults to it, config.py:162), as vLLM's NxDI worker set them
+    for speculation (vllm PR #18274, `_get_default_speculation_config`: "NxDI only supports continuous batching
+    with prefill batch size 1"). The draft gets the target's batch: NxDI runs it at the target's context and
+    decoding batch sizes (model_base.py:3081-3083, 3110-3112) but sizes its KV cache by its own batch_size
+    (`kv_cache_batch_size`, config.py:166). Nothing at batch 1, so a batch-1 model compiles as before. NxDI refuses
+    batch bucketing with speculation (`_validate_batch_bucketing_compatibility`, config.py:645-688): fewer rows
+    than the batch run padded to it (model_wrapper.py:574)."""
+    if batch_size == 1:
+        return {}
+    return {"batch_size": batch_size, "is_continuous_batching": True, "ctx_batch_size": 1}
 
 
 def check_applied(built: Any, kwargs: dict[str, Any], version: str, family: str | None = None) -> None:
