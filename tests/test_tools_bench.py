@@ -115,15 +115,15 @@ def test_repeated_workload_warms_the_history_then_clears_it(monkeypatch):
     sizes: list[int] = []
     real = bench.forget_history
 
-    def forget(generator):
-        real(generator)
-        sizes.append(generator.drafter.history.stored_tokens)
+    def forget(shared):
+        real(shared)
+        sizes.append(shared.drafter.history.stored_tokens)
 
     monkeypatch.setattr(bench, "forget_history", forget)
     passes = bench.run_repeated(pipeline, prompts, 10, drafters=["suffix"])
     assert list(passes) == ["first", "warm", "cold"] and sizes == [0, 0]  # after the warm-up, before cold
     generator = bench.drafter_generators(pipeline, ["suffix"])  # a new one: fresh history
-    assert generator["suffix"].drafter.history.stored_tokens == 0
+    assert generator["suffix"][1].drafter.history.stored_tokens == 0
     for result in passes.values():
         assert result.overall.drafter_equal("suffix") == 2
     warm, first = passes["warm"].overall.drafter_fit("suffix"), passes["first"].overall.drafter_fit("suffix")

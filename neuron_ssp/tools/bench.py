@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_ssp.config import config_from_dict
+from neuron_ssp.drafters.suffix import SuffixDrafter
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, build_generator, share
+from neuron_ssp.pipeline.build import Generator, Shared, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.speculation.stats import GenerationStats, merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
@@ -177,13 +178,14 @@ def _result(measured: dict[str, list[PromptMeasure]], k: int, max_new_tokens: in
     return BenchResult(categories, overall, max_new_tokens, drafters)
 
 
-def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, Generator]:
-    """One generator per drafter name around the pipeline's target; the pipeline's own for its drafter."""
+def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, tuple[Generator, Shared]]:
+    """One generator per drafter name around the pipeline's target, with what its requests share (its
+    drafter); the pipeline's own for its drafter."""
     config = pipeline.config
-    generators: dict[str, Generator] = {}
+    generators: dict[str, tuple[Generator, Shared]] = {}
     for name in dict.fromkeys(names or [config.speculation.drafter]):
         if name == config.speculation.drafter:
-            generators[name] = pipeline.generator
+            generators[name] = pipeline.generator, pipeline.shared
             continue
         if name == "model" and pipeline.draft is None:
             raise UsageError(Problem("--drafter", name, "the loaded config has no draft model",
@@ -192,15 +194,14 @@ def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, Ge
         data["speculation"]["drafter"] = name
         other = config_from_dict(data)
         shared = share(other, pipeline.target, pipeline.draft, cost=pipeline.shared.cost)
-        generators[name] = build_generator(other, pipeline.target, pipeline.draft, shared)
+        generators[name] = build_generator(other, pipeline.target, pipeline.draft, shared), shared
     return generators
 
 
-def forget_history(generator: Generator) -> None:
+def forget_history(shared: Shared) -> None:
     """Clear what a learning drafter remembers of earlier requests (nothing to do for the others)."""
-    history = getattr(getattr(generator, "drafter", None), "history", None)
-    if history is not None:
-        history.clear()
+    if isinstance(shared.drafter, SuffixDrafter):
+        shared.drafter.history.clear()
 
 
 class _Runner:
@@ -212,8 +213,8 @@ class _Runner:
         self.hf_lookup_tokens = hf_lookup_tokens
 
     def forget(self) -> None:
-        for generator in self.generators.values():
-            forget_history(generator)
+        for _, shared in self.generators.values():
+            forget_history(shared)
 
     def measure(self, prompt: BenchPrompt, max_new_tokens: int, turn: int) -> PromptMeasure:
         """Each method once on `prompt`, starting with method number `turn` (modulo their count)."""
@@ -222,7 +223,7 @@ class _Runner:
         eos = p.eos_token_ids
         methods: dict[str, Callable[[], Any]] = {
             "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos)}
-        for name, generator in self.generators.items():
+        for name, (generator, _) in self.generators.items():
             methods[f"ssp:{name}"] = lambda g=generator: g.generate(ids, max_new_tokens, eos)
         if self.hf is not None:
             hf = self.hf
