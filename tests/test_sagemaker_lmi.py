@@ -77,9 +77,12 @@ def test_render_lmi_serving_properties(config_path: Path) -> None:
 
 
 def test_render_env_form_and_model_root() -> None:
-    code, out = render(str(NEURON_CONFIGS[0]), "--engine", "lmi", "--format", "env", "--model-root", "/models")
-    assert code == 0, out
-    env = dict(line.split("=", 1) for line in out.splitlines())
+    result = CliRunner().invoke(
+        main, ["deploy", "endpoint", "render", str(NEURON_CONFIGS[0]), "--engine", "lmi", "--format", "env",
+               "--model-root", "/models"]
+    )
+    assert result.exit_code == 0, result.output
+    env = dict(line.split("=", 1) for line in result.stdout.splitlines())  # notes go to stderr
     assert env["OPTION_SPECULATIVE_LENGTH"] == "5" and env["OPTION_MODEL_ID"].startswith("/models/")
     assert env["OPTION_ENTRYPOINT"] == "djl_python.transformers_neuronx"
 
@@ -149,3 +152,36 @@ def test_draft_dtype_other_than_the_targets_is_refused(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     code, out = render(str(path), "--engine", "lmi")
     assert code == 2 and "draft.dtype" in out and "target's dtype" in out
+
+
+# djl-serving at afece25d (and the 0.30.0-dlc branch): with a draft model NeuronRollingBatch always takes
+# NaiveRollingBatchNeuronGenerator (rolling_batch/neuron_rolling_batch.py:44), whose speculative step sends the first
+# running request's cache position for the whole batch (optimum_neuron_scheduler.py:531, "Workaround until continuous
+# batching and batch size > 1 is supported"); its continuous-batching generator raises for speculation (:372, :378).
+def test_lmi_stays_at_one_request_at_a_time_and_says_so_for_a_batch_the_config_asks(tmp_path: Path) -> None:
+    data = yaml.safe_load(NEURON_CONFIGS[0].read_text())
+    data["target"]["batch_size"] = 4
+    data["serve"] = {"max_batch": 2}
+    path = tmp_path / "batched.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rendered = lmi_options(load_config(path))
+    assert rendered.options["max_rolling_batch_size"] == "1" and rendered.options["rolling_batch"] == "auto"
+    notes = [note for note in rendered.notes if "LMI 0.30.0 speculates" in note]
+    assert [note.split(" = ")[0] for note in notes] == ["target.batch_size", "serve.max_batch"]
+    assert all("max_rolling_batch_size stays 1" in note for note in notes)
+    assert all("use --engine neuron-ssp, which serves 2 requests at once" in note for note in notes)  # serving_batch
+    # the shipped configs ask for no batch: no note
+    assert not any("LMI 0.30.0 speculates" in note for note in lmi_options(load_config(NEURON_CONFIGS[0])).notes)
+
+
+def test_render_prints_the_batch_note_in_both_formats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The note reaches the user: a comment in serving.properties, stderr beside the environment."""
+    from neuron_ssp.deploy.sagemaker import lmi
+
+    monkeypatch.setattr(lmi, "lmi_batch_notes", lambda config: ["target.batch_size = 4: LMI runs one at a time"])
+    code, out = render(str(NEURON_CONFIGS[0]), "--engine", "lmi")
+    assert code == 0 and "# note: target.batch_size = 4: LMI runs one at a time" in out, out
+    result = CliRunner().invoke(
+        main, ["deploy", "endpoint", "render", str(NEURON_CONFIGS[0]), "--engine", "lmi", "--format", "env"]
+    )
+    assert result.exit_code == 0 and "target.batch_size = 4" in result.stderr and "note" not in result.stdout

@@ -16,9 +16,10 @@ from sagemaker_fixtures import INF2_CONFIG, MODEL_S3, ROLE_ARN, ROOT, endpoint_p
 from neuron_ssp.cli import main
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.sagemaker import image
-from neuron_ssp.deploy.sagemaker.autoscaling import target_for
+from neuron_ssp.deploy.sagemaker.autoscaling import Capacity, target_for
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.instances import catalog_instance, hosting_price
+from neuron_ssp.deploy.sagemaker.queueing import SlotQueue, at_concurrency
 from neuron_ssp.errors import UsageError
 
 aws_sandbox = deploy_fixtures.aws_sandbox
@@ -127,6 +128,47 @@ def test_concurrency_target_is_explained_from_batch_one() -> None:
     assert value == 1.0 and "batch 1" in why and "~50% busy" in why
     value, why = target_for("concurrency", 3.0, None)
     assert "~75% busy" in why
+
+
+def test_slot_queue_matches_the_closed_forms_by_hand() -> None:
+    """M/M/1: L = ρ/(1-ρ), wait ρ/(1-ρ) generations. M/M/4 at ρ = 0.5 (load 2): Erlang C = (4/3) / (19/3 + 4/3)
+    = 4/23, so L = 2 + 4/23 and the mean wait is (4/23) / (4 × 0.5) = 2/23 of a generation."""
+    for rho in (0.2, 0.5, 0.75):
+        one = SlotQueue(1, rho)
+        assert one.wait_probability == pytest.approx(rho) and one.in_system == pytest.approx(rho / (1 - rho))
+        assert one.wait_in_generations == pytest.approx(rho / (1 - rho))
+    four = SlotQueue(4, 0.5)
+    assert four.wait_probability == pytest.approx(4 / 23)
+    assert four.in_system == pytest.approx(2 + 4 / 23) and four.wait_in_generations == pytest.approx(2 / 23)
+    assert at_concurrency(4, SlotQueue(4, 0.3).in_system).utilisation == pytest.approx(0.3)
+    assert SlotQueue(64, 0.9).wait_probability < 1  # Erlang B's recursion: no factorial overflows
+
+
+def test_concurrency_target_comes_from_the_batch_capacity() -> None:
+    """Four requests at once: ~2.2 in the system keeps the slots half busy (the batch-1 rule's utilisation), and a
+    request waits ~0.09 of a generation instead of one."""
+    value, why = target_for("concurrency", None, None, Capacity(4, "target.batch_size 4"))
+    assert value == 2.2 and "runs 4 at once (target.batch_size 4)" in why and "M/M/4" in why
+    assert "~50% busy" in why and "~0.09 generation(s)" in why
+    value, why = target_for("concurrency", 3.0, None, Capacity(4, "target.batch_size 4"))
+    assert value == 3.0 and "~62% busy" in why and "~0.21 generation(s)" in why  # 2.48 + 0.51 queued
+
+
+def test_invocations_target_at_a_batch_says_what_it_assumes() -> None:
+    value, why = target_for("invocations", None, 10.0, Capacity(4, "target.batch_size 4"))
+    assert value == 12.0  # 4 slots x 60 / 10 s a minute at full load, half of it
+    assert "published plain-decoding ms/token at batch 1" in why and "no speedup from speculation" in why
+    assert "batch-4 step is priced like a batch-1 step" in why and "optimistic" in why and "--target-value" in why
+
+
+def test_a_concurrency_target_the_container_cannot_hold_is_refused(no_aws: None) -> None:
+    """Past serving batch + serve.max_queue requests the container answers 503: its concurrency never reaches 30."""
+    code, out = create(str(INF2_CONFIG), "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN, "--min", "1", "--max",
+                       "2", "--target-value", "30", "--dry-run")
+    assert code == 2 and "--target-value" in out and "at most 17 requests" in out, out
+    code, out = create(str(INF2_CONFIG), "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN, "--min", "1", "--max",
+                       "2", "--target-value", "3", "--dry-run")
+    assert code == 0, out
 
 
 def test_invocations_target_needs_a_latency_or_a_value() -> None:

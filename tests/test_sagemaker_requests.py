@@ -174,6 +174,56 @@ def variant_ids(name: str) -> dict[str, str]:
     }
 
 
+def test_scale_turns_autoscaling_on_with_the_target_of_the_tagged_serving_batch(
+    stubbed_sagemaker: StubbedSageMaker,
+) -> None:
+    """`create` tags the serving batch; `scale --min/--max` on an endpoint without autoscaling derives the default
+    concurrency target from it (4 at once: 2.2 in the system keeps the slots ~50 % busy), not from batch 1."""
+    from neuron_ssp.deploy.sagemaker.scale import scale
+
+    stubs, name = stubbed_sagemaker, "batched"
+    rid = variant_ids(name)
+    tags = [{"Key": "neuron-ssp:instance-type", "Value": "ml.trn1.32xlarge"},
+            {"Key": "neuron-ssp:serving-batch", "Value": "4"}]
+    target = {"MinCapacity": 1, "MaxCapacity": 3, "RoleARN": "arn:r", "CreationTime": described()["CreationTime"],
+              **rid}
+    policy = {
+        "PolicyName": f"{name}-target-tracking",
+        "PolicyType": "TargetTrackingScaling",
+        **rid,
+        "TargetTrackingScalingPolicyConfiguration": {
+            "TargetValue": 2.2,
+            "PredefinedMetricSpecification": {
+                "PredefinedMetricType": "SageMakerVariantConcurrentRequestsPerModelHighResolution"
+            },
+            "ScaleOutCooldown": 300,
+            "ScaleInCooldown": 900,
+        },
+    }
+
+    def describe(found_target: dict[str, Any] | None, policies: list[dict[str, Any]]) -> None:
+        stubs.sagemaker.add_response("describe_endpoint", described(name), {"EndpointName": name})
+        stubs.sagemaker.add_response("list_tags", {"Tags": tags}, {"ResourceArn": described(name)["EndpointArn"]})
+        stubs.autoscaling.add_response(
+            "describe_scalable_targets",
+            {"ScalableTargets": [found_target] if found_target else []},
+            {"ServiceNamespace": "sagemaker", "ResourceIds": [rid["ResourceId"]],
+             "ScalableDimension": rid["ScalableDimension"]},
+        )
+        if found_target:
+            stubs.autoscaling.add_response("describe_scaling_policies", {"ScalingPolicies": policies}, rid)
+
+    describe(None, [])
+    stubs.autoscaling.add_response("register_scalable_target", {}, {**rid, "MinCapacity": 1, "MaxCapacity": 3})
+    stubs.autoscaling.add_response("put_scaling_policy", {"PolicyARN": "arn:aws:autoscaling:x"}, policy)
+    assert_valid_request(stubs.clients.autoscaling, "PutScalingPolicy", policy)
+    described_policy = {**policy, "PolicyARN": "arn:p", "CreationTime": described()["CreationTime"]}
+    describe(target, [described_policy])
+    info = scale(stubs.clients, name, min_instances=1, max_instances=3, instances=None)
+    assert info.serving_batch == 4 and info.scaling == "concurrency 2.2"
+    stubs.assert_done()
+
+
 def test_delete_removes_policy_target_endpoint_config_model_in_order(stubbed_sagemaker: StubbedSageMaker) -> None:
     stubs, name = stubbed_sagemaker, "gone"
     rid = variant_ids(name)

@@ -202,6 +202,7 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
             + (f", autoscaling {plan.scaling.min_instances}-{plan.scaling.max_instances}" if plan.scaling else ""),
         ),
         ("models", f"{source} -> {MODEL_MOUNT} (S3Prefix, uncompressed)"),
+        ("requests at once", f"{plan.capacity.slots} per instance ({plan.capacity.reason})"),
         ("network isolation", "on" if plan.model_request["EnableNetworkIsolation"] else "off"),
         ("model storage", _storage_text(plan)),
         (
@@ -430,13 +431,17 @@ def render(config_path: str, engine: str, fmt: str, model_root: str, instance_ty
         return
     rendered = lmi_options(checked, model_root)
     if fmt == "env":
+        _, err = consoles()
         for key, value in rendered.environment().items():
             click.echo(f"{key}={value}")
+        for note in rendered.notes:  # on stderr: stdout stays an environment file
+            err.print(f"[yellow]note:[/yellow] {note}", markup=True, highlight=False)
         return
     comment = (
         f"serving.properties for {endpoint_name(options, config, config_path)} on "
         f"ml.{checked.platform.instance_type} (neuron-ssp deploy endpoint render)\n"
         "speculative_length is the window k: the draft proposes k-1 tokens per step\n"
         + "\n".join(f"LMI limit: {limit}" for limit in LMI_LIMITS)
+        + "".join(f"\nnote: {note}" for note in rendered.notes)
     )
     click.echo(rendered.serving_properties(comment), nl=False)

@@ -26,6 +26,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.app import create_app
+from neuron_ssp.serve.capacity import serving_batch, serving_batch_problem
 from neuron_ssp.serve.worker import GenerationWorker
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -69,15 +70,14 @@ def served_model_name(config: Config) -> str:
     return config.target.path.removeprefix("embedded:").rstrip("/").rsplit("/", 1)[-1]
 
 
-def serving_batch(config: Config) -> int:
-    """Rows served at once: serve.max_batch where our loop runs on the torch backend; one elsewhere (Neuron
-    models are compiled for batch 1 here, and the libraries' loops take one request per call)."""
-    if config.platform.backend == "torch" and config.speculation.engine == "native":
-        return config.serve.max_batch
-    if config.serve.max_batch > 1:
-        log.info("serve.max_batch %d: this %s backend with engine %s serves one request at a time",
-                 config.serve.max_batch, config.platform.backend, config.speculation.engine)
-    return 1
+def log_serving_batch(config: Config) -> None:
+    """Say when the server runs fewer requests at once than serve.max_batch asks: a warning where the user set
+    it (validate refuses that on Neuron; a server given a pipeline directly still says it), an info line where it
+    is the default (8, the torch backend's), which no Neuron config compiled for batch 1 should have to change."""
+    problem = serving_batch_problem(config)
+    if problem is not None:
+        explicit = "max_batch" in config.serve.model_fields_set
+        log.log(logging.WARNING if explicit else logging.INFO, "%s", problem)
 
 
 class _DrainingServer(uvicorn.Server):
@@ -113,6 +113,7 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     settings = config.serve
     listen = listen_address(settings)
     api_key = read_api_key(settings)
+    log_serving_batch(config)
     pipeline = pipeline or load_pipeline(config, serving_batch(config))
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, api_key)

@@ -1,11 +1,19 @@
 """Application Auto Scaling for an endpoint variant: the instance count follows the load.
 
-Why the default target is 1 concurrent request per model: speculation on Neuron decodes one sequence
-at a time per model copy (batch size 1, for transformers-neuronx's speculative forward as for LMI), so
-requests beyond the first wait in line. With Poisson arrivals (M/M/1) the mean number in the system
-is L = rho / (1 - rho): L = 1 means each instance is busy about half the time and a request waits on
-average one generation before it starts. A higher target packs instances tighter and lengthens that
-wait (L = 3: 75 % busy, three generations of waiting); a lower one buys latency with idle instances.
+The target comes from the batch capacity: an instance runs `slots` requests at once (the serving batch,
+`neuron_ssp.serve.capacity.serving_batch`: serve.max_batch within the batch the target was compiled for, 1 for an
+engine that serves one request at a time and for LMI), and the rest wait in its queue. As an M/M/c queue
+(queueing.py) with c = slots, the default keeps the slots ~50 % busy: at batch 1 that is M/M/1's L = 1
+(a request waits one generation on average); at batch 4, L ~ 2.2 and a request waits ~0.09 of a generation, and
+the instance carries up to four times the requests before autoscaling buys another at $13-22/h (four times where a
+batch-4 step costs what a batch-1 step does: the concurrency target needs no such figure, the invocations one
+assumes it and says so).
+
+Metrics, as botocore's application-autoscaling service model (2016-02-06, `MetricType`) names them for a
+SageMaker variant: SageMakerVariantConcurrentRequestsPerModelHighResolution (requests a model container holds,
+queued ones included, 10-second data; one container per instance here, so per model = per instance) and
+SageMakerVariantInvocationsPerInstance (per minute). ...ConcurrentRequestsPerCopyHighResolution and
+...InvocationsPerCopy are for inference components, which these endpoints do not use.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from neuron_ssp.deploy.sagemaker.queueing import SlotQueue, at_concurrency
 
 NAMESPACE = "sagemaker"
 DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -22,9 +32,17 @@ METRICS = {
     "invocations": "SageMakerVariantInvocationsPerInstance",
 }
 ScalingMetric = Literal["concurrency", "invocations"]
-DEFAULT_CONCURRENCY_TARGET = 1.0
+DEFAULT_UTILISATION = 0.5  # of the slots; at batch 1 it is the M/M/1 target L = 1 this module always had
 SCALE_OUT_COOLDOWN_S = 300  # a new inf2/trn1 instance needs minutes to load a 70B model: don't pile on
 SCALE_IN_COOLDOWN_S = 900
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Requests one instance runs at once, and why."""
+
+    slots: int = 1
+    reason: str = "batch 1: one request at a time"
 
 
 @dataclass(frozen=True)
@@ -78,26 +96,41 @@ def policy_name(endpoint: str) -> str:
 
 
 def target_for(
-    metric: ScalingMetric, target_value: float | None, seconds_per_request: float | None
+    metric: ScalingMetric,
+    target_value: float | None,
+    seconds_per_request: float | None,
+    capacity: Capacity = Capacity(),
 ) -> tuple[float, str]:
-    """The target value and the sentence that explains it from batch-1 speculation."""
+    """The target value and the sentence that explains it from the instance's batch capacity."""
+    slots = capacity.slots
     if metric == "concurrency":
-        value = DEFAULT_CONCURRENCY_TARGET if target_value is None else target_value
-        utilisation = value / (1 + value)
-        return value, (
-            f"{value:g} concurrent request(s) per model: one copy decodes one sequence at a time "
-            f"(batch 1), so by M/M/1 each instance is ~{utilisation:.0%} busy and a request waits "
-            f"~{value:g} generation(s) on average before it starts"
+        if target_value is None:
+            target_value = round(SlotQueue(slots, DEFAULT_UTILISATION).in_system, 1)
+        queue = at_concurrency(slots, target_value)
+        return target_value, (
+            f"{target_value:g} concurrent request(s) per instance: it runs {slots} at once ({capacity.reason}), "
+            f"so by M/M/{slots} its slots are ~{queue.utilisation:.0%} busy and a request waits "
+            f"~{queue.wait_in_generations:.2g} generation(s) on average before it starts"
         )
     if target_value is not None:
         return target_value, f"{target_value:g} invocations per instance per minute (given)"
     if not seconds_per_request:
         raise ValueError("seconds_per_request is needed to derive an invocations target")
-    value = max(1.0, round(0.5 * 60 / seconds_per_request, 1))
+    queue = SlotQueue(slots, DEFAULT_UTILISATION)
+    value = max(1.0, round(DEFAULT_UTILISATION * slots * 60 / seconds_per_request, 1))
+    batch_step = (
+        f"; a batch-{slots} step is priced like a batch-1 step (decoding reads the weights once for all rows; "
+        "the KV cache reads that grow with the batch are not counted, so this is optimistic: measure with "
+        "bench-serve and pass --target-value)"
+        if slots > 1
+        else ""
+    )
     return value, (
-        f"{value:g} invocations per instance per minute: at ~{seconds_per_request:.1f} s per request "
-        "(batch 1) an instance serves 60/that a minute; half of it keeps it ~50 % busy (M/M/1: a "
-        "request waits ~one generation)"
+        f"{value:g} invocations per instance per minute: it runs {slots} at once ({capacity.reason}) at "
+        f"~{seconds_per_request:.1f} s per request (published plain-decoding ms/token at batch 1 × "
+        f"generation.max_new_tokens, no speedup from speculation counted{batch_step}), so {slots} × 60 / that "
+        f"a minute at full load; half of it keeps the slots ~50 % busy (M/M/{slots}: a request waits "
+        f"~{queue.wait_in_generations:.2g} generation(s))"
     )
 
 

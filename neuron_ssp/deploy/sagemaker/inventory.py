@@ -11,7 +11,7 @@ from neuron_ssp.deploy.sagemaker import autoscaling
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.errors import find_existing, sagemaker_errors
 from neuron_ssp.deploy.sagemaker.instances import hosting_price
-from neuron_ssp.deploy.sagemaker.plan import ENGINE_KEY, INSTANCE_TYPE_KEY
+from neuron_ssp.deploy.sagemaker.plan import ENGINE_KEY, INSTANCE_TYPE_KEY, SERVING_BATCH_KEY
 from neuron_ssp.errors import Problem, UsageError
 
 
@@ -28,6 +28,8 @@ class EndpointInfo:
     engine: str
     failure_reason: str | None
     policies: tuple[dict[str, Any], ...] = ()  # the variant's scaling policies, as AWS describes them
+    # requests an instance runs at once, tagged at create; 1 for endpoints made before the tag (Neuron was batch 1)
+    serving_batch: int = 1
 
     @property
     def tracked(self) -> tuple[autoscaling.ScalingMetric, float] | None:
@@ -59,6 +61,7 @@ class EndpointInfo:
             "max_instances": self.max_instances,
             "scaling": self.scaling,
             "engine": self.engine,
+            "serving_batch": self.serving_batch,
             "usd_per_hour": self.usd_per_hour,
             "price_source": hosting_price(self.instance_type).source,
             "failure_reason": self.failure_reason,
@@ -103,7 +106,13 @@ def _info(
         engine=found_tags.get(ENGINE_KEY, "?"),
         failure_reason=endpoint.get("FailureReason"),
         policies=tuple(policies),
+        serving_batch=_tagged_batch(found_tags.get(SERVING_BATCH_KEY)),
     )
+
+
+def _tagged_batch(value: str | None) -> int:
+    """The serving-batch tag; 1 where it is absent or not a positive whole number (a tag anyone may edit)."""
+    return int(value) if value is not None and value.isdigit() and int(value) >= 1 else 1
 
 
 def list_endpoints(clients: SageMakerClients) -> list[EndpointInfo]:

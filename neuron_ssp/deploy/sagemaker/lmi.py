@@ -9,6 +9,18 @@ of tokens the draft generates" is off by one). LMI accepts with `LMIGreedyTokenA
 argmax), speculates only in its naive rolling-batch scheduler (no continuous batching) at batch 1,
 and reports no acceptance metrics per request.
 
+Batch (read at afece25d; the same lines in the 0.30.0-dlc branch the image was built from): with a draft model
+`NeuronRollingBatch` always takes `NaiveRollingBatchNeuronGenerator` (rolling_batch/neuron_rolling_batch.py:44),
+whose speculative step sends the first running request's cache position for the whole batch ("Workaround until
+continuous batching and batch size > 1 is supported", transformers_neuronx_scheduler/optimum_neuron_scheduler.py:531;
+"TODO ... once batch > 1 is supported", :596); its continuous-batching scheduler raises "Continuous batching does
+not support speculative decoding" (:372, :378). Rolling batch compiles the models at max_rolling_batch_size
+(transformers_neuronx.py:180), and batch_size > 1 is refused together with rolling batch
+(tnx_properties.py:222) while without rolling batch `model.generate` runs with no draft (transformers_neuronx.py:473).
+So a draft model means one request at a time: max_rolling_batch_size 1, whatever batch the config asks for.
+(djl-serving 0.31.0 added rolling_batch=vllm with a draft, vLLM's Neuron speculation (commit b3ee5558), which
+is not what LMI 0.30.0 runs or what is rendered here.)
+
 `compiled_graph_path` / `draft_model_compiled_path` (tnx_properties.py `compiled_path_validator`,
 lines 227-239 at afece25d) take an `s3://bucket/key` NEFF cache (set as NEURON_COMPILE_CACHE_URL) or an
 existing directory, which `neuron_utils/model_loader.py` (lines 392-397) hands to `model.load(dir)`: a
@@ -23,6 +35,7 @@ from dataclasses import dataclass, field
 from neuron_ssp.config import Config
 from neuron_ssp.deploy.sagemaker.container import MODEL_MOUNT, mounted
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.serve.capacity import serving_batch
 
 # The last LMI releases with transformers-neuronx: 0.30.0 (SDK 2.20.1) in LMI's README at that parent
 # commit; 0.29.0 (SDK 2.19.1) in the SageMaker SDK's image config.
@@ -41,16 +54,23 @@ LMI_REGISTRIES = {
 }
 LMI_ENTRYPOINT = "djl_python.transformers_neuronx"
 _LMI_S3_CACHE = re.compile(r"^s3://[^/]+/.+")  # djl-serving's own test for an S3 compiled_graph_path
+LMI_BATCH_REASON = "LMI speculates one request at a time (option.max_rolling_batch_size 1)"
+LMI_BATCH_RULE = (
+    "LMI 0.30.0 speculates in its naive rolling batch at batch 1: with a draft model its speculative step uses "
+    "the first request's cache position for the whole batch and its continuous batching refuses speculation, "
+    "so option.max_rolling_batch_size stays 1 and the models are compiled for batch 1"
+)
 LMI_LIMITS = (
     "greedy acceptance only (LMIGreedyTokenAcceptor: the target's argmax; no sampling with speculation)",
-    "no continuous batching with speculation (naive rolling batch, batch size 1)",
+    "no continuous batching with speculation (naive rolling batch, batch size 1: one request at a time)",
     "no per-request acceptance metrics (neuron-ssp's engine returns a `speculative` field)",
 )
 
 
 @dataclass(frozen=True)
 class LmiOptions:
-    """`option.*` keys (without the prefix) in the order they are rendered, plus notes for the user."""
+    """`option.*` keys (without the prefix) in the order they are rendered, plus what this config should know
+    (LMI_LIMITS hold for every config and are not repeated here)."""
 
     options: dict[str, str]
     notes: list[str] = field(default_factory=list)
@@ -159,7 +179,7 @@ def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
         "draft_model_tp_size": str(draft.tp_degree),
         "model_loading_timeout": "3600",
     }
-    notes = [f"LMI limits: {limit}" for limit in LMI_LIMITS]
+    notes = lmi_batch_notes(config)
     cache = config.neuron.compile_cache_url
     if cache:
         # an S3 NEFF cache (lmi_refusals refused anything else): LMI sets NEURON_COMPILE_CACHE_URL to it.
@@ -176,3 +196,19 @@ def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
             "in LMI: send it as parameters.max_new_tokens"
         )
     return LmiOptions(options, notes)
+
+
+def lmi_batch_notes(config: Config) -> list[str]:
+    """Each batch the config asks for that LMI will not run: the target's and draft's compiled batch, and a
+    serve.max_batch the config sets (its default is neuron-ssp's server's, not a request of the user's)."""
+    asked = [(f"{role}.batch_size", model.batch_size) for role, model in (("target", config.target),
+                                                                        ("draft", config.draft))
+             if model is not None and model.batch_size > 1]
+    if "max_batch" in config.serve.model_fields_set and config.serve.max_batch > 1:
+        asked.append(("serve.max_batch", config.serve.max_batch))
+    rows = serving_batch(config)
+    fix = (f"use --engine neuron-ssp, which serves {rows} requests at once with this config, or accept one at a "
+           "time with LMI (max_rolling_batch_size=1 is rendered either way)" if rows > 1 else
+           "to batch, compile the target for a batch (target.batch_size) and use --engine neuron-ssp; as it is, "
+           "this config serves one request at a time with either engine")
+    return [str(Problem(field, value, LMI_BATCH_RULE, fix)) for field, value in asked]

@@ -17,7 +17,7 @@ from neuron_ssp.config import Config
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import DlamiPin, pin_for_config
 from neuron_ssp.deploy.aws import kms_key_problem
-from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, ScalingMetric, ScalingPlan, target_for
+from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, Capacity, ScalingMetric, ScalingPlan, target_for
 from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems, s3_under_isolation
 from neuron_ssp.deploy.sagemaker.errors import EXECUTION_ROLE_POLICY
 from neuron_ssp.deploy.sagemaker.image import image_tag
@@ -29,13 +29,22 @@ from neuron_ssp.deploy.sagemaker.instances import (
     ml_type,
     volume_size_gb,
 )
-from neuron_ssp.deploy.sagemaker.lmi import LMI_IMAGE_TAG, lmi_image, lmi_options, lmi_refusals
+from neuron_ssp.deploy.sagemaker.lmi import (
+    LMI_BATCH_REASON,
+    LMI_IMAGE_TAG,
+    LMI_LIMITS,
+    lmi_image,
+    lmi_options,
+    lmi_refusals,
+)
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
+from neuron_ssp.serve.capacity import serving_batch, serving_batch_reason
 
 Engine = Literal["neuron-ssp", "lmi"]
 ENGINE_KEY = "neuron-ssp:engine"
 INSTANCE_TYPE_KEY = "neuron-ssp:instance-type"
 MAX_INSTANCES_KEY = "neuron-ssp:max-instances"
+SERVING_BATCH_KEY = "neuron-ssp:serving-batch"  # requests an instance runs at once: `endpoint scale`'s default target
 IMAGE_REPOSITORY = "neuron-ssp"
 # SageMaker's maximum for both: a 70B bf16 pair is ~150 GB to copy from S3, and loading it onto 24-32
 # NeuronCores (longer still if artifacts must be compiled first) takes tens of minutes.
@@ -92,6 +101,7 @@ class EndpointPlan:
     endpoint_request: dict[str, Any]
     scaling: ScalingPlan | None
     keep_on_failure: bool
+    capacity: Capacity = Capacity()
     warnings: list[str] = field(default_factory=list)
     software: str = ""  # the Neuron library and SDK the image runs, and their support status
 
@@ -139,9 +149,17 @@ def check_endpoint(
                 problems += s3_under_isolation((("neuron.compile_cache_url", config.neuron.compile_cache_url),))
         else:
             problems += container_problems(config, container_environment(config), options.network_isolation)
+            problems += _check_concurrency_target(config, options)
     if problems:
         raise UsageError(problems)
     return config, warnings
+
+
+def serving_capacity(config: Config, engine: Engine) -> Capacity:
+    """What one instance runs at once: our server's serving batch, or LMI's one request at a time."""
+    if engine == "lmi":
+        return Capacity(1, LMI_BATCH_REASON)
+    return Capacity(serving_batch(config), serving_batch_reason(config))
 
 
 def plan_endpoint(
@@ -158,6 +176,7 @@ def plan_endpoint(
     name = endpoint_name(options, config, config_path)
     ml_instance = ml_type(config.platform.instance_type or "")
     cfg_name = config.name if config.name != "default" else Path(config_path).stem
+    capacity = serving_capacity(config, options.engine)
     if options.engine == "lmi":
         environment = lmi_options(config).environment()
         image = options.image_uri or lmi_image(region)
@@ -174,6 +193,7 @@ def plan_endpoint(
             ENGINE_KEY: options.engine,
             INSTANCE_TYPE_KEY: ml_instance,
             MAX_INSTANCES_KEY: str(options.max_instances or options.instances),
+            SERVING_BATCH_KEY: str(capacity.slots),
         }.items()
     ]
     model_request = {
@@ -210,7 +230,7 @@ def plan_endpoint(
     scaling = None
     if options.autoscaling:
         try:
-            value, why = target_for(options.scaling_metric, options.target_value, seconds_per_request)
+            value, why = target_for(options.scaling_metric, options.target_value, seconds_per_request, capacity)
         except ValueError:
             raise UsageError(
                 Problem(
@@ -230,7 +250,7 @@ def plan_endpoint(
             why,
         )
     if options.engine == "lmi":
-        warnings = warnings + lmi_options(config).notes
+        warnings = warnings + [f"LMI limits: {limit}" for limit in LMI_LIMITS] + lmi_options(config).notes
     return EndpointPlan(
         name,
         region,
@@ -245,6 +265,7 @@ def plan_endpoint(
         endpoint_request,
         scaling,
         options.keep_on_failure,
+        capacity,
         warnings,
         _software(config, options),
     )
@@ -319,6 +340,26 @@ def _check_counts(options: EndpointOptions) -> list[Problem]:
             )
         )
     return problems
+
+
+def _check_concurrency_target(config: Config, options: EndpointOptions) -> list[Problem]:
+    """A concurrency target the container can never reach: past serving batch + serve.max_queue requests it answers
+    503 at once, so the average stays below the target and autoscaling never adds an instance."""
+    if not options.autoscaling or options.scaling_metric != "concurrency" or options.target_value is None:
+        return []
+    held = serving_batch(config) + config.serve.max_queue
+    if options.target_value < held:
+        return []
+    return [
+        Problem(
+            "--target-value",
+            options.target_value,
+            f"an instance holds at most {held} requests ({serving_batch(config)} running + serve.max_queue "
+            f"{config.serve.max_queue} waiting) and refuses the rest with 503, so its concurrency never reaches "
+            "the target and autoscaling never scales out",
+            f"pass a target below {held} (the default is explained in the plan), or raise serve.max_queue",
+        )
+    ]
 
 
 def _check_locations(options: EndpointOptions) -> list[Problem]:

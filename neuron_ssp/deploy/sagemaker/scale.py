@@ -6,6 +6,7 @@ from neuron_ssp.deploy.sagemaker import autoscaling
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.errors import sagemaker_errors
 from neuron_ssp.deploy.sagemaker.inventory import EndpointInfo, endpoint_info
+from neuron_ssp.deploy.sagemaker.plan import SERVING_BATCH_KEY
 from neuron_ssp.errors import Problem, UsageError
 
 
@@ -65,7 +66,10 @@ def scale(
     if new_range or new_policy:
         if target_value is None and current is not None and current[0] == chosen:
             target_value = current[1]  # a range change keeps the target it had
-        plan = autoscaling.ScalingPlan(name, low, high, chosen, *autoscaling.target_for(chosen, target_value, None))
+        capacity = autoscaling.Capacity(info.serving_batch, f"tag {SERVING_BATCH_KEY} of the endpoint")
+        plan = autoscaling.ScalingPlan(
+            name, low, high, chosen, *autoscaling.target_for(chosen, target_value, None, capacity)
+        )
         with sagemaker_errors("application-autoscaling", region=clients.region, instances=high):
             clients.autoscaling.register_scalable_target(**plan.register_request())
             if new_policy or not info.policies:

@@ -1,0 +1,71 @@
+"""How many requests a server runs at once for a config: the one rule the server and SageMaker autoscaling share.
+
+The torch backend with our loop batches any number of rows (its KV cache is allocated for serve.max_batch).
+On Neuron the shapes are compiled, so a loop runs at most the batch the target was compiled for
+(`target.batch_size`), and only where the engine takes a batch:
+- transformers-neuronx (1ade6d7, 0.13.x): `SpeculativeGenerator.sample` and `FusedSpeculativeDecoder.sample` take
+  batch > 1 with an attention mask and 2-D cache ids (speculation.py:718-725, fused_speculation.py:555-560),
+  and `speculative_forward` scores every row in one call, so engines native, library and fused batch;
+- NxD Inference: only fused speculation runs batch > 1 in its graph; "Speculative decoding with a draft model
+  currently supports only batch sizes of 1" (aws-neuron-sdk, libraries/nxd-inference/developer_guides/
+  feature-guide.rst:516 at 81ce03ae), so engine native serves one.
+This module only says how many run at once; whether the libraries accept that batch (SDK, sampling, continuous
+batching) is validate's rule (neuron_ssp.topology).
+"""
+
+from __future__ import annotations
+
+from neuron_ssp.config import Config
+from neuron_ssp.errors import Problem
+
+# the engines that run a compiled batch > 1 on Neuron, per library (sources in the module docstring)
+BATCHING_ENGINES = {"transformers-neuronx": ("native", "library", "fused"), "nxdi": ("fused",)}
+
+
+def serving_batch(config: Config) -> int:
+    """Requests the server runs at once; the others wait in its queue (serve.max_queue)."""
+    return _serving_batch(config)[0]
+
+
+def serving_batch_reason(config: Config) -> str:
+    """Why `serving_batch` is what it is, in words for a log line or a plan."""
+    return _serving_batch(config)[1]
+
+
+def serving_batch_problem(config: Config) -> Problem | None:
+    """serve.max_batch above what the server will run: the server runs `serving_batch` and queues the rest."""
+    rows, reason = _serving_batch(config)
+    if config.serve.max_batch <= rows:
+        return None
+    if rows > 1:  # a batching engine, capped by the compiled batch
+        fix = (f"set serve.max_batch: {rows}, or compile the target for a larger batch (target.batch_size, "
+               "then `neuron-ssp compile`)")
+    elif config.platform.backend == "neuron" and _batching_engine(config):
+        fix = ("set serve.max_batch: 1, or compile the target for a batch (target.batch_size > 1, then "
+               "`neuron-ssp compile`)")
+    else:
+        fix = "set serve.max_batch: 1, or use an engine that batches (see docs/serving.md)"
+    return Problem("serve.max_batch", config.serve.max_batch,
+                   f"the server runs {rows} request(s) at once: {reason}; the others wait in its queue", fix)
+
+
+def _batching_engine(config: Config) -> bool:
+    return config.speculation.engine in BATCHING_ENGINES.get(config.neuron.library, ())
+
+
+def _serving_batch(config: Config) -> tuple[int, str]:
+    serve, engine = config.serve, config.speculation.engine
+    if config.platform.backend == "torch":
+        if engine == "native":
+            return serve.max_batch, f"serve.max_batch {serve.max_batch} (our loop on the torch backend)"
+        return 1, f"engine {engine} serves one request at a time on the torch backend"
+    library, compiled = config.neuron.library, config.target.batch_size
+    if not _batching_engine(config):
+        return 1, f"engine {engine} on {library} serves one request at a time"
+    if compiled == 1:
+        return 1, f"the target is compiled for batch 1 (target.batch_size) on {library}"
+    if serve.max_batch <= compiled:
+        return serve.max_batch, (f"serve.max_batch {serve.max_batch} within target.batch_size {compiled}, the batch "
+                                 f"the target is compiled for (engine {engine} on {library})")
+    return compiled, (f"target.batch_size {compiled}, the batch the target is compiled for (engine {engine} on "
+                      f"{library}), caps serve.max_batch {serve.max_batch}")
