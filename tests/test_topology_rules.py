@@ -81,7 +81,10 @@ CASES: list[tuple[str, dict[str, Any], set[str], set[str]]] = [
     ("shared-cores-overflow", merged(neuron_pair(tp=16), target={"n_positions": 65536},
                                      draft={"n_positions": 65536}), {"target.tp_degree"}, set()),
     # ---- invalid: batch, positions, window, vocabulary
-    ("batch-2-on-neuron", merged(TRN1, target={"batch_size": 2}), {"target.batch_size"}, set()),
+    ("batch-2-target-only", merged(TRN1, target={"batch_size": 2}), {"draft.batch_size"}, set()),
+    ("batch-2-on-nxdi-native", merged(TRN1, neuron={"library": "nxdi"}, target={"batch_size": 2},
+                                      draft={"batch_size": 2}), {"target.batch_size", "draft.batch_size"},
+     {"neuron.library"}),
     ("positions-too-few", merged(TRN1, generation={"max_prompt_tokens": 2000}),
      {"target.n_positions", "draft.n_positions"}, set()),
     ("draft-positions-below-k", {"target": {"path": EMBEDDED_DEFAULT},
@@ -147,7 +150,7 @@ def test_every_problem_is_reported_at_once() -> None:
                   draft={"tp_degree": 8, "path": "/opt/models/Meta-Llama-3-8B"},
                   generation={"max_prompt_tokens": 4000})
     errors, _ = problems(data)
-    assert {"target.batch_size", "draft.tp_degree", "draft.path", "target.n_positions",
+    assert {"draft.batch_size", "draft.tp_degree", "draft.path", "target.n_positions",
             "draft.n_positions", "target.tp_degree"} <= {p.field for p in errors}
     draft_tp = next(p for p in errors if p.field == "draft.tp_degree")
     assert "once the target's is fixed" in draft_tp.fix  # the target's 16 is itself wrong in fp32

@@ -25,6 +25,9 @@ from neuron_ssp.topology import (
     plan_deployment,
     validate_config,
 )
+from neuron_ssp.topology.batch_plan import LARGEST_BATCH_SEARCHED
+from neuron_ssp.topology.batch_projection import BatchProjection, plan_batch_projection
+from neuron_ssp.topology.batch_rules import TNX_BATCHED, neuronx_generation_for_version
 from neuron_ssp.topology.memory import gib
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, kv_rule_for_version
 from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
@@ -33,7 +36,20 @@ from neuron_ssp.topology.published_runs import published_run
 NEURONX_VERSION = click.option(
     "--neuronx-version", "neuronx_version", metavar="VERSION",
     help="transformers-neuronx version to plan for: 0.10 (SDK 2.18) replicates kv heads up to the query heads, "
-         "0.11+ only up to tp. Default: 0.11+ (a Neuron host checks the installed one at load).")
+         "0.11+ only up to tp; batch > 1 needs 0.13 (SDK 2.21+). Default: 0.13 (a Neuron host checks the installed "
+         "one at load).")
+
+
+def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = sorted({int(part) for part in value.split(",") if part.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or not 1 <= sizes[0] <= sizes[-1] <= LARGEST_BATCH_SEARCHED:
+        raise click.BadParameter(f"comma-separated batch sizes from 1 to {LARGEST_BATCH_SEARCHED}, e.g. 1,2,4,8")
+    return sizes
 
 
 @click.command("validate")
@@ -48,11 +64,12 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuro
 
     Rules: tp degree per platform and instance, NeuronCore placement of draft and target, device
     memory per core (25 % headroom), n_positions >= the slots a generation writes (prompt + max_new_tokens
-    - 1 for the target), 2 <= k <= n_positions,
-    batch 1 on Neuron, one vocabulary for draft and target. Every problem is printed with its fix.
+    - 1 for the target), 2 <= k <= n_positions, batch > 1, continuous batching (serve.max_batch) and sampling
+    per library, engine and version (docs/neuron.md, "Batch > 1"), one vocabulary for draft and target.
+    Every problem is printed with its fix.
     Exit code 0 when every config is valid, 1 otherwise.
     """
-    reports = {str(path): _validate_file(path, _kv_rule(neuronx_version)) for path in configs}
+    reports = {str(path): _validate_file(path, neuronx_version) for path in configs}
     if as_json:
         dicts = {path: report.to_dict() for path, report in reports.items()}
         click.echo(_json(next(iter(dicts.values())) if len(dicts) == 1 else dicts))
@@ -76,13 +93,16 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuro
               help="Acceptance rate assumed by --engine (tune-k measures it).")
 @click.option("--draft-ms-per-token", type=click.FloatRange(min=0, min_open=True),
               help="The draft's plain ms/token for --engine, where none is published.")
+@click.option("--batch-sizes", "batches", callback=_batch_sizes, metavar="N,N,...",
+              help="Batch sizes for the memory (and, with --engine, tokens/s) per batch. Default: 1, 2, 4, ... up to "
+                   "target.batch_size, shown when that is above 1.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @NEURONX_VERSION
 @click.pass_context
 def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_instances: bool,
          ms_per_token: float | None, engine: str | None, alpha: float, draft_ms_per_token: float | None,
-         as_json: bool, neuronx_version: str | None) -> None:
-    """Device memory, NeuronCores, load order and cost of CONFIG's models on an instance.
+         batches: list[int] | None, as_json: bool, neuronx_version: str | None) -> None:
+    """Device memory, NeuronCores, load order and cost of CONFIG's models on an instance, per batch size.
 
     Exit code 0 when the config is valid there and the models fit, 1 otherwise.
     """
@@ -95,17 +115,27 @@ def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_i
         else:
             _print_instances(Console(), config, plans)
         ctx.exit(0 if any(_hosts(p) for p in plans) else 1)
-    deployment = plan_deployment(config, instance_type, ms_per_token, kv_rule)
-    report = validate_config(_on_neuron(config, deployment.instance.name), kv_rule)
+    deployment = plan_deployment(config, instance_type, ms_per_token, kv_rule, batches=batches)
+    report = validate_config(_on_neuron(config, deployment.instance.name), kv_rule,
+                             neuronx_generation=_generation(neuronx_version))
     projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token)
+    per_batch = None if engine is None else plan_batch_projection(
+        config, deployment, engine, alpha, [row.batch for row in deployment.per_batch], ms_per_token,
+        draft_ms_per_token)
     if as_json:
-        extra = {"projection": projection.to_dict()} if projection else {}
+        extra = {}
+        if projection is not None and per_batch is not None:
+            extra["projection"] = {**projection.to_dict(), "per_batch": per_batch.to_dict()}
         click.echo(_json({**deployment.to_dict(), "validation": report.to_dict(), **extra}))
     else:
         console = Console()
         _print_plan(console, deployment)
+        if len(deployment.per_batch) > 1:
+            _print_batches(console, deployment)
         if projection is not None:
             _print_projection(console, projection)
+        if per_batch is not None and len(per_batch.rows) > 1:
+            _print_batch_projection(console, per_batch, deployment.cost_per_hour)
         if report.errors or report.warnings:
             _print_report(console, str(config_path), report)
     ctx.exit(0 if report.ok and deployment.fits else 1)
@@ -126,12 +156,16 @@ def _kv_rule(neuronx_version: str | None) -> str:
     return kv_rule_for_version(neuronx_version) if neuronx_version else KV_PADDING
 
 
-def _validate_file(path: Path, kv_rule: str) -> ValidationReport:
+def _generation(neuronx_version: str | None) -> str:
+    return neuronx_generation_for_version(neuronx_version) if neuronx_version else TNX_BATCHED
+
+
+def _validate_file(path: Path, neuronx_version: str | None) -> ValidationReport:
     try:
         config = load_config(path)
     except UsageError as exc:
         return ValidationReport(errors=list(exc.problems))
-    return validate_config(config, kv_rule)
+    return validate_config(config, _kv_rule(neuronx_version), neuronx_generation=_generation(neuronx_version))
 
 
 def _on_neuron(config: Config, instance_type: str) -> Config:
@@ -219,6 +253,45 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
                   "rounding up to a tp the platform accepts (smallest tp alone).")
 
 
+def _print_batches(console: Console, deployment: DeploymentPlan) -> None:
+    """Memory per batch size: the KV cache grows with the batch, the weights do not."""
+    roles = list(deployment.models)
+    table = Table("batch", *(f"{role} KV/core" for role in roles), "busiest core", "fits",
+                  title="per batch (KV cache x batch; weights once)", title_justify="left")
+    for column in table.columns:
+        column.justify = "right"
+    for row in deployment.per_batch:
+        table.add_row(str(row.batch), *(f"{gib(row.kv_bytes_per_core[role]):.2f} GiB" for role in roles),
+                      f"{gib(row.busiest_core_bytes):.2f} GiB", "yes" if row.fits else "[red]no[/red]")
+    console.print(table)
+    tp = deployment.models["target"].tp_degree
+    largest = deployment.largest_fitting_batch
+    console.print(f"largest batch that fits at tp {tp}: "
+                  + (f"{largest}" if largest < LARGEST_BATCH_SEARCHED else f"{largest} or more")
+                  + f" (of {gib(deployment.usable_bytes_per_core):.2f} GiB usable per core)", highlight=False)
+
+
+def _print_batch_projection(console: Console, projection: BatchProjection, price_per_hour: float | None) -> None:
+    """`plan --engine` per batch size: all rows' tokens/s, plain and speculative, and what it assumes."""
+    table = Table("batch", "target call", "plain tok/s", "SSp tok/s", "speedup", "$/M tok",
+                  title=f"projection per batch: engine {projection.engine}, k={projection.k}, α={projection.alpha:g}",
+                  title_justify="left")
+    for column in table.columns:
+        column.justify = "right"
+    for row in projection.rows:
+        million = (None if price_per_hour is None or not row.speculative_tokens_per_s
+                   else price_per_hour / (row.speculative_tokens_per_s * 3600) * 1e6)
+        table.add_row(str(row.batch), _number(row.target_call_ms, " ms"), _number(row.plain_tokens_per_s),
+                      _number(row.speculative_tokens_per_s), _number(row.speedup, "x"), _number(million))
+    console.print(table)
+    for line in (*projection.notes, *(f"assumed: {a}" for a in projection.assumptions)):
+        console.print(f"  {escape(line)}", highlight=False)
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}" if unit else f"{value:.1f}"
+
+
 def _graphs_text(model: ModelPlan) -> str:
     graphs = model.graphs
     if not graphs.total:
@@ -226,8 +299,10 @@ def _graphs_text(model: ModelPlan) -> str:
     parts = [f"{graphs.context} context encoding", f"{graphs.token} token generation",
              f"{graphs.speculation} speculation"]
     kinds = " + ".join(part for part in parts if not part.startswith("0 "))
+    rows = "" if graphs.batch == 1 else f", decoding at batch {graphs.batch}, context encoding at batch " \
+                                        f"{graphs.context_batch}"
     return (f"{graphs.total} = {kinds}; context buckets {_lengths(model.context_buckets)}, "
-            f"decoding buckets {_lengths(model.decoding_buckets)}")
+            f"decoding buckets {_lengths(model.decoding_buckets)}{rows}")
 
 
 def _lengths(buckets: list[int]) -> str:

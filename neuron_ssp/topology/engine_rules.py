@@ -130,12 +130,7 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
         problems.append(Problem("speculation.acceptor", spec.acceptor,
                                 "NxDI fused speculation accepts on device (a draft token is kept while it equals the "
                                 "target's own token)", f"use acceptor: greedy, {native}"))
-    if config.sampling.temperature > 0:
-        problems.append(Problem("sampling.temperature", config.sampling.temperature,
-                                "NxDI's fused speculation samples only the last position of the window when "
-                                "do_sample is on (model_base.py:1162 at 4bcdc54b, a FIXME there), so it is defined "
-                                "for greedy decoding only", f"set sampling.temperature: 0, {native} (samples "
-                                "losslessly with acceptor: probabilistic)"))
+    # greedy only (model_base.py:1162): the sampling column of topology/batch_rules.py
     draft, target = models.get("draft"), models["target"]
     if draft is not None and target.tp_degree % draft.tp_degree:
         problems.append(Problem("draft.tp_degree", draft.tp_degree,

@@ -36,18 +36,24 @@ def context_buckets(n_positions: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Networks:
-    """Compiled networks of one model (batch size 1): each is one neuronx-cc run and one NEFF per core."""
+    """Compiled networks of one model: one per (batch size, bucket, k), each one neuronx-cc run and one NEFF per
+    core. A model is compiled for one batch size (ModelConfig.batch_size; NxDI refuses more than one with
+    speculation, batch_rules), so the counts are those of batch 1, each network shaped for `batch` rows."""
 
     token: int
     context: int
     speculation: int  # k-token networks of every k given to enable_speculative_decoder
+    batch: int = 1  # rows of the token-generation and speculation networks
+    context_batch: int = 1  # rows of a context-encoding network
 
     @property
     def total(self) -> int:
         return self.token + self.context + self.speculation
 
 
-def compiled_networks(n_positions: int, windows: Sequence[int] = ()) -> Networks:
-    """The networks of a model compiled for `n_positions` with speculation windows `windows` (none: a draft)."""
+def compiled_networks(n_positions: int, windows: Sequence[int] = (), batch: int = 1) -> Networks:
+    """The networks of a model compiled for `n_positions`, `batch` rows and speculation windows `windows` (none: a
+    draft). Decoder programs are built per (bucket, batch size) (decoder.py:608 and :619 at 1ade6d7); without
+    continuous batching the context networks take the same batch sizes (llama/model.py:82-84)."""
     tokens = len(token_buckets(n_positions))
-    return Networks(tokens, len(context_buckets(n_positions)), tokens * len(set(windows)))
+    return Networks(tokens, len(context_buckets(n_positions)), tokens * len(set(windows)), batch, batch)

@@ -94,16 +94,6 @@ def check_tp(role: str, model: ModelConfig, architecture: Architecture | None, i
             "use a tp_degree that divides the head count, if one fits"))
 
 
-def check_batch(models: dict[str, ModelConfig], report: ValidationReport) -> None:
-    """Speculation on Neuron runs one sequence at a time in this package."""
-    for role, model in models.items():
-        if model.batch_size != 1:
-            report.errors.append(Problem(
-                f"{role}.batch_size", model.batch_size,
-                "must be 1: speculative sampling on Neuron runs one sequence per call here",
-                f"set {role}.batch_size to 1 and run several processes for throughput"))
-
-
 def check_placement(models: dict[str, ModelConfig], instance: Instance, report: ValidationReport,
                     library: str = "transformers-neuronx") -> None:
     """Core sets inside the instance; with transformers-neuronx the draft on exactly the target's cores

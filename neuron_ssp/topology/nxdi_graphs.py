@@ -47,12 +47,21 @@ def token_buckets(config: Config, model: ModelConfig) -> list[int]:
     return list(given) if given else [model.n_positions]
 
 
+def context_batch(config: Config, model: ModelConfig) -> int:
+    """Rows of a context-encoding graph: 1 where fused speculation batches continuously (is_continuous_batching with
+    ctx_batch_size 1: a prefill writes one seq_id, kv_cache_manager.py:483-484), else the model's batch."""
+    fused = config.speculation.engine == "fused"
+    return 1 if fused and model.batch_size > 1 else model.batch_size
+
+
 def nxdi_graphs(config: Config, role: str, model: ModelConfig) -> Networks:
     """Graphs NxDI compiles for `role` at one k: context buckets + decoding buckets (the target's decoding graph
-    is its k-wide speculation model, the draft's a one-token one); a fused draft has none of its own."""
+    is its k-wide speculation model, the draft's a one-token one); a fused draft has none of its own. Decoding
+    graphs are traced at tkg_batch_size (model_base.py:3078-3084), context graphs at ctx_batch_size (:3107-3113)."""
     if role == "draft" and config.speculation.engine == "fused":
         return Networks(0, 0, 0)
     context, decoding = len(context_buckets(config, model)), len(token_buckets(config, model))
+    batches = {"batch": model.batch_size, "context_batch": context_batch(config, model)}
     if role == "target":
-        return Networks(token=0, context=context, speculation=decoding)
-    return Networks(token=decoding, context=context, speculation=0)
+        return Networks(token=0, context=context, speculation=decoding, **batches)
+    return Networks(token=decoding, context=context, speculation=0, **batches)

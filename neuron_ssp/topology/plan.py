@@ -7,11 +7,12 @@ from the plan; `neuron-ssp plan` prints it so a user sees the numbers before ren
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.topology.batch_plan import BatchMemory, batch_ladder, largest_fitting_batch, memory_per_batch
 from neuron_ssp.topology.catalog import INSTANCES, Instance, find_instance, similar_instances
 from neuron_ssp.topology.costs import cost_per_million_tokens, published_latency
 from neuron_ssp.topology.fitting import Placed, fitting_tp_degrees, recommended_tp, shared_bytes_per_core
@@ -78,6 +79,8 @@ class DeploymentPlan:
     ms_per_token_source: str
     refusal: str | None = None  # why no tp fits on this instance; None when one does
     library: str = "transformers-neuronx"  # neuron.library: whose head sharding the per-core figures follow
+    per_batch: list[BatchMemory] = field(default_factory=list)  # the models at 1, 2, 4, ... the configured batch
+    largest_fitting_batch: int = 0  # at the configured tp and cores (batch_plan.LARGEST_BATCH_SEARCHED at most)
 
     @property
     def headroom_fraction(self) -> float:
@@ -122,6 +125,8 @@ class DeploymentPlan:
             "recommended_tp": self.recommended_tp,
             "refusal": self.refusal,
             "library": self.library,
+            "per_batch": [row.to_dict() for row in self.per_batch],
+            "largest_fitting_batch": self.largest_fitting_batch,
             "cost_per_hour": self.cost_per_hour,
             "ms_per_token": self.ms_per_token,
             "ms_per_token_source": self.ms_per_token_source,
@@ -130,11 +135,13 @@ class DeploymentPlan:
 
 
 def plan_deployment(config: Config, instance_type: str | None = None, ms_per_token: float | None = None,
-                    kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None) -> DeploymentPlan:
+                    kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None,
+                    batches: Sequence[int] | None = None) -> DeploymentPlan:
     """The plan of `config` on `instance_type` (default: the config's), for the transformers-neuronx
-    generation `kv_rule` and a target compiled for `windows` (default: speculation.k). UsageError when
-    there is no known instance or a model's architecture cannot be told. It plans what is asked even if
-    it does not fit (`fits` says so); `validate_config` says what to change."""
+    generation `kv_rule` and a target compiled for `windows` (default: speculation.k), with the memory at each of
+    `batches` (default: 1, 2, 4, ... the target's batch_size). UsageError when there is no known instance or a
+    model's architecture cannot be told. It plans what is asked even if it does not fit (`fits` says so);
+    `validate_config` says what to change."""
     instance = _instance(instance_type or config.platform.instance_type)
     placed = place_models(loaded_models(config), config.neuron.library, kv_rule,
                           tuple(windows or (config.speculation.k,)))
@@ -142,6 +149,7 @@ def plan_deployment(config: Config, instance_type: str | None = None, ms_per_tok
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
     fitting = fitting_tp_degrees(list(placed.values()), instance)
+    usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
     latency = published_latency(placed["target"].architecture.name, instance.name)
     if ms_per_token is not None:
         source = "given"
@@ -158,13 +166,15 @@ def plan_deployment(config: Config, instance_type: str | None = None, ms_per_tok
         load_order=load_order(sets),
         visible_cores=visible_cores(sets),
         busiest_core_bytes=busiest_core_bytes(sets, per_core),
-        usable_bytes_per_core=usable_bytes_per_core(instance.hbm_per_core_bytes),
+        usable_bytes_per_core=usable,
         fitting_tp_degrees=fitting,
         recommended_tp=recommended_tp(fitting, instance),
         ms_per_token=ms_per_token,
         ms_per_token_source=source,
         refusal=None if fitting else refusal(list(placed.values()), instance),
         library=config.neuron.library,
+        per_batch=memory_per_batch(placed, usable, batches or batch_ladder(config.target.batch_size)),
+        largest_fitting_batch=largest_fitting_batch(placed, usable),
     )
 
 
@@ -239,7 +249,7 @@ def _model_plan(config: Config, role: str, placed: Placed, instance: Instance) -
         graphs = nxdi_graphs(config, role, model)
         buckets = (nxdi_context_buckets(config, model), nxdi_token_buckets(config, model))
     else:
-        graphs = compiled_networks(model.n_positions, placed.windows)
+        graphs = compiled_networks(model.n_positions, placed.windows, model.batch_size)
         buckets = (context_buckets(model.n_positions), token_buckets(model.n_positions))
     return ModelPlan(
         role=role, path=model.path, architecture=architecture, dtype=model.dtype,

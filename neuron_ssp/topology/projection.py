@@ -55,7 +55,7 @@ def draft_steps(engine: str, k: int) -> int:
     return k if engine == "fused" else k - 1
 
 
-def _latency(arch: str, instance: str, given_ms: float | None, flag: str, published_label: str
+def published_or_given(arch: str, instance: str, given_ms: float | None, flag: str, published_label: str
              ) -> tuple[float | None, str]:
     """ms/token and where it comes from: given with `flag`, else published, else None (pass `flag`)."""
     if given_ms is not None:
@@ -71,11 +71,13 @@ def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, 
             published: tuple[PublishedRun, list[str]] | None = None) -> Projection:
     """Every figure with the assumption it rests on; None where a latency is neither published nor given.
     `published`: a run AWS measured of this pair and instance, and where this config differs from it."""
-    target_ms, target_note = _latency(target_arch, instance, target_ms, "--ms-per-token", "published plain decoding")
+    target_ms, target_note = published_or_given(target_arch, instance, target_ms, "--ms-per-token",
+                                                "published plain decoding")
     if draft_arch is None:
         draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
     else:
-        draft_ms, draft_note = _latency(draft_arch, instance, draft_ms, "--draft-ms-per-token", "published")
+        draft_ms, draft_note = published_or_given(draft_arch, instance, draft_ms, "--draft-ms-per-token",
+                                                  "published")
     tau = tokens_per_call(alpha, k)
     steps = draft_steps(engine, k)
     iteration = None if target_ms is None or draft_ms is None else target_ms + steps * draft_ms

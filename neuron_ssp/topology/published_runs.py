@@ -42,6 +42,7 @@ TRN2_LLAMA_33_70B = PublishedRun(
     instance="trn2.48xlarge", target="llama-3.3-70b", draft="llama-3.2-1b",
     setup={
         "neuron.library": "nxdi", "speculation.engine": "fused", "speculation.k": 7,
+        "target.batch_size": 1,  # --batch-size 1 (trn2-llama3.3-70b-tutorial.rst:376)
         "speculation.drafter": "model", "sampling.temperature": 0.0,
         "target.dtype": "bf16", "draft.dtype": "bf16", "target.tp_degree": 64, "draft.tp_degree": 64,
         "target.n_positions": 12800, "draft.n_positions": 12800, "generation.max_prompt_tokens": 12288,

@@ -10,12 +10,12 @@ from collections.abc import Sequence
 
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
+from neuron_ssp.topology.batch_rules import TNX_BATCHED, check_batch
 from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
 from neuron_ssp.topology.generic_rules import check_acceptor, check_positions, check_vocabulary, check_window
 from neuron_ssp.topology.models import Architecture, resolve_architecture
 from neuron_ssp.topology.neuron_rules import (
-    check_batch,
     check_instance,
     check_memory,
     check_placement,
@@ -27,10 +27,11 @@ from neuron_ssp.topology.placement import core_set, load_order, loaded_models
 from neuron_ssp.topology.report import ValidationReport
 
 
-def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None
-                    ) -> ValidationReport:
+def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None,
+                    neuronx_generation: str = TNX_BATCHED) -> ValidationReport:
     """All errors and warnings of `config`, plus the load order its placement implies, for the
-    transformers-neuronx generation `kv_rule` and a target compiled for `windows` (default: speculation.k)."""
+    transformers-neuronx version's `kv_rule` and API generation (batch_rules: 0.13's batched loops by default, what
+    the SDK 2.25 DLAMI installs) and a target compiled for `windows` (default: speculation.k)."""
     report = ValidationReport()
     models = loaded_models(config)
     on_neuron = config.platform.backend == "neuron"
@@ -44,13 +45,14 @@ def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence
     check_acceptor(config, report)
     check_nxdi_settings(config, models, report)
     if on_neuron:
-        _check_neuron(config, models, architectures, report, kv_rule, tuple(windows or (config.speculation.k,)))
+        _check_neuron(config, models, architectures, report, kv_rule, tuple(windows or (config.speculation.k,)),
+                      neuronx_generation)
     return report
 
 
 def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
-                  report: ValidationReport, kv_rule: str, windows: tuple[int, ...]) -> None:
-    check_batch(models, report)
+                  report: ValidationReport, kv_rule: str, windows: tuple[int, ...], neuronx_generation: str) -> None:
+    check_batch(config, models, report, neuronx_generation)
     instance = check_instance(config.platform.instance_type, report, config.neuron.library)
     if instance is None:
         return
