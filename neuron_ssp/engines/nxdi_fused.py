@@ -15,9 +15,9 @@ batching (backends/nxdi/api.py `continuous_batching`): each row's prompt is its 
 batch 1 (`ctx_batch_size=1`) that writes the cache line `seq_ids` names (kv_cache_manager.py:483-487, "only
 supports single seq_id"); each step is ONE fused call over the running rows. NxDI pads a call with fewer rows
 than B with the missing seq_ids, sorted, and the first row's inputs (`_forward_with_pad`, model_wrapper.py:574-
-621, `_pad_helper` :520-546), and returns the given rows in the given order (index_select, :692-698); a full
-call is not reordered (:1343) and reads cache line i for row i (kv_cache_manager.py:293-301), so we always send
-rows sorted by slot, as vLLM's NxDI worker did (`NeuronSpeculationCausalLM.forward`, vllm
+621, `_pad_helper` :520-546), and returns the given rows in the given order (index_select, :697); a full
+call is not reordered (:1343-1344) and reads cache line i for row i (kv_cache_manager.py:293-301), so we always send
+rows sorted by slot, as vLLM's NxDI worker did (`NeuronSpeculationCausalLM.forward`, vllm 02f0c7b2
 model_executor/model_loader/neuronx_distributed.py: "sort block ids sequentially"). A padded row writes the
 first row's positions into a free line: stale, never read, overwritten by the next prompt there.
 

@@ -103,12 +103,12 @@ def continuous_batching(batch_size: int) -> dict[str, Any]:
     """NeuronConfig arguments for fused speculation over `batch_size` rows that join and leave (engines/nxdi_fused.py),
     for draft and target alike: continuous batching with prompts encoded one at a time (`ctx_batch_size=1`), the
     decoding graph at `batch_size` (`tkg_batch_size` defaults to it, config.py:162), as vLLM's NxDI worker set them
-    for speculation (vllm PR #18274, `_get_default_speculation_config`: "NxDI only supports continuous batching
-    with prefill batch size 1"). The draft gets the target's batch: NxDI runs it at the target's context and
-    decoding batch sizes (model_base.py:3081-3083, 3110-3112) but sizes its KV cache by its own batch_size
-    (`kv_cache_batch_size`, config.py:166). Nothing at batch 1, so a batch-1 model compiles as before. NxDI refuses
-    batch bucketing with speculation (`_validate_batch_bucketing_compatibility`, config.py:645-688): fewer rows
-    than the batch run padded to it (model_wrapper.py:574)."""
+    for speculation (`_get_default_speculation_config` at vllm 02f0c7b2; vllm PR #18274: "NxDI only supports
+    continuous batching with prefill batch size 1"). The draft gets the target's batch: NxDI runs it at the target's
+    context and decoding batch sizes (model_base.py:3081-3083, 3110-3112) but sizes its KV cache by its own
+    batch_size (`kv_cache_batch_size`, config.py:166). Nothing at batch 1, so a batch-1 model compiles as before.
+    NxDI refuses batch bucketing with speculation (`_validate_batch_bucketing_compatibility`, config.py:645-688):
+    fewer rows than the batch run padded to it (model_wrapper.py:574)."""
     if batch_size == 1:
         return {}
     return {"batch_size": batch_size, "is_continuous_batching": True, "ctx_batch_size": 1}
