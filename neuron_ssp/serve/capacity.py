@@ -57,7 +57,7 @@ def _serving_batch(config: Config) -> tuple[int, str]:
     serve, engine = config.serve, config.speculation.engine
     if config.platform.backend == "torch":
         if engine == "native":
-            return serve.max_batch, f"serve.max_batch {serve.max_batch} (our loop on the torch backend)"
+            return serve.max_batch, f"serve.max_batch {serve.max_batch}, our loop on the torch backend"
         return 1, f"engine {engine} serves one request at a time on the torch backend"
     library, compiled = config.neuron.library, config.target.batch_size
     if not _batching_engine(config):
@@ -66,6 +66,6 @@ def _serving_batch(config: Config) -> tuple[int, str]:
         return 1, f"the target is compiled for batch 1 (target.batch_size) on {library}"
     if serve.max_batch <= compiled:
         return serve.max_batch, (f"serve.max_batch {serve.max_batch} within target.batch_size {compiled}, the batch "
-                                 f"the target is compiled for (engine {engine} on {library})")
-    return compiled, (f"target.batch_size {compiled}, the batch the target is compiled for (engine {engine} on "
-                      f"{library}), caps serve.max_batch {serve.max_batch}")
+                                 f"the target is compiled for; engine {engine} on {library} batches")
+    return compiled, (f"target.batch_size {compiled} caps serve.max_batch {serve.max_batch}: the target is compiled "
+                      f"for batch {compiled}; engine {engine} on {library} batches")
