@@ -284,7 +284,9 @@ def _print_batch_projection(console: Console, projection: BatchProjection, price
         table.add_row(str(row.batch), _number(row.target_call_ms, " ms"), _number(row.plain_tokens_per_s),
                       _number(row.speculative_tokens_per_s), _number(row.speedup, "x"), _number(million))
     console.print(table)
-    for line in (*projection.notes, *(f"assumed: {a}" for a in projection.assumptions)):
+    money = [] if price_per_hour is None else [f"$/M tok: ${price_per_hour:.2f}/h on demand ÷ the SSp tokens/s of "
+                                               "all rows"]
+    for line in (*projection.notes, *money, *(f"assumed: {a}" for a in projection.assumptions)):
         console.print(f"  {escape(line)}", highlight=False)
 
 

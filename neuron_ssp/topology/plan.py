@@ -249,7 +249,8 @@ def _model_plan(config: Config, role: str, placed: Placed, instance: Instance) -
         graphs = nxdi_graphs(config, role, model)
         buckets = (nxdi_context_buckets(config, model), nxdi_token_buckets(config, model))
     else:
-        graphs = compiled_networks(model.n_positions, placed.windows, model.batch_size)
+        continuous = config.speculation.engine == "native" and model.batch_size > 1
+        graphs = compiled_networks(model.n_positions, placed.windows, model.batch_size, continuous)
         buckets = (context_buckets(model.n_positions), token_buckets(model.n_positions))
     return ModelPlan(
         role=role, path=model.path, architecture=architecture, dtype=model.dtype,

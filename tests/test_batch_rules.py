@@ -1,0 +1,173 @@
+"""Batch > 1 on Neuron (topology/batch_rules.py): one table of what each library, engine and version can do with many
+sequences, held against docs/neuron.md, and `validate` refusing each combination it says no to, with its source."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from topology_cases import LLAMA3_8B, LLAMA3_70B, merged, neuron_pair
+
+from neuron_ssp.cli import main
+from neuron_ssp.config import config_from_dict, load_config
+from neuron_ssp.errors import Problem
+from neuron_ssp.topology import validate_config
+from neuron_ssp.topology.batch_rules import (
+    BATCH_RULES,
+    GENERATIONS,
+    TNX_BATCHED,
+    TNX_UNBATCHED,
+    neuronx_generation_for_version,
+    rule_for,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "neuron.md"
+TNX_BATCH4 = ROOT / "configs" / "llama3-70b-8b-trn1-x4-bf16.yaml"
+NXDI_BATCH4 = ROOT / "configs" / "nxdi-llama33-70b-trn2-fused-batch4.yaml"
+TABLE_HEADER = "| library | engine | version | batch > 1 | continuous batching | sampling |"
+FILE_LINE = re.compile(r"\.(py|rst):\d+")
+
+
+def batch4(**sections: dict[str, Any]) -> dict[str, Any]:
+    """Llama-3-70B + 8B on trn1.32xlarge at batch 4, with `sections` merged in."""
+    data = merged(neuron_pair(target=LLAMA3_70B, draft=LLAMA3_8B), target={"batch_size": 4}, draft={"batch_size": 4})
+    return merged(data, **sections)
+
+
+def report(data: dict[str, Any], generation: str = TNX_BATCHED) -> tuple[list[Problem], list[Problem]]:
+    result = validate_config(config_from_dict(data), neuronx_generation=generation)
+    return result.errors, result.warnings
+
+
+def fields(problems: list[Problem]) -> set[str]:
+    return {p.field for p in problems}
+
+
+def docs_rows() -> list[list[str]]:
+    lines = DOCS.read_text().splitlines()
+    start = lines.index(TABLE_HEADER)
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_docs_table_is_the_codes_table() -> None:
+    assert docs_rows() == [rule.cells() for rule in BATCH_RULES]
+
+
+def test_every_row_names_where_its_batch_and_sampling_answers_were_read() -> None:
+    for rule in BATCH_RULES:
+        assert FILE_LINE.search(rule.batch_source), rule
+        on_the_host = rule.sampling and "our acceptor" in rule.sampling_source
+        assert on_the_host or FILE_LINE.search(rule.sampling_source), rule
+        assert rule.continuous is False or FILE_LINE.search(rule.continuous_source), rule
+    assert len({(r.library, r.engine, r.generation) for r in BATCH_RULES}) == len(BATCH_RULES)
+
+
+@pytest.mark.parametrize(("version", "generation"), [
+    ("0.13.322.0", TNX_BATCHED), ("0.13", TNX_BATCHED), ("0.12.313", TNX_UNBATCHED), ("0.10.0.21", TNX_UNBATCHED),
+    ("unknown", TNX_UNBATCHED),
+])
+def test_a_version_string_maps_to_its_api_generation(version: str, generation: str) -> None:
+    assert neuronx_generation_for_version(version) == generation
+
+
+@pytest.mark.parametrize("engine", ["native", "library", "fused"])
+def test_transformers_neuronx_013_runs_every_engine_at_batch_4(engine: str) -> None:
+    errors, _ = report(batch4(speculation={"engine": engine}))
+    assert not fields(errors) & {"target.batch_size", "draft.batch_size", "speculation.engine"}, errors
+
+
+@pytest.mark.parametrize("engine", ["native", "library"])
+def test_transformers_neuronx_before_013_refuses_batch_4_naming_the_raise(engine: str) -> None:
+    """Before this change every batch above 1 was refused with 'must be 1' whatever the version; now only where
+    SpeculativeGenerator raises (speculation.py:345-347 at 7a30b42)."""
+    errors, _ = report(batch4(speculation={"engine": engine}), TNX_UNBATCHED)
+    refused = [p for p in errors if p.field.endswith("batch_size")]
+    assert fields(refused) == {"target.batch_size", "draft.batch_size"}
+    for problem in refused:
+        assert problem.value == 4 and "speculation.py:345-347 at 7a30b42" in problem.rule
+        assert "batch_size: 1" in problem.fix and "transformers-neuronx 0.13" in problem.fix
+
+
+def test_fused_before_013_does_not_exist() -> None:
+    errors, _ = report(batch4(speculation={"engine": "fused"}), TNX_UNBATCHED)
+    (engine,) = [p for p in errors if p.field == "speculation.engine"]
+    assert "1ade6d7" in engine.rule and "engine: native" in engine.fix
+    assert rule_for("transformers-neuronx", "fused", TNX_UNBATCHED) is None
+
+
+def test_nxdi_native_is_batch_1_and_points_to_fused_greedy() -> None:
+    errors, _ = report(batch4(neuron={"library": "nxdi"}))
+    refused = [p for p in errors if p.field.endswith("batch_size")]
+    assert fields(refused) == {"target.batch_size", "draft.batch_size"}
+    assert all("feature-guide.rst:516" in p.rule for p in refused)
+    assert "speculation.engine: fused (greedy only)" in refused[0].fix
+
+
+def test_nxdi_fused_takes_batch_4_greedily_and_refuses_a_temperature() -> None:
+    fused = {"library": "nxdi"}
+    greedy = batch4(neuron=fused, speculation={"engine": "fused", "acceptor": "greedy"})
+    assert not fields(report(greedy)[0]) & {"target.batch_size", "draft.batch_size", "sampling.temperature"}
+    sampled = merged(greedy, speculation={"acceptor": "probabilistic"}, sampling={"temperature": 0.7})
+    (temperature,) = [p for p in report(sampled)[0] if p.field == "sampling.temperature"]
+    assert temperature.value == 0.7 and "model_base.py:1162" in temperature.rule
+    assert "temperature: 0" in temperature.fix and "speculation.engine: native" in temperature.fix
+
+
+def test_the_draft_runs_the_targets_batch() -> None:
+    errors, _ = report(batch4(draft={"batch_size": 2}))
+    (draft,) = [p for p in errors if p.field == "draft.batch_size"]
+    assert draft.value == 2 and draft.fix == "set draft.batch_size: 4, like the target"
+
+
+def test_serve_max_batch_above_the_compiled_batch_is_refused() -> None:
+    errors, _ = report(batch4(serve={"max_batch": 6}))
+    (serve,) = [p for p in errors if p.field == "serve.max_batch"]
+    assert serve.value == 6 and "compiled for batch 4" in serve.rule
+    assert "lower serve.max_batch to 4" in serve.fix and "compile a larger batch" in serve.fix
+    assert not report(batch4(serve={"max_batch": 4}))[0]
+    assert not fields(report(neuron_pair())[0])  # the default 8 is the torch backend's: not checked
+
+
+def test_a_running_batch_the_engine_cannot_join_is_a_warning() -> None:
+    errors, warnings = report(batch4(speculation={"engine": "library"}, serve={"max_batch": 4}))
+    assert "serve.max_batch" not in fields(errors)
+    (serve,) = [p for p in warnings if p.field == "serve.max_batch"]
+    assert "speculation.py:778-786" in serve.rule and "speculation.engine: native" in serve.fix
+
+
+def test_every_batch_problem_is_reported_at_once() -> None:
+    data = batch4(neuron={"library": "nxdi"}, sampling={"temperature": 0.5}, serve={"max_batch": 16},
+                  draft={"batch_size": 2})
+    assert {"target.batch_size", "draft.batch_size", "serve.max_batch"} <= fields(report(data)[0])
+    nxdi_fused = merged(data, speculation={"engine": "fused"})
+    assert {"draft.batch_size", "sampling.temperature", "serve.max_batch"} <= fields(report(nxdi_fused)[0])
+
+
+@pytest.mark.parametrize("path", [TNX_BATCH4, NXDI_BATCH4], ids=lambda p: p.stem)
+def test_the_batch_configs_are_valid_at_batch_above_1(path: Path) -> None:
+    config = load_config(path)
+    assert config.target.batch_size > 1 and config.draft is not None
+    assert config.draft.batch_size == config.target.batch_size == config.serve.max_batch
+    assert validate_config(config).ok
+
+
+def test_validate_plans_for_the_version_it_is_given() -> None:
+    runner = CliRunner()
+    assert runner.invoke(main, ["validate", str(TNX_BATCH4)]).exit_code == 0
+    result = runner.invoke(main, ["validate", str(TNX_BATCH4), "--neuronx-version", "0.12", "--json"])
+    assert result.exit_code == 1
+    assert {p["field"] for p in json.loads(result.output)["errors"]} == {"target.batch_size", "draft.batch_size"}
+
+
+def test_generation_names_cover_every_row() -> None:
+    assert {rule.generation for rule in BATCH_RULES} == set(GENERATIONS)
