@@ -127,3 +127,31 @@ def test_a_window_that_scores_differently_fails_the_nxdi_self_test(nxdi: Any, ti
     assert "before slot 64: 56 positions, argmax agreement 100%" in problem.rule
     assert "from slot 64" in str(problem.value)
     assert "neuronx-distributed-inference" in problem.fix
+
+
+def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_loop(nxdi: Any, tiny_model_dirs,
+                                                                                     tmp_path) -> None:
+    """engine fused on NxDI at batch_size 2: the pipeline batches, its loop is the engine's own (two loops would
+    share cache line 0), two requests run at once and each equals its run alone; logprobs are refused."""
+    from neuron_ssp.config import SamplingConfig
+    from neuron_ssp.errors import UsageError
+    from neuron_ssp.pipeline.build import RowCallbacks
+
+    target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
+    config = nxdi_config(target, tiny_model_dirs["draft"], generation={"chat_template": False},
+                         speculation={"engine": "fused", "acceptor": "greedy"},
+                         target={"batch_size": 2}, draft={"batch_size": 2})
+    pipeline = load_pipeline(config)
+    assert pipeline.batches and not pipeline.scores_tokens
+    loop = pipeline.batch_loop()
+    assert loop is pipeline.batch_loop() is pipeline.generator.loop and loop.free_slots == 2
+    greedy = SamplingConfig(temperature=0.0)
+    prompts = [pipeline.encode(TEXT), pipeline.encode("w3 w7 w3 w7 w3")]
+    alone = [pipeline.generate_ids(ids, 12, greedy).tokens for ids in prompts]
+    rows = [loop.join(pipeline.row_request(ids, 12, greedy, RowCallbacks())) for ids in prompts]
+    assert loop.free_slots == 0
+    while loop.rows:
+        loop.step()
+    assert [row.result().tokens for row in rows] == alone
+    with pytest.raises(UsageError, match="logprobs"):
+        pipeline.generate_ids(prompts[0], 4, greedy, on_logits=lambda rows: None)

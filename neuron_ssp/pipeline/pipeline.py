@@ -15,7 +15,8 @@ from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck
 from neuron_ssp.engines.batch import BatchLoop
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
+from neuron_ssp.engines.rows import RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
@@ -96,28 +97,32 @@ class Pipeline:
         only after it returns.
         """
         sampling = sampling or self.config.sampling
+        if on_logits is not None and not self.scores_tokens:
+            raise UsageError(logprobs_problem(self.config.speculation.engine))
         if self.batches:
             request = self.row_request(prompt_ids, max_new_tokens, sampling,
                                        RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop))
             return self.batch_loop().run(request)
         refuse_unhonoured(self.config, sampling)
-        if on_logits is not None:
-            raise UsageError(logprobs_problem(self.config.speculation.engine))
         on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
         return self.generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
 
     @property
     def batches(self) -> bool:
-        """Whether requests run as rows of our loop (engine native); the libraries' loops run one at a time."""
-        return self.config.speculation.engine == "native"
+        """Whether requests run as rows of a batching loop: ours (engine native), or NxD Inference's fused
+        graph; the other libraries' loops run one request at a time."""
+        return self.config.speculation.engine == "native" or isinstance(self.generator, NxdiFusedEngine)
 
     @property
     def scores_tokens(self) -> bool:
         """Whether the engine reports the target's logits per committed token (logprobs): our loop only."""
-        return self.batches
+        return self.config.speculation.engine == "native"
 
-    def batch_loop(self) -> BatchLoop:
-        """A loop over the target's slots (one loop at a time per target: it owns them)."""
+    def batch_loop(self) -> RowLoop:
+        """The loop over the target's slots (one loop at a time per target: it owns them). NxD Inference's
+        fused engine has one already, over its compiled batch's cache lines."""
+        if isinstance(self.generator, NxdiFusedEngine):
+            return self.generator.loop
         return BatchLoop(self.target, self.config.speculation.k, self.shared.cost)
 
     def row_request(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
