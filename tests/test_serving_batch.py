@@ -6,11 +6,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import deploy_fixtures
 import pytest
 
 from neuron_ssp.config import Config
 from neuron_ssp.serve import capacity
 from neuron_ssp.serve.server import log_serving_batch, serving_batch
+
+aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 
 def config(backend: str = "neuron", engine: str = "native", library: str = "transformers-neuronx",
@@ -80,3 +83,28 @@ def test_the_server_and_sagemaker_autoscaling_share_one_rule(monkeypatch: pytest
     assert tags["neuron-ssp:serving-batch"] == "3"
     lmi = endpoint_plan(INF2_CONFIG, engine="lmi", min_instances=1, max_instances=2)
     assert lmi.capacity.slots == 1  # LMI speculates one request at a time, whatever our rule says
+
+
+@pytest.mark.parametrize("metric", ["concurrency", "invocations"])
+def test_every_request_of_a_batched_endpoint_passes_the_service_models(
+    monkeypatch: pytest.MonkeyPatch, metric: str
+) -> None:
+    """botocore's ParamValidator and the enums, patterns and maxima it skips (the serving-batch tag included)."""
+    import boto3
+    from sagemaker_fixtures import INF2_CONFIG, assert_valid_request, endpoint_plan
+
+    monkeypatch.setattr(capacity, "_serving_batch", lambda _config: (4, "target.batch_size 4"))
+    plan = endpoint_plan(INF2_CONFIG, min_instances=1, max_instances=3, scaling_metric=metric)
+    session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="testing",
+                                    aws_secret_access_key="testing")
+    sagemaker, scaling = session.client("sagemaker"), session.client("application-autoscaling")
+    for client, operation, params in (
+        (sagemaker, "CreateModel", plan.model_request),
+        (sagemaker, "CreateEndpointConfig", plan.endpoint_config_request),
+        (sagemaker, "CreateEndpoint", plan.endpoint_request),
+        (scaling, "RegisterScalableTarget", plan.scaling.register_request()),
+        (scaling, "PutScalingPolicy", plan.scaling.policy_request()),
+    ):
+        assert_valid_request(client, operation, params)
+    tracking = plan.scaling.policy_request()["TargetTrackingScalingPolicyConfiguration"]
+    assert tracking["TargetValue"] == {"concurrency": 2.2, "invocations": 12.0}[metric]  # 10 s per request
