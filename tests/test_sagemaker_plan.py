@@ -19,6 +19,7 @@ from neuron_ssp.deploy.sagemaker import image
 from neuron_ssp.deploy.sagemaker.autoscaling import Capacity, target_for
 from neuron_ssp.deploy.sagemaker.aws import SageMakerClients
 from neuron_ssp.deploy.sagemaker.instances import catalog_instance, hosting_price
+from neuron_ssp.deploy.sagemaker.plan import request_seconds
 from neuron_ssp.deploy.sagemaker.queueing import SlotQueue, at_concurrency
 from neuron_ssp.errors import UsageError
 
@@ -157,8 +158,38 @@ def test_concurrency_target_comes_from_the_batch_capacity() -> None:
 def test_invocations_target_at_a_batch_says_what_it_assumes() -> None:
     value, why = target_for("invocations", None, 10.0, Capacity(4, "target.batch_size 4"))
     assert value == 12.0  # 4 slots x 60 / 10 s a minute at full load, half of it
-    assert "published plain-decoding ms/token at batch 1" in why and "no speedup from speculation" in why
-    assert "batch-4 step is priced like a batch-1 step" in why and "optimistic" in why and "--target-value" in why
+    assert "~10.0 s per request" in why and "no speedup from speculation counted" in why
+    assert "scaled to batch 4 by the bytes a call reads" in why and "an assumption" in why and "--target-value" in why
+    assert "published ms/token at batch 1" in target_for("invocations", None, 10.0)[1]
+
+
+def test_request_seconds_come_from_the_batch_projection() -> None:
+    """Batch 1: the published plain-decoding ms/token x max_new_tokens (Llama-2-70B on trn1: 20.6 ms x 512). Batch 4:
+    plan --engine's projected call at batch 4 (topology/batch_projection.py), the same figure the plan prints."""
+    from neuron_ssp.topology import plan_deployment
+    from neuron_ssp.topology.batch_projection import plan_batch_projection
+
+    trn1 = load_config(ROOT / "configs" / "llama2-70b-7b-trn1-bf16.yaml")
+    assert request_seconds(trn1, 1) == pytest.approx(20.6 * 512 / 1000)
+    batched = load_config(ROOT / "configs" / "llama3-70b-8b-trn1-x4-bf16.yaml")
+    call_ms = plan_batch_projection(batched, plan_deployment(batched), "native", 0.8, [4]).rows[0].target_call_ms
+    assert request_seconds(batched, 4) == pytest.approx(call_ms * 512 / 1000)
+    assert request_seconds(batched, 4) > request_seconds(batched, 1) == pytest.approx(21.4 * 512 / 1000)
+    assert request_seconds(load_config(ROOT / "configs" / "llama3-70b-8b-inf2-bf16.yaml"), 1) is None  # unpublished
+
+
+def test_a_batch_four_config_scales_from_four_requests_at_once(no_aws: None) -> None:
+    """The shipped x4 config end to end (dry run): 4 at once, concurrency 2.2, invocations from the batch-4 time."""
+    x4 = str(ROOT / "configs" / "llama3-70b-8b-trn1-x4-bf16.yaml")
+    common = (x4, "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN, "--min", "1", "--max", "2", "--dry-run")
+    code, out = create(*common)
+    assert code == 0, out
+    assert "4 per instance (serve.max_batch 4 within target.batch_size 4" in out
+    assert '"TargetValue": 2.2' in out and '"neuron-ssp:serving-batch"' in out
+    code, out = create(*common, "--scaling-metric", "invocations")
+    assert code == 0, out
+    seconds = request_seconds(load_config(x4), 4)
+    assert f'"TargetValue": {round(0.5 * 4 * 60 / seconds, 1)}' in out and f"~{seconds:.1f} s per request" in out
 
 
 def test_a_concurrency_target_the_container_cannot_hold_is_refused(no_aws: None) -> None:

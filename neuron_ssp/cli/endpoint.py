@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from neuron_ssp.cli.aws_options import ConsoleProgress, consoles, print_record, region_option
-from neuron_ssp.config import Config, load_config
+from neuron_ssp.config import load_config
 from neuron_ssp.deploy.aws import check_region
 from neuron_ssp.deploy.sagemaker import cloudwatch
 from neuron_ssp.deploy.sagemaker.autoscaling import ScalingMetric
@@ -31,11 +31,13 @@ from neuron_ssp.deploy.sagemaker.plan import (
     check_endpoint,
     endpoint_name,
     plan_endpoint,
+    request_seconds,
+    serving_capacity,
 )
 from neuron_ssp.deploy.sagemaker.scale import scale as scale_endpoint
 from neuron_ssp.deploy.sagemaker.teardown import delete_endpoint
 from neuron_ssp.deploy.waiting import Pacing
-from neuron_ssp.errors import NeuronSSPError, Problem, RuntimeProblem, UsageError
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 PACING = Pacing(interval_s=30)  # tests replace this with a no-sleep pacing
 DRY_RUN_IDENTITY = Identity("123456789012", "arn:aws:iam::123456789012:user/dry-run")
@@ -122,7 +124,7 @@ def create(
     )  # type: ignore[arg-type]
     checked, _ = check_endpoint(config, config_path, options)  # every problem, before any AWS call
     region = check_region(region)
-    seconds = _seconds_per_request(checked)
+    seconds = request_seconds(checked, serving_capacity(checked, options.engine).slots)
     if dry_run:
         plan = plan_endpoint(
             config, config_path, options, region=region, identity=DRY_RUN_IDENTITY, seconds_per_request=seconds
@@ -172,17 +174,6 @@ def create(
         f"       neuron-ssp deploy endpoint status {plan.name} --region {region}\n"
         f"       neuron-ssp deploy endpoint delete {plan.name} --region {region}   (it bills until then)"
     )
-
-
-def _seconds_per_request(config: Config) -> float | None:
-    """Plain decoding time of one request at the published ms/token (before speculation), if known."""
-    from neuron_ssp.topology import plan_deployment
-
-    try:
-        ms = plan_deployment(config).ms_per_token
-    except NeuronSSPError:  # architecture unknown here: the invocations metric then asks for --target-value
-        return None
-    return None if ms is None else ms * config.generation.max_new_tokens / 1000
 
 
 def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:

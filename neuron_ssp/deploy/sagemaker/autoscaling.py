@@ -6,8 +6,8 @@ engine that serves one request at a time and for LMI), and the rest wait in its 
 (queueing.py) with c = slots, the default keeps the slots ~50 % busy: at batch 1 that is M/M/1's L = 1
 (a request waits one generation on average); at batch 4, L ~ 2.2 and a request waits ~0.09 of a generation, and
 the instance carries up to four times the requests before autoscaling buys another at $13-22/h (four times where a
-batch-4 step costs what a batch-1 step does: the concurrency target needs no such figure, the invocations one
-assumes it and says so).
+batch-4 step costs what a batch-1 step does: the concurrency target needs no such figure; the invocations one
+takes each request's time at that batch from topology/batch_projection.py and says so).
 
 Metrics, as botocore's application-autoscaling service model (2016-02-06, `MetricType`) names them for a
 SageMaker variant: SageMakerVariantConcurrentRequestsPerModelHighResolution (requests a model container holds,
@@ -118,19 +118,18 @@ def target_for(
         raise ValueError("seconds_per_request is needed to derive an invocations target")
     queue = SlotQueue(slots, DEFAULT_UTILISATION)
     value = max(1.0, round(DEFAULT_UTILISATION * slots * 60 / seconds_per_request, 1))
-    batch_step = (
-        f"; a batch-{slots} step is priced like a batch-1 step (decoding reads the weights once for all rows; "
-        "the KV cache reads that grow with the batch are not counted, so this is optimistic: measure with "
-        "bench-serve and pass --target-value)"
+    basis = (
+        f"the published batch-1 ms/token scaled to batch {slots} by the bytes a call reads, the weights once for "
+        "all rows plus each row's KV cache (topology/batch_projection.py: an assumption; measure with bench-serve "
+        "and pass --target-value)"
         if slots > 1
-        else ""
+        else "the published ms/token at batch 1"
     )
     return value, (
         f"{value:g} invocations per instance per minute: it runs {slots} at once ({capacity.reason}) at "
-        f"~{seconds_per_request:.1f} s per request (published plain-decoding ms/token at batch 1 × "
-        f"generation.max_new_tokens, no speedup from speculation counted{batch_step}), so {slots} × 60 / that "
-        f"a minute at full load; half of it keeps the slots ~50 % busy (M/M/{slots}: a request waits "
-        f"~{queue.wait_in_generations:.2g} generation(s))"
+        f"~{seconds_per_request:.1f} s per request (plain decoding of generation.max_new_tokens at {basis}; no "
+        f"speedup from speculation counted), so {slots} × 60 / that a minute at full load; half of it keeps the "
+        f"slots ~50 % busy (M/M/{slots}: a request waits ~{queue.wait_in_generations:.2g} generation(s))"
     )
 
 

@@ -271,6 +271,24 @@ def plan_endpoint(
     )
 
 
+def request_seconds(config: Config, slots: int) -> float | None:
+    """Seconds one request takes with `slots` running at once: plain decoding (no speedup from speculation counted)
+    of generation.max_new_tokens tokens, a call at that batch projected from the published batch-1 ms/token by the
+    bytes it reads (topology/batch_projection.py; at batch 1 the published figure itself). None where no latency of
+    the pair on that instance is published: the invocations metric then asks for --target-value."""
+    from neuron_ssp.topology import plan_deployment
+    from neuron_ssp.topology.batch_projection import plan_batch_projection
+    from neuron_ssp.topology.projection import DEFAULT_ALPHA
+
+    try:
+        deployment = plan_deployment(config)
+        projection = plan_batch_projection(config, deployment, config.speculation.engine, DEFAULT_ALPHA, [slots])
+    except NeuronSSPError:  # architecture unknown here
+        return None
+    ms = projection.rows[0].target_call_ms  # plain decoding: one token per row and call
+    return None if ms is None else ms * config.generation.max_new_tokens / 1000
+
+
 def default_image(account: str, region: str, pin: DlamiPin | None = None) -> str:
     """Where `neuron-ssp deploy image push [--config CONFIG]` puts this version's image for the config's library."""
     try:
