@@ -2,24 +2,19 @@
 
 The torch backend with our loop batches any number of rows (its KV cache is allocated for serve.max_batch).
 On Neuron the shapes are compiled, so a loop runs at most the batch the target was compiled for
-(`target.batch_size`), and only where the engine takes a batch:
-- transformers-neuronx (1ade6d7, 0.13.x): `SpeculativeGenerator.sample` and `FusedSpeculativeDecoder.sample` take
-  batch > 1 with an attention mask and 2-D cache ids (speculation.py:718-725, fused_speculation.py:555-560),
-  and `speculative_forward` scores every row in one call, so engines native, library and fused batch;
-- NxD Inference: only fused speculation runs batch > 1 in its graph; "Speculative decoding with a draft model
-  currently supports only batch sizes of 1" (aws-neuron-sdk, libraries/nxd-inference/developer_guides/
-  feature-guide.rst:516 at 81ce03ae), so engine native serves one.
-This module only says how many run at once; whether the libraries accept that batch (SDK, sampling, continuous
-batching) is validate's rule (neuron_ssp.topology).
+(`target.batch_size`), and only where the engine takes a batch: the `batch` column of topology/batch_rules.py,
+each cell with its source (transformers-neuronx 0.13: native, library and fused, speculation.py:718-730 and
+fused_speculation.py:555-560 at 1ade6d7; NxD Inference: fused only, "Speculative decoding with a draft model
+currently supports only batch sizes of 1", aws-neuron-sdk feature-guide.rst:516 at 81ce03ae). The row read is the
+batched generation's: where an older transformers-neuronx is installed, validate refuses batch_size > 1, so such a
+config never reaches a server. Whether the libraries accept that batch (SDK, sampling, continuous batching) is
+validate's rule; this module only says how many run at once.
 """
-
 from __future__ import annotations
 
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem
-
-# the engines that run a compiled batch > 1 on Neuron, per library (sources in the module docstring)
-BATCHING_ENGINES = {"transformers-neuronx": ("native", "library", "fused"), "nxdi": ("fused",)}
+from neuron_ssp.topology.batch_rules import generation_of, rule_for
 
 
 def serving_batch(config: Config) -> int:
@@ -50,7 +45,9 @@ def serving_batch_problem(config: Config) -> Problem | None:
 
 
 def _batching_engine(config: Config) -> bool:
-    return config.speculation.engine in BATCHING_ENGINES.get(config.neuron.library, ())
+    library = config.neuron.library
+    rule = rule_for(library, config.speculation.engine, generation_of(library))
+    return rule is not None and rule.batch
 
 
 def _serving_batch(config: Config) -> tuple[int, str]:
