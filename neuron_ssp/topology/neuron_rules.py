@@ -1,4 +1,4 @@
-"""Rules that need Neuron hardware facts: instance, tp degree, core placement, batch and memory.
+"""Rules that need Neuron hardware facts: instance, tp degree, core placement and memory (batch: batch_rules.py).
 
 Each breach found here would otherwise surface as a compile error or a load failure on an
 instance billed by the hour.
