@@ -96,6 +96,8 @@ def test_transformers_neuronx_before_013_refuses_batch_4_naming_the_raise(engine
     for problem in refused:
         assert problem.value == 4 and "speculation.py:345-347 at 7a30b42" in problem.rule
         assert "batch_size: 1" in problem.fix and "transformers-neuronx 0.13" in problem.fix
+    _, warnings = report(batch4(speculation={"engine": engine}, serve={"max_batch": 4}), TNX_UNBATCHED)
+    assert "serve.max_batch" not in fields(warnings)  # said once, by the batch_size errors
 
 
 def test_fused_before_013_does_not_exist() -> None:

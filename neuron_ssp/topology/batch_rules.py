@@ -167,7 +167,7 @@ def _check_serve_batch(config: Config, rule: BatchRule, batch: int, report: Vali
             "it was compiled for", f"lower serve.max_batch to {batch}" + (
                 ", or compile a larger batch (target.batch_size and draft.batch_size)" if rule.batch
                 else _alternatives(rule, "batch"))))
-    elif wanted > 1 and not rule.continuous:
+    elif wanted > 1 and rule.batch and not rule.continuous:  # batch 1 engines: the batch_size errors say it
         report.warnings.append(Problem(
             "serve.max_batch", wanted,
             f"{_named(rule)} cannot add a request to a running batch ({rule.continuous_source}): requests that "
