@@ -68,6 +68,13 @@ def neuronx(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleT
         yield install_standin(monkeypatch, tmp_path, "sdk_2_21")
 
 
+@pytest.fixture
+def neuronx_sdk_2_18(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleType]:
+    """The stand-in imitating the older API generation (SDK 2.18, 0.10.x) alone."""
+    with _one_thread():
+        yield install_standin(monkeypatch, tmp_path, "sdk_2_18")
+
+
 @pytest.fixture(params=["sdk_2_18", "sdk_2_21"])
 def neuronx_any(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

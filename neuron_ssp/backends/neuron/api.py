@@ -13,6 +13,13 @@ gets one model per k. `fused_speculation.FusedSpeculativeDecoder` exists only in
 `LlamaForSampling` swallows unknown keyword arguments without a word, so a misspelt or renamed option
 would silently compile the wrong model: we pass an explicit allow-list and check that the installed
 class declares every name in it.
+
+Batch > 1 in our loop needs a speculation network compiled for the batch (`enable_speculative_decoder(k,
+batch_sizes=B)`, base.py line 122 at 1ade6d7) and continuous batching (`ContinuousBatchingConfig`: each
+sequence prefilled into its own cache slot). 0.10 (7a30b42) compiles its speculation networks for k alone
+(base.py line 76), has no speculative branch in `_prepare_for_continuous_batching` (lines 278-307: a window
+there is padded as one token) and its own loop refuses batch > 1 (speculation.py line 347): such a build
+runs batch 1 only, told apart by `batch_sizes=` being absent, as above.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
 SUPPORTED = "transformers-neuronx 0.10.x to 0.13.x (Neuron SDK 2.18 to 2.25)"
 SUPPORTED_MINORS = range(10, 14)
+BATCHED = "transformers-neuronx 0.13 (Neuron SDK 2.21+)"
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 INSTALL = (
     f"on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_2_7_transformers/bin/activate; elsewhere: "
@@ -64,6 +72,12 @@ class NeuronxApi:
     kv_rule: str = KV_PADDING  # how it lays out kv heads tp does not divide (topology.parallelism.KV_RULES)
     neuron_config_class: type | None = None  # transformers_neuronx.config.NeuronConfig
     worker_count_in_config: bool = False  # NeuronConfig(compilation_worker_count=) (1ade6d7 config.py line 239)
+    continuous_batching_class: type | None = None  # transformers_neuronx.config.ContinuousBatchingConfig
+
+    @property
+    def batches_speculation(self) -> bool:
+        """Speculation networks per (k, batch) and continuous batching: what our loop needs at batch > 1."""
+        return self.speculation_takes_batch_sizes and self.continuous_batching_class is not None
 
     @property
     def generation(self) -> str:
@@ -84,8 +98,32 @@ class NeuronxApi:
         `target.sample(..., top_k=1)`, i.e. greedy whatever the acceptor does."""
         return not self.batched_acceptor
 
-    def enable_speculation(self, model: Any, ks: list[int]) -> None:
-        """Compile one k-token scoring network per k into `model`; must run before `to_neuron()`."""
+    def batch_problem(self, role: str, batch_size: int) -> Problem | None:
+        """Why this build cannot run `role` at `batch_size`, if it cannot."""
+        if batch_size == 1 or self.batches_speculation:
+            return None
+        return Problem(
+            f"{role}.batch_size",
+            batch_size,
+            f"transformers-neuronx {self.version} runs speculation at batch 1 only: its enable_speculative_decoder "
+            "compiles each k for one batch size (no batch_sizes=, 7a30b42 base.py line 76) and its own loop "
+            "refuses batch > 1 (speculation.py line 347)",
+            f"set {role}.batch_size: 1, or install {BATCHED}: pip install 'transformers-neuronx>=0.13,<0.14' "
+            f"--extra-index-url={NEURON_INDEX}",
+        )
+
+    def continuous_batching_options(self, batch_size: int) -> dict[str, Any]:
+        """NeuronConfig keywords for a KV cache of `batch_size` sequences, each prefilled into its own slot (none
+        at batch 1). `batch_size_for_shared_caches` is the name both generations take (1ade6d7 config.py line
+        79, 7a30b42 line 52); NeuronConfig refuses unknown keywords (1ade6d7 config.py line 315)."""
+        if batch_size == 1:
+            return {}
+        assert self.continuous_batching_class is not None, "batch_problem refuses this build first"
+        return {"continuous_batching": self.continuous_batching_class(batch_size_for_shared_caches=batch_size)}
+
+    def enable_speculation(self, model: Any, ks: list[int], batch_size: int = 1) -> None:
+        """Compile one k-token scoring network per k into `model` (for `batch_size` rows); must run before
+        `to_neuron()`."""
         if len(ks) > 1 and not self.speculation_takes_k_list:
             raise RuntimeProblem(
                 Problem(
@@ -97,7 +135,7 @@ class NeuronxApi:
             )
         lengths: int | list[int] = ks if len(ks) > 1 else ks[0]
         if self.speculation_takes_batch_sizes:
-            model.enable_speculative_decoder(lengths, batch_sizes=1)
+            model.enable_speculative_decoder(lengths, batch_sizes=batch_size)
         else:
             model.enable_speculative_decoder(lengths)
 
@@ -134,7 +172,8 @@ def load_neuronx() -> NeuronxApi:
             )
         )
     _warn_if_unknown_version(version)
-    neuron_config_class = getattr(_optional_module("transformers_neuronx.config"), "NeuronConfig", None)
+    config_module = _optional_module("transformers_neuronx.config")
+    neuron_config_class = getattr(config_module, "NeuronConfig", None)
     return NeuronxApi(
         version=version,
         llama_class=llama_class,
@@ -146,6 +185,7 @@ def load_neuronx() -> NeuronxApi:
         neuron_config_class=neuron_config_class,
         worker_count_in_config=neuron_config_class is not None
         and "compilation_worker_count" in _parameters(neuron_config_class.__init__),
+        continuous_batching_class=getattr(config_module, "ContinuousBatchingConfig", None),
     )
 
 

@@ -17,7 +17,14 @@ import time
 from dataclasses import dataclass
 
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
-from neuron_ssp.backends.neuron.load import build_model, compile_estimate, model_config, prepare_runtime
+from neuron_ssp.backends.neuron.load import (
+    artifact_constructor,
+    build_model,
+    compile_estimate,
+    model_config,
+    prepare_runtime,
+    scoring_options,
+)
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
@@ -94,10 +101,11 @@ class Compiler:
         model_cfg = model_config(self.config, job.role)
         model_dir = resolve_model_path(model_cfg.path, f"{job.role}.path")
         windows = list(job.speculation_lengths) if job.speculation_lengths else None
+        options = scoring_options(self.api, self.config, model_cfg)
         spec = artifact_spec(
             job.role,
             model_dir,
-            self.api.constructor_kwargs(model_cfg),
+            artifact_constructor(self.api, model_cfg, options),
             windows,
             self.api.version,
             one_k_per_model=not self.api.speculation_takes_k_list,
@@ -105,7 +113,7 @@ class Compiler:
         if not self.force and self.store.find(spec):
             return CompileResult(job, self.store.describe(spec), 0.0, reused=True)
         start = time.perf_counter()
-        model = build_model(self.api, model_dir, model_cfg, windows, artifacts=None, workers=self.estimate.bound)
+        model = build_model(self.api, model_dir, model_cfg, windows, None, options, self.estimate.bound)
         model.save(str(self.store.staging_dir(spec)))
         seconds = time.perf_counter() - start
         del model

@@ -6,6 +6,8 @@ then per model in the plan's load order: `from_pretrained` with allow-listed arg
 `enable_speculative_decoder(ks)` on the target, `load(dir)` of compiled artifacts when they match,
 and `to_neuron()` last. A target compiled by `neuron-ssp compile --k 2..8` holds every k; the backend
 picks the window at run time (`speculative_forward(..., speculation_length=k)`).
+At batch > 1 our loop's models are compiled with continuous batching (each request prefilled into its own
+cache slot) and scored by `BatchedNeuronBackend`; a library build that cannot is refused before any load.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from neuron_ssp.backends.neuron.api import NeuronxApi, bound_parallel_compile, load_neuronx
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
+from neuron_ssp.backends.neuron.batched import BatchedNeuronBackend
 from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.neuron.selftest import check_self_test, self_test
@@ -46,15 +49,20 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         k = speculation_length(config, role)
         model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
         windows, artifacts = ([k] if k else None), None
+        options = scoring_options(api, config, model_cfg)
         if store is not None:
-            spec = artifact_spec(role, model_dir, api.constructor_kwargs(model_cfg), windows, api.version,
-                                 one_k_per_model=not api.speculation_takes_k_list)
+            spec = artifact_spec(role, model_dir, artifact_constructor(api, model_cfg, options), windows,
+                                 api.version, one_k_per_model=not api.speculation_takes_k_list)
             if k is None:
                 artifacts = store.find(spec)
             elif found := store.find_for_window(spec, k):
                 artifacts, windows = found
-        model = build_model(api, model_dir, model_cfg, windows, artifacts, workers=workers)
-        backends[role] = NeuronBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, k, windows)
+        model = build_model(api, model_dir, model_cfg, windows, artifacts, options, workers)
+        vocab_size = int(model.config.vocab_size)
+        backends[role] = (
+            BatchedNeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows, slots=model_cfg.batch_size)
+            if options else NeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows)
+        )
     if config.neuron.self_test:
         check_self_test(self_test(backends["target"], config, api.version))
     return backends["target"], backends.get("draft")
@@ -83,11 +91,32 @@ def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | N
     installed library (its kv-head layout) and `windows`, every k one target will hold (default: k)."""
     validate_config(config).raise_if_invalid()
     api = load_neuronx()
+    refuse_unbatched(api, config)
     one_target = windows if windows and api.speculation_takes_k_list else None
     if api.kv_rule != KV_PADDING or one_target:  # 0.10 replicates kv heads further; more k, more networks
         validate_config(config, api.kv_rule, one_target).raise_if_invalid()
     prepare_device(config, plan)
     return api
+
+
+def refuse_unbatched(api: NeuronxApi, config: Config) -> None:
+    """Every model at a batch size the installed library can run, or a UsageError naming each that it cannot."""
+    problems = [api.batch_problem(role, model.batch_size) for role, model in loaded_models(config).items()]
+    if found := [problem for problem in problems if problem is not None]:
+        raise UsageError(found)
+
+
+def scoring_options(api: NeuronxApi, config: Config, model_cfg: ModelConfig) -> dict[str, Any]:
+    """NeuronConfig keywords of a model our loop (engine native) scores: at batch > 1 continuous batching, so a
+    request joins a running batch with a prefill of its own slot. The library's loops batch their own way."""
+    return api.continuous_batching_options(model_cfg.batch_size) if config.speculation.engine == "native" else {}
+
+
+def artifact_constructor(api: NeuronxApi, model_cfg: ModelConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """What identifies the compiled networks: the constructor arguments, and continuous batching where set
+    (its context network is compiled at batch 1, llama/model.py lines 83-84 at 1ade6d7)."""
+    kwargs = api.constructor_kwargs(model_cfg)
+    return {**kwargs, "continuous_batching": model_cfg.batch_size} if "continuous_batching" in options else kwargs
 
 
 def prepare_device(config: Config, plan: DeploymentPlan) -> None:
@@ -153,7 +182,7 @@ def build_model(
     if bound and not api.worker_count_in_config:
         bound_parallel_compile(model, bound)
     if speculation_lengths:
-        api.enable_speculation(model, speculation_lengths)
+        api.enable_speculation(model, speculation_lengths, model_cfg.batch_size)
     if artifacts is not None:
         model.load(str(artifacts))
     model.to_neuron()

@@ -6,10 +6,12 @@ target one k-token window per compiled k (`speculative_forward(..., speculation_
 logits `(k, vocab, batch)`). A shorter window is padded to k: the padded slots get junk, which is
 harmless because every slot >= start is stale by contract and rewritten before it is read.
 `with_window(k)` gives a backend on the same loaded model scoring with another compiled k (tune-k).
+A model compiled for batch > 1 is scored by `batched.BatchedNeuronBackend`, this class's batched form.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -50,7 +52,9 @@ class NeuronBackend(SingleSlot):
                     f"{','.join(str(n) for n in sorted({*self.compiled_windows, k}))}",
                 )
             )
-        return NeuronBackend(self.model, self.name, self.vocab_size, self.n_positions, k, self.compiled_windows)
+        window = copy.copy(self)  # the same model (and, batched, the same record of its cache)
+        window.speculation_length = window.max_score_width = k
+        return window
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:

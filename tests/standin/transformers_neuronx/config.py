@@ -6,6 +6,9 @@ decoder and on-device generation read do anything here. SDK 2.18 builds (7a30b42
 NeuronConfig too (`__init__(self, **kargs)`, without compilation_worker_count), but no on-device
 generation for the fused decoder: the stand-in keeps this module for both generations, takes away
 compilation_worker_count in the older one and leaves fused_speculation out of it.
+ContinuousBatchingConfig (both generations): a KV cache of `batch_size_for_shared_caches` sequences that
+`start_ids` address as sequence ids; it forces the 2-D (left-aligned) cache_ids layout (1ade6d7 config.py
+lines 272-275, 7a30b42 lines 97-99).
 """
 
 import enum
@@ -20,6 +23,29 @@ class Layout(enum.Enum):
 
     def __repr__(self):
         return f"Layout.{self.name}"
+
+
+class ContinuousBatchingConfig:
+    """1ade6d7 config.py lines 73-102: max_num_seqs, or its older name batch_size_for_shared_caches."""
+
+    def __init__(self, **kwargs):
+        self.max_num_seqs = (kwargs.pop("max_num_seqs") if kwargs.get("max_num_seqs") is not None
+                             else kwargs.pop("batch_size_for_shared_caches"))
+        self.max_model_len = kwargs.pop("max_model_len") if kwargs.get("max_model_len") is not None else None
+        self.optimized_paged_attention = kwargs.pop("optimized_paged_attention", None) or False
+        self.enable_chunked_prefill = kwargs.pop("enable_chunked_prefill", None) or False
+        assert len(kwargs) == 0, f"unexpected key word arguments: {kwargs.keys()}"
+
+    @property
+    def batch_size_for_shared_caches(self) -> int:
+        return self.max_num_seqs
+
+
+if _standin.API == "sdk_2_18":
+
+    class ContinuousBatchingConfig:  # noqa: F811 (7a30b42 config.py lines 49-53)
+        def __init__(self, batch_size_for_shared_caches):
+            self.batch_size_for_shared_caches = batch_size_for_shared_caches
 
 
 class GenerationConfig:
@@ -104,6 +130,9 @@ class NeuronConfig:
         self.shard_over_sequence = shard_over_sequence
         self.is_sequence_parallel = False
         self.lhs_aligned = padding_side == "right"
+        if continuous_batching:  # 1ade6d7 config.py lines 272-275: force left alignment (2-D cache_ids)
+            self.lhs_aligned = True
+            self.padding_side = "right"
         self.compilation_worker_count = compilation_worker_count
 
     @property
