@@ -44,6 +44,14 @@ def test_serving_batch_per_backend_library_and_engine(
     assert serving_batch(config(backend, engine, library, batch_size, max_batch=max_batch)) == rows
 
 
+def test_the_reason_says_whether_requests_join_a_running_batch() -> None:
+    """From batch_rules' table: our loop lets rows join and leave; SpeculativeGenerator.sample takes its batch at
+    the start, so a request that arrives meanwhile waits for the whole batch (the M/M/c figures then flatter it)."""
+    assert "rows join and leave a running batch" in capacity.serving_batch_reason(config(batch_size=4))
+    library = capacity.serving_batch_reason(config(engine="library", batch_size=4))
+    assert "a request joins only between batches" in library
+
+
 def test_max_batch_above_the_compiled_batch_names_the_field_the_rule_and_the_fix() -> None:
     problem = capacity.serving_batch_problem(config(batch_size=4, max_batch=8))
     assert problem is not None and problem.field == "serve.max_batch" and problem.value == 8

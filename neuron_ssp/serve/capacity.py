@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem
-from neuron_ssp.topology.batch_rules import generation_of, rule_for
+from neuron_ssp.topology.batch_rules import BatchRule, generation_of, rule_for
 
 
 def serving_batch(config: Config) -> int:
@@ -35,7 +35,7 @@ def serving_batch_problem(config: Config) -> Problem | None:
     if rows > 1:  # a batching engine, capped by the compiled batch
         fix = (f"set serve.max_batch: {rows}, or compile the target for a larger batch (target.batch_size, "
                "then `neuron-ssp compile`)")
-    elif config.platform.backend == "neuron" and _batching_engine(config):
+    elif config.platform.backend == "neuron" and _batching_rule(config) is not None:
         fix = ("set serve.max_batch: 1, or compile the target for a batch (target.batch_size > 1, then "
                "`neuron-ssp compile`)")
     else:
@@ -44,10 +44,11 @@ def serving_batch_problem(config: Config) -> Problem | None:
                    f"the server runs {rows} request(s) at once: {reason}; the others wait in its queue", fix)
 
 
-def _batching_engine(config: Config) -> bool:
+def _batching_rule(config: Config) -> BatchRule | None:
+    """The engine's row of the batch table where it runs a batch > 1 on Neuron; None where it serves one."""
     library = config.neuron.library
     rule = rule_for(library, config.speculation.engine, generation_of(library))
-    return rule is not None and rule.batch
+    return rule if rule is not None and rule.batch else None
 
 
 def _serving_batch(config: Config) -> tuple[int, str]:
@@ -57,12 +58,15 @@ def _serving_batch(config: Config) -> tuple[int, str]:
             return serve.max_batch, f"serve.max_batch {serve.max_batch}, our loop on the torch backend"
         return 1, f"engine {engine} serves one request at a time on the torch backend"
     library, compiled = config.neuron.library, config.target.batch_size
-    if not _batching_engine(config):
+    rule = _batching_rule(config)
+    if rule is None:
         return 1, f"engine {engine} on {library} serves one request at a time"
     if compiled == 1:
         return 1, f"the target is compiled for batch 1 (target.batch_size) on {library}"
+    # a loop that takes its batch at the start: a request that arrives meanwhile waits for the whole batch
+    joining = "rows join and leave a running batch" if rule.continuous else "a request joins only between batches"
     if serve.max_batch <= compiled:
         return serve.max_batch, (f"serve.max_batch {serve.max_batch} within target.batch_size {compiled}, the batch "
-                                 f"the target is compiled for; engine {engine} on {library} batches")
+                                 f"the target is compiled for; engine {engine} on {library} batches, {joining}")
     return compiled, (f"target.batch_size {compiled} caps serve.max_batch {serve.max_batch}: the target is compiled "
-                      f"for batch {compiled}; engine {engine} on {library} batches")
+                      f"for batch {compiled}; engine {engine} on {library} batches, {joining}")

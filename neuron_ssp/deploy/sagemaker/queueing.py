@@ -3,10 +3,11 @@
 Poisson arrivals, c = the serving batch, each running request taking the same time S whatever the others do.
 On Neuron that holds for a step: the compiled (batch, k) network runs every row, live or padded. What it
 leaves out: a joining request's prefill stalls the running rows, and a loop that takes a whole batch per call
-(no joining mid-way) waits longer than M/M/c says. Erlang C gives the chance an arrival waits; the mean
-number in the system L (running + waiting) is what SageMaker's ConcurrentRequestsPerModel counts: requests
-the container holds, those queued inside it included, until the last token is sent (SageMaker developer
-guide, "Define a scaling policy", high-resolution metrics). For c = 1 it is M/M/1: L = ρ/(1-ρ).
+(no joining mid-way: the plan's reason says "a request joins only between batches") waits longer than M/M/c
+says. Erlang C gives the chance an arrival waits; the mean number in the system L (running + waiting) is what
+SageMaker's ConcurrentRequestsPerModel counts: requests the container holds, those queued inside it included,
+until the last token is sent (SageMaker developer guide, "Define a scaling policy", high-resolution metrics).
+For c = 1 it is M/M/1: L = ρ/(1-ρ).
 """
 
 from __future__ import annotations
