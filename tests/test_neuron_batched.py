@@ -34,7 +34,9 @@ from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor
-from neuron_ssp.speculation.policies import FixedPolicy
+from neuron_ssp.speculation.call_cost import WidthCost
+from neuron_ssp.speculation.cost_policy import AcceptanceModel
+from neuron_ssp.speculation.policies import CostPolicy, FixedPolicy
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_sdk_2_18, tiny_model_dirs
@@ -293,10 +295,11 @@ PROMPTS = [torch.tensor(p) for p in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11,
 BUDGETS = [14, 9, 17, 6, 11]
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model"])
+@pytest.mark.parametrize(("drafter", "policy"), [("ngram", "fixed"), ("model", "fixed"), ("ngram", "cost")])
 def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None, drafter: str
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None, drafter: str, policy: str
 ) -> None:
+    """Cost: the whole batch speculates at k or takes one token, as the loop decides on compiled shapes."""
     greedy = SamplingConfig(temperature=0.0)
     single, _ = load(neuron_config(tiny_model_dirs["target"], neuron={"self_test": False}))
     alone = [plain_generate(single, ids, budget, greedy).tokens for ids, budget in zip(PROMPTS, BUDGETS, strict=True)]
@@ -307,9 +310,11 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
     def drafter_for(slot: int):
         return ModelDrafter(SlotView(draft, slot), params, torch.Generator()) if draft else NgramDrafter(VOCAB)
 
-    loop = BatchLoop(target, K)
+    cost, counts = WidthCost({1: 10.0, K: 11.0}), AcceptanceModel()
+    loop = BatchLoop(target, K, cost if policy == "cost" else None)
     pending = [RowRequest(ids, budget, params, drafter_for=drafter_for, acceptor=GreedyAcceptor(),
-                          policy=FixedPolicy(K)) for ids, budget in zip(PROMPTS, BUDGETS, strict=True)]
+                          policy=CostPolicy(K, cost, counts) if policy == "cost" else FixedPolicy(K))
+               for ids, budget in zip(PROMPTS, BUDGETS, strict=True)]
     outputs: dict[int, list[int]] = {}
     running: dict[Any, int] = {}
     queue = list(enumerate(pending))

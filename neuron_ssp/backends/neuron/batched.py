@@ -46,29 +46,12 @@ PAD_TOKEN = 0  # what the library's own padding feeds (base.py line 576)
 class BatchedNeuronBackend(NeuronBackend):
     """`slots` sequences on one model; knows nothing of acceptance."""
 
-    prompt_chunks = False  # compiled shapes: a prompt is prefilled in its own call
-
-    def __init__(
-        self,
-        model: Any,
-        name: str,
-        vocab_size: int,
-        n_positions: int,
-        speculation_length: int | None,
-        compiled_windows: list[int] | None = None,
-        *,
-        slots: int,
-    ):
+    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int, speculation_length: int | None,
+                 compiled_windows: list[int] | None = None, *, slots: int):
         super().__init__(model, name, vocab_size, n_positions, speculation_length, compiled_windows)
         self.slots = slots
         self.longest_context = context_buckets(n_positions)[-1]
         self._end = [0] * slots  # per slot: one past its last written token; shared by with_window copies
-
-    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
-        return self.prefill_slot(0, prompt_ids)
-
-    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        return self.score_batch([Segment(0, start, token_ids)])
 
     @torch.inference_mode()
     def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
@@ -107,6 +90,13 @@ class BatchedNeuronBackend(NeuronBackend):
                     rows.append(logits[segment.slot][: tokens.shape[0]])
                     self._end[segment.slot] = start + tokens.shape[0]
         return torch.cat([torch.cat(rows) for rows in scored])
+
+    def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Slot 0's, like `score`: what the self-test and the cost timing drive."""
+        return self.prefill_slot(0, prompt_ids)
+
+    def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self.score_batch([Segment(0, start, token_ids)])
 
     def _call(self, parts: dict[int, tuple[int, torch.Tensor]], width: int) -> list[torch.Tensor]:
         """One call of `width` over every slot: `parts` maps a slot to (start, its tokens); returns each slot's
