@@ -24,7 +24,7 @@ row of a step scored in ONE call. Read from transformers-neuronx at 1ade6d7 (0.1
   index (hlo.py lines 3507-3604), so a padded position never reaches a real token's logits; padding that
   would run past the cache is put on the last position, which only the call writing it ever reads.
   The library tells a window from a context encoding by the FIRST cache id of the FIRST row (base.py
-  lines 502 and 539): it must not be 0, so no window starts at position 0 and slot 0's padding starts at 1.
+  lines 502 and 539): it must not be 0, so no window starts at position 0 and a padding row at 1 or later.
   cache_ids are sent in the input ids' dtype: the token-generation branch scatters one into the other
   (line 585, `scatter_` refuses mixed dtypes).
 """
