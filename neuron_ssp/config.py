@@ -198,8 +198,9 @@ class ServeConfig(_Strict):
     port: int | None = Field(None, ge=1, le=65535)  # None: 8000, or 8080 with sagemaker
     sagemaker: bool = False  # SageMaker's container contract: 0.0.0.0:8080 unless host/port are given
     max_queue: int = Field(16, ge=1)  # requests waiting behind the running ones; more get 503 + Retry-After
-    # requests generated together (continuous batching, engine native on the torch backend): the target's KV
-    # cache holds this many sequences, preallocated at start. Neuron and the libraries' engines serve one at a time
+    # requests generated together (continuous batching): on the torch backend the target's KV cache holds this many
+    # sequences, preallocated at start; on Neuron at most the compiled target.batch_size, where the engine batches
+    # (serve/capacity.py, topology/batch_rules.py)
     max_batch: int = Field(8, ge=1, le=256)
     # seconds from arrival to the last token, queue wait included; None: 300, or 55 with sagemaker (timeout_s)
     request_timeout: float | None = Field(None, gt=0)

@@ -139,7 +139,7 @@ def test_a_slot_view_is_a_one_sequence_backend_on_its_slot():
     assert torch.equal(view.prefill(PROMPTS[2]), alone.prefill(PROMPTS[2]))
     assert torch.equal(view.score_batch([Segment(0, 6, torch.tensor([5, 6]))]), alone.score(torch.tensor([5, 6]), 6))
     assert torch.equal(view.score(torch.tensor([7]), 7), batched.score_batch([Segment(2, 7, torch.tensor([7]))]))
-    with pytest.raises(ValueError, match="batch > 1 on Neuron is not built yet"):
+    with pytest.raises(ValueError, match="this backend holds one sequence"):
         view.prefill_slot(1, PROMPTS[0])
 
 
@@ -151,9 +151,9 @@ def test_batch_1_backends_take_slot_0_alone_and_say_batch_1_is_all_neuron_has():
     window = torch.tensor([4, 8, 15])
     assert torch.equal(backend.score_batch([Segment(0, 7, window)]), reference.score(window, 7))
     for segments in ([Segment(1, 7, window)], [Segment(0, 7, window), Segment(0, 9, window)], []):
-        with pytest.raises(ValueError, match="batch > 1 on Neuron is not built yet"):
+        with pytest.raises(ValueError, match="this backend holds one sequence"):
             backend.score_batch(segments)
-    with pytest.raises(ValueError, match="batch > 1 on Neuron is not built yet"):
+    with pytest.raises(ValueError, match="this backend holds one sequence"):
         backend.prefill_slot(1, PROMPTS[0])
 
 

@@ -44,3 +44,27 @@ def test_concurrent_requests_get_the_output_each_gets_alone():
                      if line.startswith('neuron_ssp_batch_size_bucket{le="1.0"}')]
     total = [line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")]
     assert float(steps_of_many[0].split()[-1]) < float(total[0].split()[-1])  # some steps ran several rows
+
+
+def test_the_scheduler_runs_no_more_rows_than_the_serving_batch():
+    """A target holding more slots than serve.max_batch (a Neuron model compiled for a larger batch): the
+    scheduler admits serve.max_batch rows, the rest wait in the queue."""
+    config = tiny_config(serve={"max_batch": 2}, speculation={"k": 4})
+    pipeline = pipeline_on(TorchBackend(tiny_llama(0), 512, slots=4), config)
+
+    def ask(url: str, i: int) -> None:
+        httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[i], "max_tokens": 12, "temperature": 0},
+                   timeout=60).raise_for_status()
+
+    with running_server(pipeline, max_batch=2) as url:
+        clients = [threading.Thread(target=ask, args=(url, i)) for i in range(len(PROMPTS))]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(120)
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    at_most = {line.split('le="')[1].split('"')[0]: float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith("neuron_ssp_batch_size_bucket")}
+    steps = float(next(line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count"))
+                  .split()[-1])
+    assert at_most["2.0"] == steps and at_most["1.0"] < steps  # rows shared steps, never more than two

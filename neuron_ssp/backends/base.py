@@ -5,7 +5,8 @@ start..start+n-1 of slot 0 and makes every position >= start that held something
 overwrites by `cache_ids`; the torch backend ignores them until they are overwritten), which is how a
 rejected draft is rolled back. A backend holds `slots` sequences at once: `score_batch` scores the tokens
 of several sequences (segments) in ONE call, each against its own slot (vLLM v1's flattened layout);
-segments never see each other. Neuron backends hold one sequence for now (`SingleSlot`).
+segments never see each other. A backend with compiled shapes (Neuron: `max_score_width` set) pads every
+segment of a call to one width, 1 or its compiled k, and the rows of slots not in the call.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def check_slots(slots: Sequence[int], held: int) -> None:
 
 def _only_slot_0(slots: list[int]) -> None:
     if slots != [0]:
-        raise ValueError(f"slots {slots}: this backend holds one sequence (batch > 1 on Neuron is not built yet)")
+        raise ValueError(f"slots {slots}: this backend holds one sequence")
 
 
 class SlotView(SingleSlot):

@@ -34,7 +34,7 @@ SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "max_batch", "reque
               help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
 @click.option("--max-queue", type=int, help="Requests that may wait behind the running ones; more get 503.")
 @click.option("--max-batch", type=int, help="Requests generated together (continuous batching; default 8; "
-              "the torch backend with engine native, one at a time elsewhere).")
+              "on Neuron at most the compiled target.batch_size; docs/serving.md).")
 @click.option("--request-timeout", type=float,
               help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).")
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")

@@ -118,7 +118,7 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, api_key)
     log.info("model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
-             name, pipeline.target.slots if pipeline.batches else 1, settings.max_queue, settings.timeout_s,
+             name, serving_batch(config) if pipeline.batches else 1, settings.max_queue, settings.timeout_s,
              settings.drain_timeout, "required" if api_key else "off")
     if settings.sagemaker and settings.timeout_s >= SAGEMAKER_INVOKE_LIMIT:
         log.warning("request_timeout %.0f s: a real-time SageMaker invocation is cut at %.0f s, so longer requests "

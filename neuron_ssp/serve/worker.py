@@ -1,10 +1,11 @@
 """The generation thread: a scheduler that feeds requests as rows into our continuous-batching loop.
 
 Requests wait in a bounded FIFO queue; between two steps of the loop (engines/batch.py) the scheduler
-admits queued requests while a slot is free (up to serve.max_batch rows; each joins with its own prefill
-call), then runs one step for every running row. A row leaves at EOS, its budget, a stop string, a cancel
-or its deadline, and its slot takes the next request. The libraries' loops (engines library and fused on
-Neuron) generate a whole request per call: there requests run one at a time, in arrival order.
+admits queued requests while a slot is free (up to serve/capacity.py's `serving_batch` rows: serve.max_batch,
+capped on Neuron by the compiled batch), then runs one step for every running row. A row leaves at EOS, its
+budget, a stop string, a cancel or its deadline, and its slot takes the next request. The same scheduler drives
+NxD Inference's fused graph with continuous batching (engines/nxdi_fused.py), a RowLoop too; engines whose loop
+generates a whole request per call run one request at a time, in arrival order.
 
 A full queue is refused at once (503 + Retry-After); a job whose client left or whose `request_timeout`
 passed is cancelled at the loop's next step (its `should_stop` hook), so its slot frees. A job whose prompt
@@ -35,6 +36,7 @@ from neuron_ssp.engines.rows import Row, RowLoop
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.serve.capacity import serving_batch
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.text import Piece, TokenLogprob, TokenText
@@ -138,6 +140,7 @@ class GenerationWorker:
         self.accepting = True
         self.drain_deadline: float | None = None  # monotonic time past which running jobs are cut (SIGTERM)
         self.prefill = PrefillCost()
+        self.max_rows = serving_batch(pipeline.config)  # the loop may hold more slots (a larger compiled batch)
         self.thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
         metrics.watch(self.queue.qsize, lambda: len(self.active))
 
@@ -212,7 +215,7 @@ class GenerationWorker:
         rows: dict[Row, JobRun] = {}
         stopping = False
         while not stopping or rows:
-            while not stopping and loop.free_slots:
+            while not stopping and loop.free_slots and len(rows) < self.max_rows:
                 try:
                     job = self.queue.get(block=not rows)
                 except queue.Empty:
