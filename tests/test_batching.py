@@ -204,3 +204,16 @@ def test_on_compiled_shapes_every_row_speculates_or_none_and_outputs_stay_the_re
         assert len(speculating) > len(widths) // 2  # cheap: most steps speculate...
         # ...every row its whole draft (a draft model's k-1 tokens), since padding to k costs nothing more
         assert any(call.count(K) >= 2 for call in speculating)
+
+
+def test_rows_on_one_batched_draft_model_draft_in_lock_step():
+    """k-1 draft calls a step for all rows together (each scoring every row still drafting), not one call per
+    row per drafted token: on compiled shapes each draft call costs the whole batch anyway."""
+    target, draft = SlotTables(lambda: TableBackend(VOCAB, 0), SLOTS), SlotTables(draft_table, SLOTS)
+    loop = BatchLoop(target, K)
+    rows = [loop.join(request(i, SamplingConfig(), draft, FixedPolicy(K))) for i in (0, 1, 2)]
+    before = len(draft.calls)
+    loop.step()
+    step_calls = draft.calls[before:]
+    assert len(step_calls) == K - 1  # the catch-up call, then one call per further drafted position
+    assert all(sorted(slot for slot, _, _ in call) == sorted(row.slot for row in rows) for call in step_calls)

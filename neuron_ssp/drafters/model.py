@@ -1,4 +1,4 @@
-"""A draft language model on any backend, drafting one token per call.
+"""A draft language model on any backend, drafting one token per call, for all rows of a batch at once.
 
 It remembers which tokens its KV cache holds; before drafting it feeds only the committed tokens it
 has not seen (the target's token, and the last draft token when the whole draft was accepted).
@@ -6,13 +6,20 @@ Draft tokens are drawn with the same sampling transform as the target's, which k
 the distribution the tokens really came from; given the request's per-position noise (our loop gives
 it), from the same uniform the target's draw at that position uses (position_noise.py), else from the
 random generator.
+
+Rows of a batch whose drafters are slots of one batched draft backend (SlotView) draft in lock-step: one
+draft call per drafted position scores every row still drafting (`propose_together`), not one call per
+row per position. On compiled shapes (Neuron), where a call costs the whole batch's rows anyway, that is
+the difference between k-1 and B x (k-1) draft calls a step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from neuron_ssp.backends.base import ModelBackend
+from neuron_ssp.backends.base import ModelBackend, Segment, SlotView
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
@@ -43,25 +50,7 @@ class ModelDrafter:
         self._noise, self._prompt_len = noise, prompt_len
 
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
-        committed = sequence.tolist()
-        valid = self._valid_prefix(committed)
-        logits = self._checked(self.backend.score(sequence[valid:], valid)[-1], len(committed) - 1)
-        self._cached = committed
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for step in range(max_tokens):
-            if self.stop_below and float(logits.float().softmax(-1).max()) < self.stop_below:
-                break
-            token = self._draw(logits, len(committed) + step)
-            tokens.append(token)
-            rows.append(logits)
-            if step + 1 < max_tokens:
-                position = len(self._cached)
-                logits = self._checked(self.backend.score(torch.tensor([token]), position)[-1], position)
-                self._cached.append(token)
-        if not tokens:
-            return Draft.empty(self.vocab_size)
-        return Draft(torch.tensor(tokens), torch.stack(rows).float())
+        return propose_together([(self, sequence, max_tokens)])[0]
 
     def finish(self, sequence: torch.Tensor) -> None:
         """A draft model learns nothing across requests."""
@@ -85,3 +74,71 @@ class ModelDrafter:
                 f"the draft model produced non-finite logits (NaN or inf) at position {position}",
                 "check the draft's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
         return logits
+
+
+DraftRequest = tuple[ModelDrafter, torch.Tensor, int]  # a row's drafter, its committed tokens, the most to draft
+
+
+class _Drafting:
+    """One row's draft in progress: what its draft model scores next (None: done), and what it drew."""
+
+    def __init__(self, drafter: ModelDrafter, sequence: torch.Tensor, max_tokens: int):
+        committed = sequence.tolist()
+        valid = drafter._valid_prefix(committed)
+        drafter._cached = committed
+        backend = drafter.backend
+        self.slot = backend.slot if isinstance(backend, SlotView) else 0
+        self.drafter, self.max_tokens, self.output_start = drafter, max_tokens, len(committed)
+        self.position = len(committed) - 1  # of the token whose logits come back next
+        self.next: Segment | None = Segment(self.slot, valid, sequence[valid:])
+        self.tokens: list[int] = []
+        self.rows: list[torch.Tensor] = []
+
+    def take(self, logits: torch.Tensor) -> None:
+        """The logits after the last scored token: draw the next draft token, or stop."""
+        drafter = self.drafter
+        logits = drafter._checked(logits, self.position)
+        self.next = None
+        if len(self.tokens) == self.max_tokens or \
+                drafter.stop_below and float(logits.float().softmax(-1).max()) < drafter.stop_below:
+            return
+        token = drafter._draw(logits, self.output_start + len(self.tokens))
+        self.tokens.append(token)
+        self.rows.append(logits)
+        if len(self.tokens) < self.max_tokens:
+            self.position = len(drafter._cached)
+            self.next = Segment(self.slot, self.position, torch.tensor([token]))
+            drafter._cached.append(token)
+
+    def draft(self) -> Draft:
+        if not self.tokens:
+            return Draft.empty(self.drafter.vocab_size)
+        return Draft(torch.tensor(self.tokens), torch.stack(self.rows).float())
+
+
+def propose_together(requests: Sequence[DraftRequest]) -> list[Draft]:
+    """Each row's draft (as `ModelDrafter.propose`). Rows on slots of one batched backend share each draft call;
+    others draft one after another. A row's logits do not depend on the rows beside it (backends.base), so
+    neither do its tokens."""
+    rows = [_Drafting(*request) for request in requests]
+    shared = _one_batched_backend([row.drafter.backend for row in rows])
+    for group in [rows] if shared is not None else [[row] for row in rows]:
+        while live := [row for row in group if row.next is not None]:
+            if shared is None:
+                segment = live[0].next
+                assert segment is not None
+                live[0].take(live[0].drafter.backend.score(segment.tokens, segment.start)[-1])
+            else:
+                segments = [row.next for row in live if row.next is not None]
+                logits = shared.score_batch(segments).split([len(segment.tokens) for segment in segments])
+                for row, row_logits in zip(live, logits, strict=True):
+                    row.take(row_logits[-1])
+    return [row.draft() for row in rows]
+
+
+def _one_batched_backend(backends: list[ModelBackend]) -> ModelBackend | None:
+    """The batched backend every row drafts on (each through its slot's view), or None."""
+    owners = {id(view.backend): view.backend for view in backends if isinstance(view, SlotView)}
+    if len(owners) != 1 or not all(isinstance(view, SlotView) for view in backends):
+        return None
+    return next(iter(owners.values()))

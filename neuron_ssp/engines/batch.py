@@ -25,6 +25,7 @@ import torch
 
 from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft
+from neuron_ssp.drafters.model import ModelDrafter, propose_together
 from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
 from neuron_ssp.engines.rows import Row, RowRequest
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -159,11 +160,21 @@ class BatchLoop:
     def _propose(self, rows: list[Row], prompt_rows: int) -> None:
         """Each row's proposal, then the windows: together by goodput where every row's policy weighs so
         (`prompt_rows`: prompt tokens the call scores anyway); on compiled shapes all rows speculate or none."""
+        asked = {row: min(row.policy.window(row.confidence), self.k, row.seq.remaining) - 1
+                 for row in rows if row.drafter is not None}
+        models = [row for row, tokens in asked.items() if tokens > 0 and isinstance(row.drafter, ModelDrafter)]
+        models = models if len(models) > 1 else []  # one row drafts through its own propose
+        begin = time.perf_counter()
+        drafts = propose_together([(row.drafter, row.seq.committed(), asked[row]) for row in models])  # type: ignore
+        for row, draft in zip(models, drafts, strict=True):  # draft models: one draft call per position, all rows
+            row.draft = draft
+            row.stats.time_draft_s += time.perf_counter() - begin
         for row in rows:
+            if row in models:
+                continue
             begin = time.perf_counter()
-            window = min(row.policy.window(row.confidence), self.k, row.seq.remaining)
-            row.draft = row.drafter.propose(row.seq.committed(), window - 1) \
-                if row.drafter is not None and window > 1 else Draft.empty(self.target.vocab_size)
+            row.draft = row.drafter.propose(row.seq.committed(), asked[row]) \
+                if row.drafter is not None and asked[row] > 0 else Draft.empty(self.target.vocab_size)
             row.stats.time_draft_s += time.perf_counter() - begin
         if rows and self.cost is not None and all(row.policy.by_goodput for row in rows):
             chances = [row.policy.chances(row.draft, row.confidence) for row in rows]
