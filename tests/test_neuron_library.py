@@ -12,11 +12,11 @@ from neuron_support import neuron_config, prompt
 from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.library import LibraryEngine, adapt_acceptor
+from neuron_ssp.engines.library import Lane, Lanes, LibraryEngine, adapt_acceptor
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
-from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.speculation.position_noise import PositionNoise
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -71,8 +71,11 @@ def test_every_eos_of_the_model_stops_the_library_loop(neuronx: ModuleType, tiny
 def test_the_draft_needs_p_plus_n_plus_k_minus_1_positions(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
-    """Measured on the port of the 0.13 loop: draft = target accepts every window, and after each full
-    window the draft is fed at cache_ids - 1, one slot past the window (speculation.py at 1ade6d7)."""
+    """Measured on the port of the 0.13 loop: draft = target accepts every window; the loop scores one
+    window past the budget (from P+N-1: the target's last slot is P+N+k-2), and after a full window the draft is
+    fed at cache_ids - 1, one slot past the window (speculation.py at 1ade6d7). A row alone stops that last window
+    after one token (its budget is spent), so its draft stays a slot below; in a batch another row's full
+    window takes it there (test_neuron_library_batched.py)."""
     k, ids = 4, prompt(7)
     new = 1 + 29 * k  # windows end exactly at the budget: the last one starts at P+N-1
     needed = len(ids) + new + k - 1
@@ -85,7 +88,9 @@ def test_the_draft_needs_p_plus_n_plus_k_minus_1_positions(
     draft_label = engine.draft.model.label
     draft_slots = [slot for who, c, d in neuronx.RUNTIME.events if who == draft_label and c == "forward"
                    for slot in d["cache_ids"] or []]
-    assert max(draft_slots) == needed - 1  # P+N+k-2: exactly the room asked for
+    target_slots = [slot for _, c, d in neuronx.RUNTIME.events if c == "speculative_forward" for slot in d["cache_ids"]]
+    assert max(target_slots) == needed - 1  # P+N+k-2: exactly the room asked for
+    assert max(draft_slots) == needed - 2
 
     short = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"], speculation={"engine": "library"},
                           target=model, draft={"n_positions": needed - 1})
@@ -131,13 +136,19 @@ def test_library_loop_samples_with_our_probabilistic_acceptor(
     assert 0 <= first.stats.acceptance_rate <= 1 and first.stats.draft_tokens > 0
 
 
+def one_lane(acceptor, api, k: int, vocab: int, stop_id: int | None = None) -> Lanes:
+    """Our acceptor as the library sees it, for one row with room to spare."""
+    return Lanes([Lane(acceptor, PositionNoise(0), frozenset(), remaining=99, live=True)], k, vocab, stop_id,
+                 api.batched_acceptor)
+
+
 def test_adapter_shapes_for_each_api_generation(neuronx_any: ModuleType) -> None:
     api = load_neuronx()
     vocab, k = 10, 4
     draft_ids = torch.tensor([[3, 4, 5]])
     target = torch.full((k, vocab), -10.0)
     target[torch.arange(k), torch.tensor([3, 4, 7, 1])] = 10.0  # agrees on 3 and 4, then prefers 7
-    adapter = adapt_acceptor(GreedyAcceptor(), api, k, vocab, GenerationStats(k=k))
+    adapter = adapt_acceptor(api, one_lane(GreedyAcceptor(), api, k, vocab))
     assert isinstance(adapter, api.speculation.TokenAcceptor)
     if api.batched_acceptor:
         out = adapter(draft_ids, torch.zeros(1, 3, vocab), target.unsqueeze(0))
@@ -149,9 +160,11 @@ def test_adapter_shapes_for_each_api_generation(neuronx_any: ModuleType) -> None
 
 def test_an_accepted_token_zero_is_refused_rather_than_miscounted(neuronx: ModuleType) -> None:
     api = load_neuronx()
-    adapter = adapt_acceptor(lambda ids, d, t: torch.tensor([[0, 5]]), api, 4, 10, GenerationStats(k=4))
-    with pytest.raises(RuntimeProblem, match="count_nonzero"):
-        adapter(torch.tensor([[0, 1, 2]]), torch.zeros(1, 3, 10), torch.zeros(1, 4, 10))
+    lanes = one_lane(lambda ids, d, t: torch.tensor([[0, 5]]), api, 4, 10, stop_id=2)
+    out = adapt_acceptor(api, lanes)(torch.tensor([[0, 1, 2]]), torch.zeros(1, 3, 10), torch.zeros(1, 4, 10))
+    (lane,) = lanes.lanes
+    assert isinstance(lane.error, RuntimeProblem) and "count_nonzero" in str(lane.error)
+    assert out.tolist() == [[2, 0, 0, 0]] and not lane.live  # the row stops at the EOS id, not at a miscount
 
 
 def test_the_draft_distribution_given_to_the_acceptor_is_the_greedy_draft_point_mass(
@@ -163,7 +176,8 @@ def test_the_draft_distribution_given_to_the_acceptor_is_the_greedy_draft_point_
         seen["probs"] = draft_scores.softmax(-1)
         return ids[:, :1]
 
-    adapter = adapt_acceptor(spy, load_neuronx(), 3, 6, GenerationStats(k=3))
+    api = load_neuronx()
+    adapter = adapt_acceptor(api, one_lane(spy, api, 3, 6))
     adapter(torch.tensor([[4, 2]]), torch.randn(1, 2, 6), torch.randn(1, 3, 6))
     assert torch.equal(seen["probs"], torch.nn.functional.one_hot(torch.tensor([[4, 2]]), 6).float())
 

@@ -18,15 +18,26 @@ source says, and how it maps onto this package:
   GenerationConfig takes the full list. We give the loop the id the chat actually ends with (Llama-3:
   <|eot_id|> 128009, not the tokenizer's 128001; `checkpoint.stop_id`), cut the output at any EOS on
   the host, and count in `stats.tokens_after_eos` what the device generated past an EOS it was not
-  told about: wall time, tokens/s and the `rate` histogram include that work.
-Acceptance stats come from that histogram: every iteration drafts fused_k tokens and commits n, so
-acceptance rate, mean accepted length and per-position acceptance are exact; the draft / target time
-split is not observable (one graph), and is reported as zero.
+  told about: wall time, tokens/s and the acceptance counts include that work.
+
+Batch > 1 (`sample(input_ids, start_ids, attention_mask, sequence_length)`, fused_speculation.py:504-742): the
+prompts are padded on the RIGHT and `attention_mask` marks the real tokens (asserted for batch > 1, :555-558);
+context `cache_ids = arange(len) * mask` (:559), each row's first new token at its count of ones (:598-601);
+`start_ids` are the sequence ids arange(bs) (:552-553). Both models must be built with
+NeuronConfig(padding_side='right') (asserted, :318-325); then the graph keeps 2-D cache_ids, each row drafting
+and scoring from its own position (:200-202). One `sequence_length` for all rows (the longest budget; shorter
+rows are cut here); a row stops at the one EOS id (:685-710) or at sequence_length (:730-732). Sampling is per
+row on the device, with the settings compiled in (one GenerationConfig for the whole batch, unseeded): the
+pipeline refuses per-request settings that differ (pipeline/build.py `refuse_unhonoured`).
+Statistics: `rate[row]` would count row 0's tokens for every row (`rate[batch][counts[0][0]]`, :683), so each
+iteration's per-row counts are read where the loop reads them, from its `speculator.execute(...)` (:677: tokens,
+counts): every iteration drafts fused_k tokens and commits counts[row], so acceptance rate, mean accepted length
+and per-position acceptance are exact per row; the draft / target time split is not observable (one graph), and
+is reported as zero.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Collection
 from typing import Any
@@ -34,12 +45,27 @@ from typing import Any
 import torch
 
 from neuron_ssp.backends.checkpoint import stop_id
+from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.static_batch import (
+    CallTimes,
+    Piece,
+    RowOutput,
+    StaticBatchLoop,
+    context_buckets,
+    loops_in_batches,
+    pad_id,
+    padded_batch,
+    raise_unbatched,
+    require_one_context,
+    require_right_padding,
+)
+from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.topology.positions import extra_target_slots
 
 HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
@@ -52,16 +78,24 @@ def fused_k(window: int) -> int:
 
 
 class FusedEngine:
-    """Same `generate` as `SpeculativeGenerator`, run by `FusedSpeculativeDecoder.sample`."""
+    """Same `generate` as `SpeculativeGenerator`, run by `FusedSpeculativeDecoder.sample`; `row_loop()` runs it
+    over as many requests at once as the models were compiled for (`target.batch_size`)."""
 
-    def __init__(self, decoder: Any, target: OnDeviceBackend, k: int):
+    def __init__(self, decoder: Any, target: OnDeviceBackend, k: int, batch_size: int = 1):
         self.decoder = decoder
         self.target = target
         self.k = k
+        self.batch_size = batch_size
+        self.vocab_size = target.vocab_size
 
     @classmethod
     def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
         fused, _ = load_fused_modules()
+        batch_size = config.target.batch_size
+        if batch_size > 1:
+            raise_unbatched(config, load_neuronx().version, loops_in_batches(fused.FusedSpeculativeDecoder.sample),
+                            "FusedSpeculativeDecoder.sample")
+            require_right_padding({"target": target.model, "draft": draft.model})
         warn_about_device_sampling(config.sampling)
         model_dir = resolve_model_path(config.target.path, "target.path")
         stop = stop_id(model_dir, config.generation.chat_template)
@@ -69,11 +103,15 @@ class FusedEngine:
             draft.model,
             target.model,
             k=fused_k(config.speculation.k),
-            pad_token_id=_pad_id(target.model, stop),
+            pad_token_id=pad_id(target.model, stop),
             eos_token_id=stop,
         )
         decoder.to_neuron(workers=compile_estimate(config).bound)  # its fused graphs compile now
-        return cls(decoder, target, config.speculation.k)
+        return cls(decoder, target, config.speculation.k, batch_size)
+
+    def row_loop(self) -> StaticBatchLoop:
+        """Requests as rows of one `sample` call each (`RowLoop`): up to `batch_size` join, one call runs them all."""
+        return StaticBatchLoop(self)
 
     def generate(
         self,
@@ -82,21 +120,62 @@ class FusedEngine:
         eos_token_ids: Collection[int] = (),
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
-        prompt_len = prompt_ids.shape[0]
+        """One request: the row loop with one row (padded to the compiled batch)."""
+        request = RowRequest(prompt_ids, max_new_tokens, SamplingParams(), eos_token_ids=eos_token_ids,
+                             on_tokens=on_tokens)  # the device samples with the settings it was compiled with
+        return self.row_loop().run(request)
+
+    # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
+
+    def check(self, request: RowRequest) -> None:
         # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (topology.positions)
-        check_room(self.target, prompt_len, max_new_tokens, "target.n_positions", extra_target_slots("fused", self.k))
-        stats = GenerationStats(k=self.k)
-        start = time.perf_counter()
-        sequences, rate, _ = self.decoder.sample(prompt_ids.view(1, -1), sequence_length=prompt_len + max_new_tokens)
-        stats.wall_s = time.perf_counter() - start
-        generated = sequences[0, prompt_len : prompt_len + max_new_tokens].tolist()
-        tokens = _cut_at_eos(generated, set(eos_token_ids))
-        record_histogram(stats, rate[0], fused_k(self.k))
-        stats.new_tokens = len(tokens)
-        stats.tokens_after_eos = len(generated) - len(tokens)
-        if on_tokens and tokens:
-            on_tokens(tokens)
-        return GenerationResult(tokens, stats)
+        check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
+                   extra_target_slots("fused", self.k))
+        if self.batch_size > 1:  # the draft's cache is bound at the target's buckets (topology.positions)
+            require_one_context(request.prompt_ids.shape[0], max(self.buckets))
+
+    @property
+    def buckets(self) -> list[int]:
+        return context_buckets(self.target.model, self.target.n_positions)
+
+    def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
+        """One `FusedSpeculativeDecoder.sample` over `rows`, padded to the compiled batch."""
+        batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id, self.buckets)
+        speculator = self.decoder.speculator
+        counted = _CountedIterations(speculator, self.batch_size, fused_k(self.k))
+        self.decoder.speculator = counted
+        try:
+            if self.batch_size == 1:  # as before batching existed
+                sequences, _, _ = self.decoder.sample(batch.input_ids, sequence_length=batch.sequence_length)
+            else:  # fused_speculation.py:551-560: right-padded prompts, their mask, sequence ids
+                sequences, _, _ = self.decoder.sample(batch.input_ids, start_ids=batch.start_ids,
+                                                      attention_mask=batch.attention_mask,
+                                                      sequence_length=batch.sequence_length)
+        finally:
+            self.decoder.speculator = speculator
+        return [RowOutput(sequences[i, batch.prompt_lens[i]: batch.prompt_lens[i] + row.seq.max_new_tokens].tolist(),
+                          counted.pieces[i]) for i, row in enumerate(rows)]
+
+
+class _CountedIterations:
+    """The decoder's compiled program, recording what each iteration commits per row (tokens, counts: the first
+    two outputs of `speculator.execute`, fused_speculation.py:677)."""
+
+    def __init__(self, inner: Any, batch_size: int, drafted: int):
+        self._inner = inner
+        self._drafted = drafted
+        self.pieces: list[list[Piece]] = [[] for _ in range(batch_size)]
+
+    def execute(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = self._inner.execute(*args, **kwargs)
+        tokens, counts = outputs[0], outputs[1]
+        for row, pieces in enumerate(self.pieces):
+            count = int(counts[row][0])
+            pieces.append(Piece(tokens[row, :count].tolist(), count - 1, self._drafted))
+        return outputs
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def warn_about_device_sampling(sampling: SamplingConfig) -> None:
@@ -110,22 +189,3 @@ def warn_about_device_sampling(sampling: SamplingConfig) -> None:
                      "than a small top_k)")
     if notes:
         warnings.warn("engine fused samples on device: " + "; ".join(notes), stacklevel=3)
-
-
-def record_histogram(stats: GenerationStats, rate: torch.Tensor, drafted: int) -> None:
-    """`rate[n]` iterations committed n tokens (n-1 accepted drafts + 1 from the target) of `drafted` proposed."""
-    for committed in range(1, min(len(rate), drafted + 2)):
-        for _ in range(int(rate[committed])):
-            stats.record_call(drafted, committed - 1, committed)
-
-
-def _pad_id(model: Any, stop: int | None) -> int:
-    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-    return pad if isinstance(pad, int) else (stop if stop is not None else 0)
-
-
-def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens

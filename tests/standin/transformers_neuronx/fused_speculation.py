@@ -2,10 +2,13 @@
 
 The real class compiles one graph that runs the draft k + 1 times (k speculated tokens, then one more
 step so the draft's cache holds the last one whatever is accepted), the target once over k + 1
-positions, and the token selection, all on device; `sample` loops over that graph on the host and
-returns `(sequences, rate, iters)`: `rate[b][n]` counts iterations that committed n tokens. Here the
-graph is a few lines of torch over the stand-in models; the constructor keeps the real signature and
-assertions, and `sample` keeps the real loop's bookkeeping (positions, cache_ids, eos, clamping).
+positions, and the token selection, all on device, for every row of the batch from its own cache_ids
+(:150-214); `sample` loops over that graph on the host (`self.speculator.execute`, :677) and returns
+`(sequences, rate, iters)`. Here the graph (`_Speculator`) is a few lines of torch over the stand-in models;
+the constructor keeps the real signature and assertions, and `sample` is the real loop (:546-742) statement
+for statement without the EAGLE, output_scores and debug branches: right-padded prompts with their
+attention_mask at batch > 1, each row's first token at its count of ones, per-row EOS and clamping, and
+`rate[batch][counts[0][0]]` (:683), which counts row 0's tokens for every row.
 Only in the SDK 2.21 generation, like the real module.
 """
 
@@ -49,6 +52,14 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             "The target model and draft model must have the same tp degree."
         )
         assert isinstance(k, int), "The k value must be an integer."
+        if draft.batch_sizes != [1]:
+            assert draft.neuron_config.padding_side == "right", (
+                "The draft model must set padding_side as right for batch size > 1."
+            )
+        if target.batch_sizes != [1]:
+            assert target.neuron_config.padding_side == "right", (
+                "The target model must set padding_side as right for batch size > 1."
+            )
         _standin.RUNTIME.record("fused", "FusedSpeculativeDecoder", k=k, pad_token_id=pad_token_id,
                                 eos_token_id=eos_token_id)
         self.draft = draft
@@ -58,6 +69,7 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         self.eos_token_id = eos_token_id
         self.output_scores = output_scores
         self.buckets = buckets if buckets is not None else target.decoder_lm_head.n_positions_list
+        self.batch_sizes = target.batch_sizes
         self.max_position = self.buckets[-1]
         self.vocab_size = target.config.vocab_size
         self.speculator = None
@@ -66,41 +78,80 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         _standin.RUNTIME.record("fused", "to_neuron", workers=workers)
         for model in (self.draft, self.target):
             model._require_device()
-        self.speculator = True
+        self.speculator = _Speculator(self)
 
     def sample(self, input_ids, start_ids=None, attention_mask=None, sequence_length=None, streamer=None):
         if sequence_length is None:
             sequence_length = self.max_position - self.k
         assert sequence_length <= self.max_position - self.k
-        assert self.speculator is not None, "call to_neuron() first"
         batch_size, start = input_ids.shape
-        cache_ids = torch.arange(start, dtype=torch.int32)
+        if start_ids is None:
+            start_ids = torch.arange(batch_size)
+        if batch_size > 1:
+            assert attention_mask is not None, (
+                "The attention mask needs to be provided for speculation where batch_size>1"
+            )
+            cache_ids = torch.arange(start).reshape(1, start).expand(batch_size, start).mul(attention_mask)
+        else:
+            cache_ids = torch.arange(start, dtype=torch.int32)
+            if self.target.neuron_config.use_2d_cache_ids:
+                cache_ids = cache_ids.unsqueeze(0).expand(batch_size, start)
+        if streamer:
+            streamer.put(input_ids)
         token_id = self.target(input_ids, cache_ids=cache_ids, start_ids=start_ids)
+        if streamer:
+            streamer.put(token_id)
         self.draft(input_ids, cache_ids=cache_ids, start_ids=start_ids)
         sequences = torch.full((batch_size, sequence_length + self.k + 1), self.pad_token_id, dtype=torch.int32)
         sequences[:, :start] = input_ids
-        cache_ids = torch.full((batch_size, 1), start, dtype=torch.int32)
-        positions = torch.arange(start + 1, start + self.k + 2, dtype=torch.int64).repeat((batch_size, 1))
-        sequences.scatter_(1, torch.full((batch_size, 1), start, dtype=torch.int64), token_id.to(torch.int32))
+        if batch_size > 1:
+            cache_ids = torch.count_nonzero(attention_mask, dim=1).view(-1, 1)
+            positions = torch.count_nonzero(attention_mask, dim=1).view(-1, 1) + \
+                torch.arange(self.k + 1, dtype=torch.int64).repeat((batch_size, 1))
+            sequences.scatter_(1, torch.count_nonzero(attention_mask, dim=1).view(-1, 1), token_id.to(torch.int32))
+            positions = positions + 1
+        else:
+            cache_ids = torch.full((batch_size, 1), start, dtype=torch.int32)
+            positions = torch.arange(start + 1, start + self.k + 2, dtype=torch.int64).repeat((batch_size, 1))
+            sequences.scatter_(1, torch.full((batch_size, 1), start, dtype=torch.int64), token_id.to(torch.int32))
         done = torch.full((batch_size, 1), False)
         ends = torch.full((batch_size,), sequence_length, dtype=torch.int32)
         batch_positions = torch.arange(self.k + 1).unsqueeze(0)
         batch_mask = torch.full((batch_size, self.k + 1), False)
+        eos_token = None
+        if self.eos_token_id is not None:
+            eos_token = torch.tensor(self.eos_token_id, dtype=torch.int32)
+        sequence_length = torch.tensor(sequence_length, dtype=torch.int32)
+        accepts = 0
         iters = torch.zeros(batch_size)
         rate = torch.zeros(batch_size, 10)
         while True:
-            tokens, counts, token_id = self._iteration(token_id, int(cache_ids[0, 0]))
-            iters[0] += 1
-            rate[0][counts[0][0]] += 1
-            if self.eos_token_id is not None:
-                hits = [t for t in range(int(counts[0][0])) if int(tokens[0][t]) == self.eos_token_id]
-                if hits:
-                    ends[0] = int(cache_ids[0][0]) + hits[0] + 2
-                    done[0] = True
-                    batch_mask[0] = torch.greater(batch_positions, hits[0])
+            coverted_cache_ids = cache_ids.squeeze(1) if not self.target.neuron_config.use_2d_cache_ids else cache_ids
+            tokens, counts, token_id, *score = self.speculator.execute(token_id, coverted_cache_ids, start_ids,
+                                                                        return_ranks=1)
+            for batch in range(batch_size):
+                if not done[batch]:
+                    accepts += counts
+                    iters[batch] += 1
+                    rate[batch][counts[0][0]] += 1
+            if eos_token is not None:
+                finished = []
+                for batch in range(batch_size):
+                    for t in range(counts[batch][0]):
+                        if tokens[batch][t] == eos_token:
+                            finished.append([batch, t])
+                finished = torch.tensor(finished)
+                if finished.numel():
+                    sequence, position = finished[:, 0], finished[:, 1]
+                    for seq, pos in zip(sequence, position, strict=True):
+                        ends[seq] = cache_ids[seq][0].int() + pos.int() + 2
+                        done[seq] = True
+                        batch_mask[seq] = torch.greater(batch_positions, pos)
                 tokens.masked_fill_(batch_mask, self.pad_token_id)
-                if hits:
+                if finished.numel():
                     batch_mask.logical_or_(done)
+            if streamer:
+                streamer.put(tokens)
             sequences.scatter_(1, positions, tokens)
             positions += counts
             cache_ids += counts
@@ -109,34 +160,50 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             done.logical_or_(torch.eq(cache_ids, sequence_length))
             if done.all().item():
                 break
+        if streamer:
+            streamer.end()
         return sequences[:, : ends.max().item()], rate, iters
 
-    # ------------------------------------------------------------------ the fused graph, in torch
 
-    def _iteration(self, token_id, cache_id):
-        """k draft steps + 1 cache-filling step, the target over k + 1 positions, token selection."""
-        drafted, draft_logits, token = [], [], token_id.view(1, 1)
-        for step in range(self.k):
-            logits = self.draft._write_and_score(token, [cache_id + step], [cache_id + step])
-            token = self.draft.select_on_device(logits, self.draft.neuron_config.on_device_generation)
-            drafted.append(int(token))
+class _Speculator:
+    """The compiled fused graph, in torch: per row, k draft steps + 1 cache-filling step from the row's own cache
+    id, the target over k + 1 positions, and the token selection (pad_token_id after the accepted ones)."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+
+    def execute(self, token_id, cache_ids, start_ids, return_ranks=1):
+        decoder = self.decoder
+        positions = cache_ids.reshape(token_id.shape[0], -1)[:, 0].tolist()
+        rows = [self._row(row, int(token), int(position))
+                for row, (token, position) in enumerate(zip(token_id.view(-1).tolist(), positions, strict=True))]
+        tokens = torch.full((len(rows), decoder.k + 1), decoder.pad_token_id, dtype=torch.int32)
+        for row, committed in enumerate(rows):
+            tokens[row, : len(committed)] = torch.tensor(committed, dtype=torch.int32)
+        counts = torch.tensor([[len(committed)] for committed in rows])
+        return [tokens, counts, torch.tensor([[committed[-1]] for committed in rows], dtype=torch.int32)]
+
+    def _row(self, row, token_id, cache_id):
+        decoder = self.decoder
+        drafted, draft_logits, token = [], [], token_id
+        for step in range(decoder.k):
+            logits = _score(decoder.draft, row, [token], [cache_id + step])
+            token = int(decoder.draft.select_on_device(logits, decoder.draft.neuron_config.on_device_generation))
+            drafted.append(token)
             draft_logits.append(logits[0])
-        self.draft._write_and_score(token, [cache_id + self.k], [cache_id + self.k])
-        window = torch.tensor([[int(token_id), *drafted]])
-        slots = list(range(cache_id, cache_id + self.k + 1))
-        target_logits = self.target._write_and_score(window, slots, slots)  # (k + 1, V)
-        _standin.RUNTIME.record("fused", "iteration", cache_id=cache_id, window=window.view(-1).tolist())
-        committed = self._select(drafted, torch.stack(draft_logits), target_logits)
-        tokens = torch.full((1, self.k + 1), self.pad_token_id, dtype=torch.int32)
-        tokens[0, : len(committed)] = torch.tensor(committed, dtype=torch.int32)
-        return tokens, torch.tensor([[len(committed)]]), torch.tensor([[committed[-1]]], dtype=torch.int32)
+        _score(decoder.draft, row, [token], [cache_id + decoder.k])
+        window = [token_id, *drafted]
+        target_logits = _score(decoder.target, row, window, list(range(cache_id, cache_id + decoder.k + 1)))
+        _standin.RUNTIME.record("fused", "iteration", row=row, cache_id=cache_id, window=window)
+        return self._select(drafted, torch.stack(draft_logits), target_logits)
 
     def _select(self, drafted, draft_logits, target_logits):
-        generation = self.target.neuron_config.on_device_generation
+        k = self.decoder.k
+        generation = self.decoder.target.neuron_config.on_device_generation
         if not generation.do_sample:
             best = target_logits.argmax(-1).tolist()
             n = 0
-            while n < self.k and drafted[n] == best[n]:
+            while n < k and drafted[n] == best[n]:
                 n += 1
             return [*drafted[:n], best[n]]
         q = (draft_logits / generation.temperature).softmax(-1)
@@ -145,4 +212,12 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             if torch.rand(()) >= (p[i, token] / q[i, token]).clamp(max=1.0):
                 residual = (p[i] - q[i]).clamp(min=0.0)
                 return [*drafted[:i], int(torch.multinomial(residual / residual.sum(), 1))]
-        return [*drafted, int(torch.multinomial(p[self.k], 1))]
+        return [*drafted, int(torch.multinomial(p[k], 1))]
+
+
+def _score(model, row, tokens, positions):
+    """Logits (n, V) of `tokens` written at `positions` of the model's cache row `row`, each reading the cache
+    below the first position and the tokens before it (the stand-in model's 1-D or 2-D layout)."""
+    if model.neuron_config.use_2d_cache_ids:
+        return model._run_row(row, tokens, positions, positions[0], list(range(len(tokens))))
+    return model._write_and_score(torch.tensor([tokens]), positions, positions)

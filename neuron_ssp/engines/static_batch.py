@@ -1,0 +1,285 @@
+"""A static batch: the rows of a library loop that generates whole requests per call.
+
+transformers-neuronx's `SpeculativeGenerator.sample` and `FusedSpeculativeDecoder.sample` (1ade6d7) take a
+batch of prompts and run every one to its end in one call; nothing joins or leaves while they run. So
+rows join while no call runs, up to the batch size the models were compiled for; `step()` runs the
+library ONCE over every joined row and returns all of them finished (EOS, budget, a row's own error).
+Each row keeps its own prompt, budget, EOS ids, sampling seed and callbacks (`Row.seq` cuts at its EOS and
+budget); the library runs to the longest budget and pads the batch to its compiled size (`LibraryCall`).
+
+A cancel (`should_stop`) is asked before a step, as in our loop (engines/batch.py): once the library call
+runs it cannot be interrupted, so a cancel asked during it takes effect only after it returns, when the
+row has finished anyway. Tokens reach `on_tokens` / `on_commit` after the call, one library iteration at a
+time with their origin (accepted draft tokens, then the target's own).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from neuron_ssp.config import Config
+from neuron_ssp.engines.base import GenerationResult
+from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.speculation.stats import GenerationStats
+
+
+@dataclass
+class Piece:
+    """The tokens one library iteration committed for a row: `accepted` leading drafted tokens of `drafted`,
+    then one token of the target's (unless the piece was cut before it)."""
+
+    tokens: list[int]
+    accepted: int
+    drafted: int
+
+
+@dataclass
+class RowOutput:
+    """What one library call produced for one row: `generated`, the library's own output after the row's
+    prompt (at most its budget; authoritative), and `pieces`, what each iteration committed, in order (they
+    give the tokens their origin and the statistics; tokens no piece covers count as the target's)."""
+
+    generated: list[int]
+    pieces: list[Piece] = field(default_factory=list)
+    error: Exception | None = None
+
+
+@dataclass
+class CallTimes:
+    """Seconds a library call spent in each model, every row's share (one call serves the whole batch)."""
+
+    draft_s: float = 0.0
+    target_s: float = 0.0
+
+
+class LibraryCall(Protocol):
+    """One library loop over a static batch."""
+
+    batch_size: int  # the batch the models were compiled for: the most rows one call takes
+    k: int
+    vocab_size: int
+
+    def check(self, request: RowRequest) -> None:
+        """Refuse, before it joins, a request the library cannot run (UsageError: its room)."""
+        ...
+
+    def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
+        """Run the library once over `rows`; one output per row, in order."""
+        ...
+
+
+class StaticBatchLoop:
+    """`RowLoop` over a `LibraryCall`: rows join between calls, one call generates them all to their end."""
+
+    def __init__(self, call: LibraryCall):
+        self.call = call
+        self.rows: list[Row] = []
+
+    @property
+    def free_slots(self) -> int:
+        return self.call.batch_size - len(self.rows)
+
+    def join(self, request: RowRequest) -> Row:
+        """Queue a request for the next call (nothing runs until `step`: a joined row never comes back finished)."""
+        self.call.check(request)
+        if not self.free_slots:
+            raise RuntimeError(f"no free slot: {self.call.batch_size} requests wait for the next library call")
+        row = Row(request, len(self.rows), self.call.k, self.call.vocab_size)
+        row.stats = GenerationStats(k=self.call.k)  # the library drafts even though the row has no drafter of ours
+        self.rows.append(row)
+        return row
+
+    def step(self) -> list[Row]:
+        """One library call over every joined row; returns them all, finished (cancelled ones included)."""
+        for row in self.rows:
+            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
+        cancelled = [row for row in self.rows if row.cancelled]
+        rows = [row for row in self.rows if not row.cancelled]
+        self.rows = []
+        if rows:
+            self._run(rows)
+        ended = time.perf_counter()
+        for row in cancelled + rows:
+            row.stats.wall_s = ended - row.started
+            row.stats.new_tokens = row.seq.generated_count
+        return cancelled + rows
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        """One request alone (padded to the compiled batch by the call), to its end."""
+        row = self.join(request)
+        self.step()
+        if row.error is not None:
+            raise row.error
+        return row.result()
+
+    def _run(self, rows: list[Row]) -> None:
+        times = CallTimes()
+        try:
+            outputs = self.call.generate_rows(rows, times)
+        except Exception as exc:  # the library call failed: every row of it did
+            for row in rows:
+                row.error = exc
+            return
+        for row, output in zip(rows, outputs, strict=True):
+            row.stats.time_draft_s += times.draft_s
+            row.stats.time_target_s += times.target_s
+            row.error = output.error
+            if row.error is None:
+                try:
+                    commit(row, output)
+                except Exception as exc:  # this row's callback failed: the others are committed all the same
+                    row.error = exc
+
+
+def commit(row: Row, output: RowOutput) -> None:
+    """Commit the library's tokens for `row` (cut at its EOS and budget), piece by piece where the pieces
+    match them; record each piece in the row's statistics, including work past an EOS the library did not
+    stop at (`tokens_after_eos`, as stats.py defines it)."""
+    seq, stats, generated = row.seq, row.stats, output.generated
+    seq.extend(generated[:1])  # the first token: the target's, from the prompt's context encoding
+    budget = min(len(generated), seq.max_new_tokens)
+    position = 1
+    for piece in output.pieces:
+        if position >= budget:
+            break
+        span = min(len(piece.tokens), budget - position)
+        matched = _common_prefix(piece.tokens[:span], generated[position: position + span])
+        if matched == 0:
+            break
+        committed = 0 if seq.done else seq.extend(piece.tokens[:matched], piece.accepted, piece.drafted)
+        stats.record_call(piece.drafted, piece.accepted, matched)
+        if seq.done:
+            stats.tokens_after_eos += matched - committed
+        position += matched
+        if matched < span:
+            break
+    if not seq.done:
+        seq.extend(generated[position:budget])  # no piece says where they came from (0.10's greedy tail): the target
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class PaddedBatch:
+    """The rows' prompts as transformers-neuronx's batched loops take them (speculation.py:718-771 and
+    fused_speculation.py:551-601 at 1ade6d7): padded on the RIGHT, `attention_mask` 1 on real tokens (each row's
+    first new token goes at its count of ones), `start_ids` the sequence ids 0..B-1, and lines of one token up
+    to the compiled batch size. `sequence_length`: the longest prompt + budget."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    start_ids: torch.Tensor
+    prompt_lens: list[int]
+    sequence_length: int
+    pad_id: int
+
+
+def padded_batch(rows: list[Row], batch_size: int, pad: int, buckets: Collection[int] = ()) -> PaddedBatch:
+    """The batch, one column wider where the padded width would be a context bucket (`buckets`) while a row is
+    shorter: the loops give padding the cache id 0 (arange x mask, speculation.py:728, fused_speculation.py:559)
+    and only a context shorter than its bucket gets its own positions back (base.py:446-448, :472-473); at the
+    bucket's exact width the padding is scattered onto slot 0 of the shorter rows (attention.py:255-284)."""
+    prompts = [row.request.prompt_ids.view(-1) for row in rows]
+    prompts += [prompts[0][:1]] * (batch_size - len(prompts))  # padding lines: a token the models know, no budget
+    width = max(len(prompt) for prompt in prompts)
+    if width in buckets and any(len(prompt) < width for prompt in prompts):
+        width += 1
+    input_ids = torch.full((batch_size, width), pad, dtype=torch.int64)
+    attention_mask = torch.zeros(batch_size, width, dtype=torch.int64)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, : len(prompt)] = prompt
+        attention_mask[i, : len(prompt)] = 1
+    longest = max(row.seq.prompt_len + row.seq.max_new_tokens for row in rows)
+    return PaddedBatch(input_ids, attention_mask, torch.arange(batch_size), [len(p) for p in prompts], longest, pad)
+
+
+def context_buckets(model: Any, n_positions: int) -> list[int]:
+    """A model's context-encoding buckets: its own `context_buckets` (llama/model.py:69-70 at 1ade6d7), else the
+    library's default for a model built without context_length_estimate: half of each token bucket, those being
+    powers of two from 128 below n_positions, then n_positions (bucket.py:39, :72; utils.py:59-66)."""
+    own = getattr(model, "context_buckets", None)
+    if isinstance(own, list) and own:
+        return sorted(own)
+    tokens, size = [], 128
+    while size < n_positions:
+        tokens.append(size)
+        size *= 2
+    return [bucket // 2 for bucket in [*tokens, n_positions]]
+
+
+def require_one_context(prompt_len: int, largest: int) -> None:
+    """At batch > 1 every prompt must fit one context network (`largest`: the smaller of the models' largest
+    context buckets) with a column to spare (`padded_batch`): past it 1ade6d7 encodes the rest token by token
+    after slicing the 2-D cache_ids by ROW (`cache_ids[:estimate]`, base.py:246-249), which a batch does not survive."""
+    if prompt_len >= largest:
+        raise UsageError(Problem(
+            "prompt", f"{prompt_len} tokens",
+            f"at batch > 1 transformers-neuronx encodes the prompts in one context network of at most {largest} "
+            "tokens (its largest context bucket, half of n_positions); a batch with a longer prompt is split by "
+            "base.py:246-249 at 1ade6d7, which slices its 2-D cache_ids by row",
+            f"shorten the prompt below {largest} tokens, compile the models with a larger n_positions, or set "
+            "target.batch_size: 1"))
+
+
+def pad_id(model: Any, stop: int | None) -> int:
+    """The id a loop pads with: the model config's pad token, else the stop id, else 0."""
+    pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+    return pad if isinstance(pad, int) else (stop if stop is not None else 0)
+
+
+def loops_in_batches(sample: Any) -> bool:
+    """Whether this build's loop takes batch > 1: 1ade6d7's `sample` takes the attention_mask it needs for it
+    (speculation.py:684, :722-725; fused_speculation.py:508, :555-558); 7a30b42 and c8d6bdc have none and raise
+    for batch > 1 (speculation.py:346-347). Read from the signature, as backends/neuron/api.py reads the rest."""
+    return "attention_mask" in inspect.signature(sample).parameters
+
+
+def raise_unbatched(config: Config, version: str, batches: bool, loop: str) -> None:
+    """A UsageError for target.batch_size > 1 where the library's loop runs batch 1 only, and for a draft compiled
+    for another batch (one call runs both models over the same rows)."""
+    problems = []
+    batch_size = config.target.batch_size
+    if not batches:
+        problems.append(Problem(
+            "target.batch_size", batch_size,
+            f"engine {config.speculation.engine} runs transformers-neuronx's own loop, and {loop} of {version} "
+            "takes batch 1 only (no attention_mask; 7a30b42 speculation.py:346-347 raises NotImplementedError for "
+            "batch > 1); batched speculation needs the attention_mask of 0.13 (Neuron SDK 2.21+)",
+            "set target.batch_size: 1, or install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25), or use "
+            "speculation.engine: native"))
+    if config.draft is not None and config.draft.batch_size != batch_size:
+        problems.append(Problem(
+            "draft.batch_size", config.draft.batch_size,
+            f"one library call runs the draft over the same rows as the target (batch {batch_size})",
+            f"set draft.batch_size: {batch_size}"))
+    if problems:
+        raise UsageError(problems)
+
+
+def require_right_padding(models: dict[str, Any]) -> None:
+    """Batch > 1 needs models built with NeuronConfig(padding_side='right') (2-D cache_ids, each row's last
+    token found by its own cache ids: base.py:443, config.py:259 at 1ade6d7); with the default 'left' every row
+    would be read at the padded width (base.py:445). The fused decoder asserts it (fused_speculation.py:318-325)."""
+    left = [role for role, model in models.items()
+            if getattr(getattr(model, "neuron_config", None), "padding_side", "left") != "right"]
+    if left:
+        raise RuntimeProblem(Problem(
+            "target.batch_size", "> 1",
+            f"the {' and '.join(left)} model was built without NeuronConfig(padding_side='right'), which "
+            "transformers-neuronx's batched loops need (right-padded prompts, 2-D cache_ids)",
+            "load the models through neuron-ssp with the batch in the config (it sets padding_side), or set "
+            "target.batch_size: 1"))
