@@ -131,16 +131,20 @@ class FusedEngine:
         # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (topology.positions)
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
                    extra_target_slots("fused", self.k))
-        if self.batch_size > 1:  # the draft's cache is bound at the target's buckets (topology.positions)
-            require_one_context(request.prompt_ids.shape[0], max(self.buckets))
+        if self.batch_size > 1:
+            require_one_context(request.prompt_ids.shape[0], min(max(buckets) for buckets in self.buckets))
 
     @property
-    def buckets(self) -> list[int]:
-        return context_buckets(self.target.model, self.target.n_positions)
+    def buckets(self) -> tuple[list[int], list[int]]:
+        """The target's and the draft's context buckets (both encode the prompts, fused_speculation.py:576, :592):
+        a batch's padded width avoids them (`padded_batch`)."""
+        draft = self.decoder.draft
+        return (context_buckets(self.target.model, self.target.n_positions),
+                context_buckets(draft, getattr(draft, "n_positions", self.target.n_positions)))
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `FusedSpeculativeDecoder.sample` over `rows`, padded to the compiled batch."""
-        batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id, self.buckets)
+        batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id, {*self.buckets[0], *self.buckets[1]})
         speculator = self.decoder.speculator
         counted = _CountedIterations(speculator, self.batch_size, fused_k(self.k))
         self.decoder.speculator = counted

@@ -141,7 +141,10 @@ class StaticBatchLoop:
 def commit(row: Row, output: RowOutput) -> None:
     """Commit the library's tokens for `row` (cut at its EOS and budget), piece by piece where the pieces
     match them; record each piece in the row's statistics, including work past an EOS the library did not
-    stop at (`tokens_after_eos`, as stats.py defines it)."""
+    stop at (`tokens_after_eos`, as stats.py defines it). Iterations whose tokens all lie past the row's budget
+    are not its calls: the other rows' (the batch runs to the longest budget), or the window both loops run from
+    the last token before their cache id reaches sequence_length (speculation.py:860-862,
+    fused_speculation.py:730-732)."""
     seq, stats, generated = row.seq, row.stats, output.generated
     seq.extend(generated[:1])  # the first token: the target's, from the prompt's context encoding
     budget = min(len(generated), seq.max_new_tokens)
