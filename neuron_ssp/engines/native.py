@@ -28,6 +28,7 @@ from neuron_ssp.engines.batch import BatchLoop
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
+from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.policies import WindowPolicy
 
 
@@ -36,7 +37,8 @@ class SpeculativeGenerator:
     (and the policy), generating one request at a time."""
 
     def __init__(self, target: ModelBackend, drafter: Drafter | None, acceptor: TokenAcceptor, policy: WindowPolicy,
-                 sampling: SamplingConfig, k: int, rng: torch.Generator | None = None):
+                 sampling: SamplingConfig, k: int, rng: torch.Generator | None = None, cost: WidthCost | None = None):
+        """`cost`: the target's call cost per row count, for a batch's goodput windows (`row_loop`)."""
         if target.max_score_width is not None and k > target.max_score_width:
             raise UsageError(Problem("speculation.k", k, f"the target scores at most {target.max_score_width} "
                                      "positions per call (its compiled window)",
@@ -48,6 +50,7 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.params = sampling_params(sampling)
         self.k = k
+        self.cost = cost
         # for acceptors and drafters that draw from a generator rather than the per-position noise
         self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
@@ -60,6 +63,10 @@ class SpeculativeGenerator:
                              None if drafter is None else (lambda slot: drafter), self.acceptor, self.policy,
                              on_tokens, on_commit, on_logits, should_stop)
         return BatchLoop(self.target, self.k).run(request)
+
+    def row_loop(self) -> BatchLoop:
+        """Requests as rows of our loop over the target's slots (the server's continuous batching)."""
+        return BatchLoop(self.target, self.k, self.cost)
 
 
 def plain_generate(target: ModelBackend, prompt_ids: torch.Tensor, max_new_tokens: int,

@@ -158,6 +158,10 @@ class NxdiFusedEngine:
     def __init__(self, target: Any, k: int):
         self.loop = NxdiFusedLoop(target, k)
 
+    def row_loop(self) -> NxdiFusedLoop:
+        """The graph's one loop: it owns the cache lines, so every caller shares it."""
+        return self.loop
+
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: TokenCallback | None = None) -> GenerationResult:
         return self.loop.run(RowRequest(prompt_ids, max_new_tokens, GREEDY, eos_token_ids=eos_token_ids,

@@ -28,7 +28,7 @@ from neuron_ssp.engines.base import (
     sampling_params,
 )
 from neuron_ssp.engines.native import SpeculativeGenerator
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, target_cost
@@ -37,10 +37,14 @@ from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, buil
 
 
 class Generator(Protocol):
-    """What a pipeline drives: our SpeculativeGenerator or a library's engine."""
+    """What a pipeline drives: our SpeculativeGenerator or a library's engine. `generate` runs one request;
+    `row_loop` gives the loop that runs requests as rows (ours; transformers-neuronx's static batches; NxDI's
+    fused graph with continuous batching)."""
 
     def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
                  on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult: ...
+
+    def row_loop(self) -> RowLoop: ...
 
 
 @dataclass
@@ -96,7 +100,7 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
     drafter = shared.drafter if shared.drafter is not None or spec.drafter == "none" \
         else build_drafter(config, target, draft, rng)
     policy = row_policy(config, shared)
-    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng)
+    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost)
 
 
 @dataclass
@@ -131,8 +135,9 @@ def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | 
 
 
 def row_policy(config: Config, shared: Shared) -> WindowPolicy:
-    """The config's window policy over the shared counts; plain decoding (drafter none) opens no window."""
-    if config.speculation.drafter == "none":
+    """The config's window policy over the shared counts; plain decoding (drafter none) opens no window, nor do
+    the libraries' loops, whose windows are their own."""
+    if config.speculation.drafter == "none" or config.speculation.engine != "native":
         return WindowPolicy(1)
     return build_policy(config.speculation, shared.cost, shared.acceptance)
 

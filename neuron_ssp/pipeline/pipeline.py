@@ -13,9 +13,7 @@ from transformers import PreTrainedTokenizerBase
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck
-from neuron_ssp.engines.batch import BatchLoop
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
 from neuron_ssp.engines.rows import RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
@@ -92,26 +90,17 @@ class Pipeline:
         `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
         accepted draft tokens and how many were drafted; `on_logits(rows)` (our loop only) the target's
         logits that chose them, just before; `should_stop()` is asked once per iteration and cancels
-        the generation. The library engine runs transformers-neuronx's loop in one call: its tokens
-        arrive together at the end with origin unknown (`from_draft` None), and a cancel takes effect
-        only after it returns.
+        the generation. transformers-neuronx's engines (library, fused) run their loop in one call: the tokens
+        arrive together at the end, and a cancel takes effect only after it returns.
         """
         sampling = sampling or self.config.sampling
         if on_logits is not None and not self.scores_tokens:
             raise UsageError(logprobs_problem(self.config.speculation.engine))
-        if self.batches:
-            request = self.row_request(prompt_ids, max_new_tokens, sampling,
-                                       RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop))
-            return self.batch_loop().run(request)
-        refuse_unhonoured(self.config, sampling)
-        on_tokens = (lambda tokens: on_commit(tokens, None, 0)) if on_commit else None
-        return self.generator.generate(prompt_ids, max_new_tokens, self.eos_token_ids, on_tokens)
+        request = self.row_request(prompt_ids, max_new_tokens, sampling,
+                                   RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop))
+        return self.batch_loop().run(request)
 
-    @property
-    def batches(self) -> bool:
-        """Whether requests run as rows of a batching loop: ours (engine native), or NxD Inference's fused
-        graph; the other libraries' loops run one request at a time."""
-        return self.config.speculation.engine == "native" or isinstance(self.generator, NxdiFusedEngine)
+    batches = True  # requests run as rows of the engine's loop (`batch_loop`): every engine has one
 
     @property
     def scores_tokens(self) -> bool:
@@ -119,11 +108,8 @@ class Pipeline:
         return self.config.speculation.engine == "native"
 
     def batch_loop(self) -> RowLoop:
-        """The loop over the target's slots (one loop at a time per target: it owns them). NxD Inference's
-        fused engine has one already, over its compiled batch's cache lines."""
-        if isinstance(self.generator, NxdiFusedEngine):
-            return self.generator.loop
-        return BatchLoop(self.target, self.config.speculation.k, self.shared.cost)
+        """The engine's loop over the target's slots (one loop at a time per target: it owns them)."""
+        return self.generator.row_loop()
 
     def row_request(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
                     callbacks: RowCallbacks) -> RowRequest:
