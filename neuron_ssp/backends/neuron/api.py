@@ -121,6 +121,18 @@ class NeuronxApi:
         assert self.continuous_batching_class is not None, "batch_problem refuses this build first"
         return {"continuous_batching": self.continuous_batching_class(batch_size_for_shared_caches=batch_size)}
 
+    def static_batch_options(self, batch_size: int) -> dict[str, Any]:
+        """NeuronConfig keywords of a model the library's own loops run at a static batch (`engine: library` /
+        `fused`): right padding (none at batch 1). Their batched `sample` sends right-padded prompts with 2-D
+        cache_ids (speculation.py:722-728, fused_speculation.py:555-559 at 1ade6d7), which the models read only
+        with `padding_side='right'` (config.py:214, :254-259 `lhs_aligned`); the fused decoder asserts it
+        (fused_speculation.py:318-325). No continuous batching: 1ade6d7's draft step sends int32 cache_ids with
+        int64 tokens (speculation.py:356), which its continuous-batching scatter refuses (base.py:585)."""
+        if batch_size == 1:
+            return {}
+        assert self.neuron_config_class is not None, "batch_problem refuses a build without NeuronConfig first"
+        return {"padding_side": "right"}
+
     def enable_speculation(self, model: Any, ks: list[int], batch_size: int = 1) -> None:
         """Compile one k-token scoring network per k into `model` (for `batch_size` rows); must run before
         `to_neuron()`."""

@@ -8,6 +8,8 @@ and `to_neuron()` last. A target compiled by `neuron-ssp compile --k 2..8` holds
 picks the window at run time (`speculative_forward(..., speculation_length=k)`).
 At batch > 1 our loop's models are compiled with continuous batching (each request prefilled into its own
 cache slot) and scored by `BatchedNeuronBackend`; a library build that cannot is refused before any load.
+The library's own loops (engine library / fused) take a static batch instead: both models at `batch_size` B
+with right padding, the target's speculation networks at (k, B) (`api.static_batch_options`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.batched import BatchedNeuronBackend
 from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
-from neuron_ssp.backends.neuron.selftest import check_self_test, self_test
+from neuron_ssp.backends.neuron.selftest import check_self_test, self_test, static_batch_self_test_skip
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -61,10 +63,14 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         vocab_size = int(model.config.vocab_size)
         backends[role] = (
             BatchedNeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows, slots=model_cfg.batch_size)
-            if options else NeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows)
+            if "continuous_batching" in options else NeuronBackend(model, role, vocab_size, model_cfg.n_positions, k,
+                                                                   windows)
         )
     if config.neuron.self_test:
-        check_self_test(self_test(backends["target"], config, api.version))
+        if skipped := static_batch_self_test_skip(config):
+            warnings.warn(skipped, stacklevel=2)
+        else:
+            check_self_test(self_test(backends["target"], config, api.version))
     return backends["target"], backends.get("draft")
 
 
@@ -81,7 +87,8 @@ def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPla
     for role in plan.load_order:
         model_cfg = model_config(config, role)
         model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
-        model = build_model(api, model_dir, model_cfg, None, None, on_device_options(config, model_dir), workers)
+        options = {**on_device_options(config, model_dir), **api.static_batch_options(model_cfg.batch_size)}
+        model = build_model(api, model_dir, model_cfg, None, None, options, workers)
         backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
     return backends["target"], backends.get("draft")
 
@@ -107,16 +114,24 @@ def refuse_unbatched(api: NeuronxApi, config: Config) -> None:
 
 
 def scoring_options(api: NeuronxApi, config: Config, model_cfg: ModelConfig) -> dict[str, Any]:
-    """NeuronConfig keywords of a model our loop (engine native) scores: at batch > 1 continuous batching, so a
-    request joins a running batch with a prefill of its own slot. The library's loops batch their own way."""
-    return api.continuous_batching_options(model_cfg.batch_size) if config.speculation.engine == "native" else {}
+    """NeuronConfig keywords of a scoring model: at batch > 1 for our loop (engine native) continuous batching, so
+    a request joins a running batch with a prefill of its own slot; for the library's loop (engine library) a
+    static batch with right padding, the batch it takes in one `sample` call."""
+    if config.speculation.engine == "native":
+        return api.continuous_batching_options(model_cfg.batch_size)
+    return api.static_batch_options(model_cfg.batch_size)
 
 
 def artifact_constructor(api: NeuronxApi, model_cfg: ModelConfig, options: dict[str, Any]) -> dict[str, Any]:
-    """What identifies the compiled networks: the constructor arguments, and continuous batching where set
-    (its context network is compiled at batch 1, llama/model.py lines 83-84 at 1ade6d7)."""
+    """What identifies the compiled networks: the constructor arguments (batch_size among them), continuous
+    batching where set (its context network is compiled at batch 1, llama/model.py lines 83-84 at 1ade6d7) and
+    the padding side where set (right padding compiles 2-D cache_ids into every network, config.py:259)."""
     kwargs = api.constructor_kwargs(model_cfg)
-    return {**kwargs, "continuous_batching": model_cfg.batch_size} if "continuous_batching" in options else kwargs
+    if "continuous_batching" in options:
+        kwargs["continuous_batching"] = model_cfg.batch_size
+    if "padding_side" in options:
+        kwargs["padding_side"] = options["padding_side"]
+    return kwargs
 
 
 def prepare_device(config: Config, plan: DeploymentPlan) -> None:

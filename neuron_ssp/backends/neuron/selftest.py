@@ -83,6 +83,22 @@ def library_label(version: str) -> str:
     return version if version.startswith(NXDI) else f"transformers-neuronx {version}"
 
 
+def static_batch_self_test_skip(config: Config) -> str | None:
+    """Why the self-test cannot run on this load, or None. Models the library's loops (engine library / fused)
+    run at a static batch B > 1 are compiled for B rows only: their context networks at batch B (llama/model.py:82-84,
+    :249-257 at 1ade6d7: `context_batch_sizes` is `batch_sizes` without continuous batching) and the target's
+    windows at (k, B) (base.py:129-132), while the self-test scores one row through `NeuronBackend` ((1, n)
+    inputs, 1-D cache_ids). Skipped, not emulated: the skip says what goes unchecked and how to check it."""
+    engine, batch = config.speculation.engine, config.target.batch_size
+    if engine == "native" or batch == 1:
+        return None
+    return (f"Neuron self-test skipped: engine {engine} at target.batch_size {batch} runs models compiled for a "
+            f"static batch of {batch} rows, which the one-row self-test cannot score; NOT checked: whether this "
+            f"transformers-neuronx build's k={config.speculation.k} window scores as one-token decoding does. Check "
+            "the build with the same config at target.batch_size: 1 and draft.batch_size: 1 (neuron-ssp doctor "
+            "--self-test), or with speculation.engine: native at this batch")
+
+
 def self_test(target: ModelBackend, config: Config, library_version: str) -> SelfTestResult:
     """The loaded target's k-wide window against one-token calls, on a passage in its own tokenizer."""
     k = getattr(target, "speculation_length", None)
