@@ -27,7 +27,7 @@ from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.model import ModelDrafter, propose_together
 from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -76,9 +76,7 @@ class BatchLoop:
     def step(self) -> list[Row]:
         """One target call for every running row (windows, and prompt chunks of rows still prefilling);
         returns the rows that finished (cancelled ones included)."""
-        for row in self.rows:
-            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
-        cancelled = [row for row in self.rows if row.cancelled]
+        cancelled = cancelled_rows(self.rows)
         for row in cancelled:
             self._leave(row)
         if not self.rows:

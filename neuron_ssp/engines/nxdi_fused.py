@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
@@ -96,9 +96,7 @@ class NxdiFusedLoop:
 
     def step(self) -> list[Row]:
         """One fused call for every running row; returns the rows that finished (cancelled ones included)."""
-        for row in self.rows:
-            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
-        cancelled = [row for row in self.rows if row.cancelled]
+        cancelled = cancelled_rows(self.rows)
         for row in cancelled:
             self._leave(row)
         if not self.rows:

@@ -83,6 +83,14 @@ class Row:
 
 
 
+def cancelled_rows(rows: list[Row]) -> list[Row]:
+    """Ask each row's caller, once per step, whether it still wants the row (cancel, stop string, deadline);
+    the rows that must leave now."""
+    for row in rows:
+        row.cancelled = bool(row.request.should_stop and row.request.should_stop())
+    return [row for row in rows if row.cancelled]
+
+
 class RowLoop(Protocol):
     """Rows of one target at once, at most its slots. Requests join between steps; a step advances every
     running row by one call and returns the rows that finished (EOS, budget, cancel or their own error)."""

@@ -25,7 +25,7 @@ import torch
 
 from neuron_ssp.config import Config
 from neuron_ssp.engines.base import GenerationResult
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.stats import GenerationStats
 
@@ -98,9 +98,7 @@ class StaticBatchLoop:
 
     def step(self) -> list[Row]:
         """One library call over every joined row; returns them all, finished (cancelled ones included)."""
-        for row in self.rows:
-            row.cancelled = bool(row.request.should_stop and row.request.should_stop())
-        cancelled = [row for row in self.rows if row.cancelled]
+        cancelled = cancelled_rows(self.rows)
         rows = [row for row in self.rows if not row.cancelled]
         self.rows = []
         if rows:
