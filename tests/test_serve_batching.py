@@ -18,6 +18,23 @@ SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "seed": 5}, {"temperature":
             {"temperature": 0}]
 
 
+def ask_at_once(url: str, bodies: list[dict]) -> list[str]:
+    """Each completion request from its own client thread, all at once; the texts in request order."""
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        response = httpx.post(f"{url}/v1/completions", json=bodies[i], timeout=60)
+        response.raise_for_status()
+        answers[i] = response.json()["choices"][0]["text"]
+
+    clients = [threading.Thread(target=ask, args=(i,)) for i in range(len(bodies))]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(120)
+    return [answers[i] for i in range(len(bodies))]
+
+
 def test_concurrent_requests_get_the_output_each_gets_alone():
     config = tiny_config(serve={"max_batch": 3}, speculation={"k": 4, "policy": "cost"})
     pipeline = pipeline_on(TorchBackend(tiny_llama(0), 512, slots=3), config)
@@ -26,20 +43,11 @@ def test_concurrent_requests_get_the_output_each_gets_alone():
         result = pipeline.generate_ids(pipeline.encode(prompt, chat_template=False), 20,
                                        SamplingConfig(**sampling))
         alone.append(pipeline.tokenizer.decode(result.tokens, skip_special_tokens=True))
-    answers: dict[int, str] = {}
-
-    def ask(url: str, i: int) -> None:
-        body = {"prompt": PROMPTS[i], "max_tokens": 20, **SAMPLING[i]}
-        answers[i] = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
-
     with running_server(pipeline, max_batch=3) as url:
-        clients = [threading.Thread(target=ask, args=(url, i)) for i in range(len(PROMPTS))]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join(120)
+        answers = ask_at_once(url, [{"prompt": prompt, "max_tokens": 20, **sampling}
+                                    for prompt, sampling in zip(PROMPTS, SAMPLING, strict=True)])
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    assert [answers[i] for i in range(len(PROMPTS))] == alone
+    assert answers == alone
     steps_of_many = [line for line in metrics.splitlines()
                      if line.startswith('neuron_ssp_batch_size_bucket{le="1.0"}')]
     total = [line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")]
@@ -51,17 +59,8 @@ def test_the_scheduler_runs_no_more_rows_than_the_serving_batch():
     scheduler admits serve.max_batch rows, the rest wait in the queue."""
     config = tiny_config(serve={"max_batch": 2}, speculation={"k": 4})
     pipeline = pipeline_on(TorchBackend(tiny_llama(0), 512, slots=4), config)
-
-    def ask(url: str, i: int) -> None:
-        httpx.post(f"{url}/v1/completions", json={"prompt": PROMPTS[i], "max_tokens": 12, "temperature": 0},
-                   timeout=60).raise_for_status()
-
     with running_server(pipeline, max_batch=2) as url:
-        clients = [threading.Thread(target=ask, args=(url, i)) for i in range(len(PROMPTS))]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join(120)
+        ask_at_once(url, [{"prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS])
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     at_most = {line.split('le="')[1].split('"')[0]: float(line.split()[-1]) for line in metrics.splitlines()
                if line.startswith("neuron_ssp_batch_size_bucket")}

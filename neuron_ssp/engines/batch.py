@@ -27,7 +27,7 @@ from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.model import ModelDrafter, propose_together
 from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
+from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -108,13 +108,7 @@ class BatchLoop:
         return cancelled + ended
 
     def run(self, request: RowRequest) -> GenerationResult:
-        """One request alone, to its end."""
-        row = self.join(request)
-        while not row.finished:
-            self.step()
-        if row.error is not None:
-            raise row.error
-        return row.result()
+        return run_alone(self, request)
 
     def _begin(self, row: Row) -> None:
         request = row.request

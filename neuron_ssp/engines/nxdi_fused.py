@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
+from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
@@ -120,13 +120,7 @@ class NxdiFusedLoop:
         return cancelled + ended
 
     def run(self, request: RowRequest) -> GenerationResult:
-        """One request alone, to its end."""
-        row = self.join(request)
-        while not row.finished:
-            self.step()
-        if row.error is not None:
-            raise row.error
-        return row.result()
+        return run_alone(self, request)
 
     def _call(self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor,
               visible: list[int]) -> list[list[int]]:

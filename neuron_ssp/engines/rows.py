@@ -91,6 +91,16 @@ def cancelled_rows(rows: list[Row]) -> list[Row]:
     return [row for row in rows if row.cancelled]
 
 
+def run_alone(loop: RowLoop, request: RowRequest) -> GenerationResult:
+    """One request alone in `loop`, stepped to its end; its own error is raised."""
+    row = loop.join(request)
+    while not row.finished:
+        loop.step()
+    if row.error is not None:
+        raise row.error
+    return row.result()
+
+
 class RowLoop(Protocol):
     """Rows of one target at once, at most its slots. Requests join between steps; a step advances every
     running row by one call and returns the rows that finished (EOS, budget, cancel or their own error)."""
