@@ -148,3 +148,15 @@ def test_parse_ks(text: str | None, ks: list[int]) -> None:
 def test_parse_ks_refuses(text: str) -> None:
     with pytest.raises(UsageError):
         parse_ks(text, 4)
+
+
+def test_doctor_self_test_of_a_static_batch_config_says_which_build_it_checks(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
+                           target={"batch_size": 2}, draft={"batch_size": 2})
+    path = tmp_path / "batch2.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    result = CliRunner().invoke(main, ["doctor", "--self-test", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "not the static-batch build the engine loads" in " ".join(result.output.split())

@@ -182,10 +182,20 @@ def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, sel
 
 def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     """`doctor --self-test CONFIG`: the load-time self-test on its own, with its per-position figures."""
-    from neuron_ssp.backends.neuron.selftest import check_self_test, library_label, self_test
+    from neuron_ssp.backends.neuron.selftest import (
+        check_self_test,
+        library_label,
+        self_test,
+        static_batch_self_test_skip,
+    )
     from neuron_ssp.pipeline.load import load_neuron_models
 
     config = load_config(config_path)
+    if static_batch_self_test_skip(config) is not None:  # the library's static build cannot score one row
+        click.echo(f"note: engine {config.speculation.engine} at target.batch_size {config.target.batch_size}: this "
+                   "checks our loop's build of the target at that batch (continuous batching), not the static-batch "
+                   "build the engine loads; for that one, run the self-test with target.batch_size: 1 and "
+                   "draft.batch_size: 1", err=True)
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
