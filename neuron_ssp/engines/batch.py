@@ -27,7 +27,7 @@ from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.model import ModelDrafter, propose_together
 from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows, run_alone
+from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -46,39 +46,28 @@ class BatchLoop:
         # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
         self.prefill_chunk: int | None = getattr(target, "prompt_chunk", None)
-        self.rows: list[Row] = []  # in joining order: prompts are prefilled first come, first served
-        self._free = list(range(target.slots - 1, -1, -1))
+        self.slot_rows = RowSlots(target.slots)
+
+    @property
+    def rows(self) -> list[Row]:
+        """The running rows in joining order: prompts are prefilled first come, first served."""
+        return self.slot_rows.rows
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return self.slot_rows.free
 
     def join(self, request: RowRequest) -> Row:
         """Start a request: check its room, take a free slot, start its drafter and (without chunked prefill)
         prefill its prompt in its own call and commit its first token. A request that ends there (EOS, a
         budget of one) is returned finished, not running."""
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
-        if not self._free:
-            raise RuntimeError(f"no free slot: {self.target.slots} requests are running")
-        row = Row(request, self._free.pop(), self.k, self.target.vocab_size)
-        row.policy.reset()
-        try:
-            self._begin(row)
-        except Exception:
-            self._free.append(row.slot)
-            raise
-        if row.finished:
-            self._leave(row)
-        else:
-            self.rows.append(row)
-        return row
+        return self.slot_rows.start(lambda slot: Row(request, slot, self.k, self.target.vocab_size), self._begin)
 
     def step(self) -> list[Row]:
         """One target call for every running row (windows, and prompt chunks of rows still prefilling);
         returns the rows that finished (cancelled ones included)."""
-        cancelled = cancelled_rows(self.rows)
-        for row in cancelled:
-            self._leave(row)
+        cancelled = self.slot_rows.leave_cancelled()
         if not self.rows:
             return cancelled
         chunks = self._prompt_chunks()
@@ -102,16 +91,14 @@ class BatchLoop:
                     self._commit(row, rows_logits)
             except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
                 row.error = exc
-        ended = [row for row in self.rows if row.finished]
-        for row in ended:
-            self._leave(row)
-        return cancelled + ended
+        return cancelled + self.slot_rows.leave_finished()
 
     def run(self, request: RowRequest) -> GenerationResult:
         return run_alone(self, request)
 
     def _begin(self, row: Row) -> None:
         request = row.request
+        row.policy.reset()
         begin = time.perf_counter()
         if row.drafter is not None:
             row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
@@ -195,16 +182,6 @@ class BatchLoop:
         row.policy.observe(len(draft), accepted)
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[accepted], tokens[-1])
-
-    def _leave(self, row: Row) -> None:
-        if row in self.rows:
-            self.rows.remove(row)
-        if row.drafter is not None:
-            row.drafter.finish(row.seq.committed())
-        row.stats.wall_s = time.perf_counter() - row.started
-        row.stats.new_tokens = row.seq.generated_count
-        self._free.append(row.slot)
-
 
 def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, noise: PositionNoise) -> list[int]:
     """The acceptor's tokens for one row, in transformers-neuronx's call shape, checked: the first n-1

@@ -35,14 +35,13 @@ time split is not observable inside one graph and reads zero.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from typing import Any
 
 import torch
 
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows, run_alone
+from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
@@ -62,12 +61,15 @@ class NxdiFusedLoop:
         self.app = target.model
         self.k = k
         self.slots = compiled_batch(self.app)
-        self.rows: list[Row] = []
-        self._free = list(range(self.slots - 1, -1, -1))
+        self.slot_rows = RowSlots(self.slots)
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.slot_rows.rows
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return self.slot_rows.free
 
     def join(self, request: RowRequest) -> Row:
         """Encode the prompt into a free cache line (its own call) and commit the target's first token. A
@@ -75,30 +77,11 @@ class NxdiFusedLoop:
         refuse_sampled(request.sampling)
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
                    extra_target_slots("fused", self.k, NXDI))
-        if not self._free:
-            raise RuntimeError(f"no free slot: {self.slots} requests are running")
-        row = Row(request, self._free.pop(), self.k, self.target.vocab_size)
-        row.stats = GenerationStats(k=self.k)  # the graph drafts k-1 tokens every call
-        try:
-            prompt_len = request.prompt_ids.shape[0]
-            first = self._call(request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1),
-                               [prompt_len])
-            row.prefilled = prompt_len  # the whole prompt in one context-encoding call
-            row.seq.extend(first[0][:1])
-        except Exception:
-            self._free.append(row.slot)
-            raise
-        if row.finished:
-            self._leave(row)
-        else:
-            self.rows.append(row)
-        return row
+        return self.slot_rows.start(lambda slot: Row(request, slot, self.k, self.target.vocab_size), self._prefill)
 
     def step(self) -> list[Row]:
         """One fused call for every running row; returns the rows that finished (cancelled ones included)."""
-        cancelled = cancelled_rows(self.rows)
-        for row in cancelled:
-            self._leave(row)
+        cancelled = self.slot_rows.leave_cancelled()
         if not self.rows:
             return cancelled
         rows = sorted(self.rows, key=lambda row: row.slot)
@@ -114,13 +97,19 @@ class NxdiFusedLoop:
                 row.stats.record_call(self.k - 1, len(tokens) - 1, row.seq.extend(tokens, len(tokens) - 1, self.k - 1))
             except Exception as exc:  # this row's failure (a callback): the others go on
                 row.error = exc
-        ended = [row for row in self.rows if row.finished]
-        for row in ended:
-            self._leave(row)
-        return cancelled + ended
+        return cancelled + self.slot_rows.leave_finished()
 
     def run(self, request: RowRequest) -> GenerationResult:
         return run_alone(self, request)
+
+    def _prefill(self, row: Row) -> None:
+        """The prompt into the row's cache line in one context-encoding call, and the target's first token."""
+        row.stats = GenerationStats(k=self.k)  # the graph drafts k-1 tokens every call
+        prompt_len = row.request.prompt_ids.shape[0]
+        first = self._call(row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1),
+                           [prompt_len])
+        row.prefilled = prompt_len
+        row.seq.extend(first[0][:1])
 
     def _call(self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor,
               visible: list[int]) -> list[list[int]]:
@@ -135,14 +124,6 @@ class NxdiFusedLoop:
         fused = out.fused_outputs
         accepted = fused[0] if isinstance(fused, (list, tuple)) else fused
         return [[int(t) for t in row if t != PADDING] for row in accepted.view(len(slots), -1)]
-
-    def _leave(self, row: Row) -> None:
-        if row in self.rows:
-            self.rows.remove(row)
-        row.stats.wall_s = time.perf_counter() - row.started
-        row.stats.new_tokens = row.seq.generated_count
-        self._free.append(row.slot)
-
 
 class NxdiFusedEngine:
     """Same `generate` as `SpeculativeGenerator`: the loop with one row."""

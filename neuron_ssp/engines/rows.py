@@ -81,14 +81,66 @@ class Row:
         return GenerationResult(self.seq.generated(), self.stats)
 
 
-
-
 def cancelled_rows(rows: list[Row]) -> list[Row]:
     """Ask each row's caller, once per step, whether it still wants the row (cancel, stop string, deadline);
     the rows that must leave now."""
     for row in rows:
         row.cancelled = bool(row.request.should_stop and row.request.should_stop())
     return [row for row in rows if row.cancelled]
+
+
+class RowSlots:
+    """A loop's cache slots: the rows running in them, in joining order, and the free ones. A row takes a slot to
+    start and gives it back when it leaves, whatever ended it (EOS, budget, cancel, its own error)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.rows: list[Row] = []
+        self._free = list(range(count - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def start(self, make_row: Callable[[int], Row], begin: Callable[[Row], None]) -> Row:
+        """A new row in a free slot, begun (its prefill, its first token): running, or left at once when it ended
+        there (EOS, a budget of one). The slot comes back if `begin` fails."""
+        if not self._free:
+            raise RuntimeError(f"no free slot: {self.count} requests are running")
+        row = make_row(self._free.pop())
+        try:
+            begin(row)
+        except Exception:
+            self._free.append(row.slot)
+            raise
+        if row.finished:
+            self.leave(row)
+        else:
+            self.rows.append(row)
+        return row
+
+    def leave(self, row: Row) -> None:
+        if row in self.rows:
+            self.rows.remove(row)
+        if row.drafter is not None:
+            row.drafter.finish(row.seq.committed())
+        row.stats.wall_s = time.perf_counter() - row.started
+        row.stats.new_tokens = row.seq.generated_count
+        self._free.append(row.slot)
+
+    def leave_cancelled(self) -> list[Row]:
+        """Before a step: the rows whose callers no longer want them leave (cancelled_rows)."""
+        cancelled = cancelled_rows(self.rows)
+        for row in cancelled:
+            self.leave(row)
+        return cancelled
+
+    def leave_finished(self) -> list[Row]:
+        """After a step: the rows it finished leave."""
+        ended = [row for row in self.rows if row.finished]
+        for row in ended:
+            self.leave(row)
+        return ended
 
 
 def run_alone(loop: RowLoop, request: RowRequest) -> GenerationResult:
