@@ -13,6 +13,7 @@ import pytest
 import torch
 from neuron_support import VOCAB, check_self_draft_accepts_everything, prompt, speculative
 from nxdi_support.configs import nxdi_config
+from nxdi_support.recording import recorded_forward
 from transformers import LlamaForCausalLM
 
 from neuron_ssp.engines.base import sampling_params
@@ -30,20 +31,6 @@ def load(config: Any) -> tuple[Any, Any]:
     return load_nxdi_backends(config, plan_deployment(config))
 
 
-def recorded_forward(backend: Any) -> list[dict[str, list]]:
-    """Wrap the application so every NxDI forward call's inputs are kept."""
-    calls: list[dict[str, list]] = []
-    app = backend.app
-    real = app.forward
-
-    def forward(**inputs: Any) -> Any:
-        calls.append({name: value.tolist() for name, value in inputs.items()})
-        return real(**inputs)
-
-    app.forward = forward
-    return calls
-
-
 def reference_logits(model_dir: Path, tokens: list[int]) -> torch.Tensor:
     model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.inference_mode():
@@ -52,7 +39,7 @@ def reference_logits(model_dir: Path, tokens: list[int]) -> torch.Tensor:
 
 def test_inputs_follow_nxdi_rules_and_logits_match_hugging_face(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
     target, _ = load(nxdi_config(tiny_model_dirs["target"], neuron={"self_test": False}))
-    calls = recorded_forward(target)
+    calls = recorded_forward(target.app)
     ids = prompt(6)
     last = target.prefill(ids)
     rows = target.score(torch.tensor([11, 12, 13]), 6)  # 3 < k = 4: padded to k
@@ -87,7 +74,7 @@ def test_rollback_a_rejected_suffix_is_overwritten_by_the_next_call(
 
 def test_the_draft_scores_one_token_per_call(nxdi: Any, tiny_model_dirs: dict[str, Path]) -> None:
     _, draft = load(nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], neuron={"self_test": False}))
-    calls = recorded_forward(draft)
+    calls = recorded_forward(draft.app)
     draft.prefill(prompt(6))
     rows = draft.score(torch.tensor([30, 31]), 6)
     assert rows.shape == (2, VOCAB) and draft.max_score_width == 1

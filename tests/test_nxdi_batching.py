@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from neuron_support import prompt
 from nxdi_support.configs import nxdi_config
+from nxdi_support.recording import recorded_forward
 
 from neuron_ssp.engines.nxdi_fused import GREEDY, NxdiFusedEngine, NxdiFusedLoop, compiled_batch
 from neuron_ssp.engines.rows import Row, RowRequest
@@ -40,20 +41,6 @@ def fused_target(tiny_model_dirs: dict[str, Path], batch: int) -> Any:
 
     config = fused_config(tiny_model_dirs, batch)
     return load_nxdi_fused(config, plan_deployment(config))[0]
-
-
-def recorded_calls(target: Any) -> list[dict[str, list]]:
-    """Every NxDI forward call's inputs, kept."""
-    calls: list[dict[str, list]] = []
-    app = target.model
-    real = app.forward
-
-    def forward(**inputs: Any) -> Any:
-        calls.append({name: value.tolist() for name, value in inputs.items()})
-        return real(**inputs)
-
-    app.forward = forward
-    return calls
 
 
 def cut(tokens: list[int], budget: int, eos: set[int]) -> list[int]:
@@ -86,7 +73,7 @@ def test_rows_joining_and_leaving_decode_as_each_would_alone(nxdi: Any, tiny_mod
     assert len(expected[EOS_REQUEST]) <= 5 < REQUESTS[EOS_REQUEST][2]  # the EOS ends it before its budget
 
     target = fused_target(tiny_model_dirs, batch)
-    calls = recorded_calls(target)
+    calls = recorded_forward(target.model)
     loop = NxdiFusedLoop(target, K)
     assert (loop.slots, loop.free_slots) == (batch, batch)
     streamed: list[list[int]] = [[] for _ in REQUESTS]
@@ -149,7 +136,7 @@ def fails_on_call(n: int) -> Any:
 def test_a_full_batch_refuses_another_row_and_a_sampled_request_is_refused(nxdi: Any, tiny_model_dirs: dict[str, Path]
                                                                            ) -> None:
     target = fused_target(tiny_model_dirs, 2)
-    calls = recorded_calls(target)
+    calls = recorded_forward(target.model)
     loop = NxdiFusedLoop(target, K)
     with pytest.raises(UsageError) as refused:
         loop.join(RowRequest(prompt(6), 8, SamplingParams(temperature=0.7, top_k=5)))
