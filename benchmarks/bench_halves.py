@@ -26,16 +26,24 @@ def aggregate(rows: list[dict], drafter: str) -> dict[str, float]:
     tokens, wall = sum(x["new_tokens"] for x in runs), sum(x["wall_s"] for x in runs)
     drafted, accepted = sum(x["draft_tokens"] for x in runs), sum(x["accepted_tokens"] for x in runs)
     calls, loop_tokens = sum(x["target_calls"] for x in runs), sum(x["loop_tokens"] for x in runs)
-    return {"plain_tok_s": plain_tokens / plain_wall, "speedup": (tokens / wall) / (plain_tokens / plain_wall),
-            "alpha": accepted / drafted if drafted else 0.0, "accepted_len": loop_tokens / calls if calls else 0.0,
-            "equal": sum(x["outputs_equal"] for x in runs), "runs": len(runs)}
+    return {
+        "plain_tok_s": plain_tokens / plain_wall,
+        "speedup": (tokens / wall) / (plain_tokens / plain_wall),
+        "alpha": accepted / drafted if drafted else 0.0,
+        "accepted_len": loop_tokens / calls if calls else 0.0,
+        "equal": sum(x["outputs_equal"] for x in runs),
+        "runs": len(runs),
+    }
 
 
 def table(rows: list[dict], drafters: list[str], title: str) -> None:
     categories = list(dict.fromkeys(r["category"] for r in rows))
     print(f"\n{title}")
-    header = f"{'category':>15} {'plain tok/s':>11} " + " ".join(
-        f"{d + ' x':>9} {d + ' α':>9} {d + ' len':>9}" for d in drafters) + "  = plain"
+    header = (
+        f"{'category':>15} {'plain tok/s':>11} "
+        + " ".join(f"{d + ' x':>9} {d + ' α':>9} {d + ' len':>9}" for d in drafters)
+        + "  = plain"
+    )
     print(header)
     speedups: dict[str, list[float]] = {d: [] for d in drafters}
     for category in [*categories, "all"]:
@@ -49,8 +57,10 @@ def table(rows: list[dict], drafters: list[str], title: str) -> None:
             if category != "all":
                 speedups[d].append(a["speedup"])
         print(" ".join(cells) + "  " + " ".join(equal))
-    print(f"{'geomean':>15} {'':>11} " + " ".join(
-        f"{math.exp(sum(map(math.log, v)) / len(v)):>8.2f}x {'':>9} {'':>9}" for v in speedups.values()))
+    print(
+        f"{'geomean':>15} {'':>11} "
+        + " ".join(f"{math.exp(sum(map(math.log, v)) / len(v)):>8.2f}x {'':>9} {'':>9}" for v in speedups.values())
+    )
 
 
 def main() -> None:

@@ -39,8 +39,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     pipeline = load_pipeline(load_config(overrides={"sampling.temperature": 0.0}))
     base = pipeline.config
-    generators = {name: generator_for_config(pipeline, base.model_copy(update={
-        "speculation": base.speculation.model_copy(update=spec)})) for name, spec in VARIANTS.items()}
+    generators = {
+        name: generator_for_config(
+            pipeline, base.model_copy(update={"speculation": base.speculation.model_copy(update=spec)})
+        )
+        for name, spec in VARIANTS.items()
+    }
     prompts = balanced(load_prompts(), args.nb_prompts)
     eos = pipeline.eos_token_ids
     warm = pipeline.encode(prompts[0].text)
@@ -51,9 +55,13 @@ def main() -> None:
     for turn, prompt in enumerate(prompts):
         ids = pipeline.encode(prompt.text)
         names = ["plain", *generators]
-        names = names[turn % len(names):] + names[:turn % len(names)]
-        out = {name: plain_generate(pipeline.target, ids, args.max_new_tokens, base.sampling, eos) if name == "plain"
-               else generators[name].generate(ids, args.max_new_tokens, eos) for name in names}
+        names = names[turn % len(names) :] + names[: turn % len(names)]
+        out = {
+            name: plain_generate(pipeline.target, ids, args.max_new_tokens, base.sampling, eos)
+            if name == "plain"
+            else generators[name].generate(ids, args.max_new_tokens, eos)
+            for name in names
+        }
         assert all(out[name].tokens == out["plain"].tokens for name in generators), "greedy output differs"
         for name, result in out.items():
             runs.setdefault(prompt.category, {}).setdefault(name, []).append(result.stats)

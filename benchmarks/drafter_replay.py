@@ -40,14 +40,25 @@ def record(path: Path, max_new_tokens: int, half: str) -> None:
 
     pipeline = load_pipeline(load_config())
     rows = []
-    todo = [(category, position, prompt) for category, prompts in by_category(load_prompts(DEFAULT_PROMPTS)).items()
-            for position, prompt in enumerate(prompts) if _in_half(position, half)]
+    todo = [
+        (category, position, prompt)
+        for category, prompts in by_category(load_prompts(DEFAULT_PROMPTS)).items()
+        for position, prompt in enumerate(prompts)
+        if _in_half(position, half)
+    ]
     todo.sort(key=lambda item: item[1] % 2)  # the choose half first
     for category, position, prompt in todo:
         ids = pipeline.encode(prompt.text)
         tokens, confidence = greedy_with_confidence(pipeline, ids, max_new_tokens)
-        rows.append({"category": category, "position": position, "prompt": ids.tolist(),
-                     "output": tokens, "confidence": confidence})
+        rows.append(
+            {
+                "category": category,
+                "position": position,
+                "prompt": ids.tolist(),
+                "output": tokens,
+                "confidence": confidence,
+            }
+        )
         print(category, position, len(tokens), flush=True)
         path.write_text(json.dumps(rows))
 
@@ -90,7 +101,7 @@ def replay(rows: list[dict], make_drafter, k: int, threshold: float) -> dict[str
             while good < len(proposal) and i + good < len(output) and proposal[good] == output[i + good]:
                 good += 1
             step = min(good + 1, len(output) - i)
-            committed += output[i: i + step]
+            committed += output[i : i + step]
             i += step
             cost += call_cost(1 + len(proposal))
             drafted += len(proposal)
@@ -102,8 +113,7 @@ def replay(rows: list[dict], make_drafter, k: int, threshold: float) -> dict[str
         stats[2] += drafted
         stats[3] += accepted
         stats[4] += 1
-    return {c: {"speedup": s[0] / s[1] if s[1] else 1.0, "alpha": s[3] / s[2] if s[2] else 0.0}
-            for c, s in per.items()}
+    return {c: {"speedup": s[0] / s[1] if s[1] else 1.0, "alpha": s[3] / s[2] if s[2] else 0.0} for c, s in per.items()}
 
 
 def _round_robin(rows: list[dict]) -> list[dict]:
@@ -126,12 +136,20 @@ def sweep(path: Path, half: str, vocab: int) -> None:
     configs: list[tuple[str, object, int, float]] = []
     for k, threshold in itertools.product((8,), (0.4,)):
         configs.append((f"ngram 2..3 k={k} tc={threshold}", lambda: NgramDrafter(vocab, 3, 2), k, threshold))
-        for prob, factor, nmin, history in itertools.product((0.0, 0.1, 0.2, 0.5), (2.0, 4.0), (2, 3),
-                                                             (2, 3, 4, 5, 6, 8)):
-            settings = SuffixConfig(max_depth=24, min_token_prob=prob, max_spec_factor=factor, min_match=nmin,
-                                    min_history_match=history)
-            configs.append((f"suffix p={prob} f={factor} m={nmin} h={history} k={k} tc={threshold}",
-                            lambda s=settings: SuffixDrafter(vocab, s), k, threshold))
+        for prob, factor, nmin, history in itertools.product(
+            (0.0, 0.1, 0.2, 0.5), (2.0, 4.0), (2, 3), (2, 3, 4, 5, 6, 8)
+        ):
+            settings = SuffixConfig(
+                max_depth=24, min_token_prob=prob, max_spec_factor=factor, min_match=nmin, min_history_match=history
+            )
+            configs.append(
+                (
+                    f"suffix p={prob} f={factor} m={nmin} h={history} k={k} tc={threshold}",
+                    lambda s=settings: SuffixDrafter(vocab, s),
+                    k,
+                    threshold,
+                )
+            )
     results = []
     for name, make, k, threshold in configs:
         per = replay(rows, make, k, threshold)

@@ -30,8 +30,13 @@ LAYER = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 LAYERS = 30
 
 
-def timed(apply: Callable[[torch.Tensor, Any], torch.Tensor], weights: list[Any],
-          inputs: list[int], rows: int, repeats: int = 5) -> float:
+def timed(
+    apply: Callable[[torch.Tensor, Any], torch.Tensor],
+    weights: list[Any],
+    inputs: list[int],
+    rows: int,
+    repeats: int = 5,
+) -> float:
     """Median ms of applying every matrix once to `rows` rows, after one uncounted pass."""
     xs = {n: torch.randn(rows, n) for n in set(inputs)}
     samples = []
@@ -58,19 +63,25 @@ def layouts() -> None:
             packed = [torch.ops.mkldnn._reorder_linear_weight(w, hint) for w in weights]
             results[f"oneDNN packed, hint {hint}"] = [
                 timed(lambda x, p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], ""), packed, inputs, m)
-                for m in ROWS]
+                for m in ROWS
+            ]
             del packed
         kernel = row_kernel()
         if kernel is not None:
             panels = [kernel.pack(w) for w in weights]
             results["row kernel (panels)"] = [timed(kernel.linear, panels, inputs, m) for m in ROWS]
     flops = 2 * sum(w.numel() for w in weights)
-    print(f"{LAYERS} layers' matrices ({sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32), median ms per pass, "
-          f"{torch.get_num_threads()} thread(s)")
+    print(
+        f"{LAYERS} layers' matrices ({sum(w.numel() for w in weights) * 4 / 1e6:.0f} MB fp32), median ms per pass, "
+        f"{torch.get_num_threads()} thread(s)"
+    )
     print(f"{'layout':<26}" + "".join(f"{'rows ' + str(m):>9}" for m in ROWS) + "   8 ÷ 1   GFLOP/s at 8")
     for name, ms in results.items():
-        print(f"{name:<26}" + "".join(f"{t:>9.1f}" for t in ms)
-              + f"   {ms[3] / ms[0]:>4.2f}x   {8 * flops / ms[3] / 1e6:>6.1f}")
+        print(
+            f"{name:<26}"
+            + "".join(f"{t:>9.1f}" for t in ms)
+            + f"   {ms[3] / ms[0]:>4.2f}x   {8 * flops / ms[3] / 1e6:>6.1f}"
+        )
 
 
 def inductor() -> None:

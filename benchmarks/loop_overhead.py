@@ -32,8 +32,10 @@ def main() -> None:
         stats = pipeline.speculative(row["prompt"]).result.stats
         share = stats.time_overhead_s / stats.wall_s
         shares.append(share)
-        print(f"{row['category']:<16}{stats.new_tokens:>7}{stats.wall_s:>8.2f}{stats.time_draft_s:>9.3f}"
-              f"{stats.time_target_s:>9.2f}{stats.time_overhead_s:>11.3f}{share:>8.1%}")
+        print(
+            f"{row['category']:<16}{stats.new_tokens:>7}{stats.wall_s:>8.2f}{stats.time_draft_s:>9.3f}"
+            f"{stats.time_target_s:>9.2f}{stats.time_overhead_s:>11.3f}{share:>8.1%}"
+        )
     print(f"mean loop overhead: {sum(shares) / len(shares):.1%} of wall time (target <= 10%)")
 
 

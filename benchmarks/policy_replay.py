@@ -53,8 +53,10 @@ def record(path: Path, half: str, max_new_tokens: int) -> None:
     pipeline = load_pipeline(load_config())
     model = pipeline.target.model
     curve_ids = pipeline.encode(" ".join(p.text for p in load_prompts(PROMPT_FILES[0])))[:170]
-    curves = {name: measure_width_cost(TorchBackend(model, 2048, forward=forward), curve_ids, WIDTHS, 5).ms
-              for name, forward in (("compact", "auto"), ("hf", "hf"))}
+    curves = {
+        name: measure_width_cost(TorchBackend(model, 2048, forward=forward), curve_ids, WIDTHS, 5).ms
+        for name, forward in (("compact", "auto"), ("hf", "hf"))
+    }
     rows = []
     grouped = by_category([p for f in PROMPT_FILES for p in load_prompts(f)], half=half)
     for position in range(max(len(g) for g in grouped.values())):
@@ -66,8 +68,15 @@ def record(path: Path, half: str, max_new_tokens: int) -> None:
             pipeline.target.prefill(ids)
             prefill_ms = 1000.0 * (time.perf_counter() - begin)
             tokens, confidence = greedy_with_confidence(pipeline, ids, max_new_tokens)
-            rows.append({"category": category, "prompt": ids.tolist(), "output": tokens, "confidence": confidence,
-                         "prefill_ms": prefill_ms})
+            rows.append(
+                {
+                    "category": category,
+                    "prompt": ids.tolist(),
+                    "output": tokens,
+                    "confidence": confidence,
+                    "prefill_ms": prefill_ms,
+                }
+            )
             print(category, position, len(tokens), flush=True)
     path.write_text(json.dumps({"curves": curves, "eos": sorted(pipeline.eos_token_ids), "rows": rows}))
 
@@ -103,8 +112,12 @@ class ReplayTarget:
         return torch.stack([self._row(start + i) for i in range(token_ids.shape[0])])
 
 
-def replay(data: dict, overrides: dict, curve: dict[int, float],
-           policy_for: Callable[[ReplayTarget], WindowPolicy] | None = None) -> dict[str, list[float]]:
+def replay(
+    data: dict,
+    overrides: dict,
+    curve: dict[int, float],
+    policy_for: Callable[[ReplayTarget], WindowPolicy] | None = None,
+) -> dict[str, list[float]]:
     """{category: [estimated plain ms, estimated SSp ms, tokens, drafted, accepted]} over the rows, in
     round-robin order (as bench runs them), one drafter for all of them. `policy_for`: a policy of one's own
     (it may read the recorded output off the target); else the config's."""
@@ -138,8 +151,10 @@ def geomean(values: list[float]) -> float:
 
 def report(name: str, per: dict[str, list[float]]) -> float:
     speedups = {c: t[0] / t[1] for c, t in per.items()}
-    cells = " ".join(f"{c[:6]} {s:.3f}/{t[4] / t[3] if t[3] else 0:.2f}" for (c, s), t in
-                     zip(sorted(speedups.items()), [per[c] for c in sorted(per)], strict=True))
+    cells = " ".join(
+        f"{c[:6]} {s:.3f}/{t[4] / t[3] if t[3] else 0:.2f}"
+        for (c, s), t in zip(sorted(speedups.items()), [per[c] for c in sorted(per)], strict=True)
+    )
     score = geomean(list(speedups.values()))
     print(f"{score:.3f} min {min(speedups.values()):.3f}  {name:48s} {cells}", flush=True)
     return score
@@ -148,16 +163,26 @@ def report(name: str, per: dict[str, list[float]]) -> float:
 SETTINGS: dict[str, dict] = {
     **{f"cost k{k}": {"speculation.policy": "cost", "speculation.k": k} for k in (8, 12, 16)},
     **{f"fixed k{k}": {"speculation.policy": "fixed", "speculation.k": k} for k in (8, 12, 16)},
-    **{f"target-confidence {t} k8": {"speculation.policy": "target-confidence", "speculation.k": 8,
-                                         "speculation.confidence_threshold": t}
-       for t in (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)},
+    **{
+        f"target-confidence {t} k8": {
+            "speculation.policy": "target-confidence",
+            "speculation.k": 8,
+            "speculation.confidence_threshold": t,
+        }
+        for t in (0.0, 0.1, 0.2, 0.3, 0.4, 0.6)
+    },
 }
 # prompt lookup's n-gram range under the cost policy (ngram drafter only): a 1-token match is weak
 # evidence, worth checking only where a 2-wide call costs about what a 1-wide one does
 NGRAM_SETTINGS: dict[str, dict] = {
-    f"cost k16 ngram {low}..{high}": {"speculation.policy": "cost", "speculation.k": 16,
-                                      "speculation.ngram_min": low, "speculation.ngram_max": high}
-    for low, high in ((1, 3), (1, 4), (2, 4), (3, 4))}
+    f"cost k16 ngram {low}..{high}": {
+        "speculation.policy": "cost",
+        "speculation.k": 16,
+        "speculation.ngram_min": low,
+        "speculation.ngram_max": high,
+    }
+    for low, high in ((1, 3), (1, 4), (2, 4), (3, 4))
+}
 
 
 def sweep(path: Path, curve_name: str, drafters: list[str]) -> None:
@@ -197,8 +222,9 @@ def prior(path: Path, drafters: list[str], k: int = 16) -> None:
     model = AcceptanceModel()
     recorder = Recorder(k, model)
     for drafter in drafters:
-        replay(data, {"speculation.drafter": drafter, "speculation.k": k}, data["curves"]["compact"],
-               lambda _: recorder)
+        replay(
+            data, {"speculation.drafter": drafter, "speculation.k": k}, data["curves"]["compact"], lambda _: recorder
+        )
     print("cell (position, confidence, match): accepted / judged = rate")
     for cell in sorted(model.judged):
         judged = model.judged[cell]

@@ -45,7 +45,7 @@ def time_calls(backend: TorchBackend, context: int, rounds: int) -> dict[tuple[i
     order = shapes()
     samples: dict[tuple[int, int], list[float]] = {shape: [] for shape in order}
     for turn in range(rounds + 1):
-        for shape in order[turn % len(order):] + order[: turn % len(order)]:
+        for shape in order[turn % len(order) :] + order[: turn % len(order)]:
             segments = call(*shape, context)
             begin = time.perf_counter()
             backend.score_batch(segments)
@@ -58,8 +58,9 @@ def table(ms: dict[tuple[int, int], float]) -> None:
     one = ms[1, 1]
     print(f"{'rows':>5} " + "".join(f"{f'{s} segment' + ('s' if s > 1 else ''):>22}" for s in SEGMENTS))
     for rows in ROWS:
-        cells = [f"{ms[rows, s]:>9.1f} ms {ms[rows, s] / one:>6.2f}x" if (rows, s) in ms else f"{'-':>22}"
-                 for s in SEGMENTS]
+        cells = [
+            f"{ms[rows, s]:>9.1f} ms {ms[rows, s] / one:>6.2f}x" if (rows, s) in ms else f"{'-':>22}" for s in SEGMENTS
+        ]
         print(f"{rows:>5} " + "".join(cells))
 
 
@@ -81,9 +82,11 @@ def main() -> None:
         backend.prefill_slot(slot, prompt)
     ms = time_calls(backend, args.context, args.rounds)
     layout = getattr(backend._forward, "w", None)
-    print(f"one call of R rows over S segments after {args.context} tokens of context in each slot, "
-          f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}), median of {args.rounds} rounds, "
-          f"{torch.get_num_threads()} thread(s); x = ÷ the 1-row call")
+    print(
+        f"one call of R rows over S segments after {args.context} tokens of context in each slot, "
+        f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}), median of {args.rounds} rounds, "
+        f"{torch.get_num_threads()} thread(s); x = ÷ the 1-row call"
+    )
     table(ms)
 
 

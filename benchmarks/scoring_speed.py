@@ -47,18 +47,24 @@ class OneDnnPacked(Linears):
 
 def onednn_packed(backend: TorchBackend) -> TorchBackend:
     weights = backend._forward.w
-    layers = [dataclasses.replace(layer, **{name: OneDnnPacked(getattr(layer, name))
-                                            for name in ("qkv", "o", "gate_up", "down")}) for layer in weights.layers]
+    layers = [
+        dataclasses.replace(
+            layer, **{name: OneDnnPacked(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")}
+        )
+        for layer in weights.layers
+    ]
     onednn = dataclasses.replace(weights, layers=layers, head=OneDnnPacked(weights.head), layout="oneDNN packed")
     backend._forward = CompactLlama(onednn, backend.model.model.rotary_emb, backend.n_positions)
     return backend
 
 
 def paths(model: torch.nn.Module, n_positions: int, compile: bool) -> dict[str, TorchBackend]:
-    chosen = {"hf (before)": TorchBackend(model, n_positions, forward="hf"),
-              "compact, as stored": TorchBackend(model, n_positions, pack=False),
-              "compact, oneDNN": onednn_packed(TorchBackend(model, n_positions, pack=True)),
-              "compact, row kernel": TorchBackend(model, n_positions, pack=True)}
+    chosen = {
+        "hf (before)": TorchBackend(model, n_positions, forward="hf"),
+        "compact, as stored": TorchBackend(model, n_positions, pack=False),
+        "compact, oneDNN": onednn_packed(TorchBackend(model, n_positions, pack=True)),
+        "compact, row kernel": TorchBackend(model, n_positions, pack=True),
+    }
     if compile:
         chosen["compact, compiled"] = TorchBackend(model, n_positions, compile=True)
     return chosen
@@ -79,8 +85,10 @@ def lm_head_table(model: torch.nn.Module, widths: list[int], rounds: int) -> Non
     transposed = weight.t().contiguous()
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS_HINT)
     ways: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-        "as stored (F.linear)": lambda x: F.linear(x, weight), "transposed (x @ Wt)": lambda x: x @ transposed,
-        "oneDNN-packed": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+        "as stored (F.linear)": lambda x: F.linear(x, weight),
+        "transposed (x @ Wt)": lambda x: x @ transposed,
+        "oneDNN-packed": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+    }
     kernel = row_kernel()
     if kernel is not None:
         panels = kernel.pack(weight)
@@ -119,13 +127,16 @@ def main() -> None:
     timers = {name: WidthTimer(timer.target, widths) for name, timer in timers.items()}
     names = list(timers)
     for turn in range(args.rounds):
-        for name in names[turn % len(names):] + names[: turn % len(names)]:
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
             timers[name].round(prompt)
     costs = {name: timer.cost() for name, timer in timers.items()}
-    print(f"per-width cost of one target call after a {prompt.shape[0]}-token prompt, median of {args.rounds} "
-          f"rounds, {torch.get_num_threads()} thread(s)")
-    curve_table({name: cost.ms for name, cost in costs.items()},
-                {name: cost.mean_prefill_ms for name, cost in costs.items()})
+    print(
+        f"per-width cost of one target call after a {prompt.shape[0]}-token prompt, median of {args.rounds} "
+        f"rounds, {torch.get_num_threads()} thread(s)"
+    )
+    curve_table(
+        {name: cost.ms for name, cost in costs.items()}, {name: cost.mean_prefill_ms for name, cost in costs.items()}
+    )
     lm_head_table(model, [1, 8], args.rounds)
 
 

@@ -31,8 +31,13 @@ from neuron_ssp.speculation.call_cost import WidthCost, affine
 from neuron_ssp.speculation.cost_policy import Proposal
 from neuron_ssp.speculation.policies import WindowPolicy
 
-DEFAULT = {"speculation.drafter": "ngram", "speculation.policy": "cost", "speculation.k": 16,
-           "speculation.ngram_min": 1, "speculation.ngram_max": 4}
+DEFAULT = {
+    "speculation.drafter": "ngram",
+    "speculation.policy": "cost",
+    "speculation.k": 16,
+    "speculation.ngram_min": 1,
+    "speculation.ngram_max": 4,
+}
 LENGTHS = (3, 5, 7, 9, 11, 15)
 SECOND = (0, 1, 2, 4)
 
@@ -49,7 +54,7 @@ class OracleWindow(WindowPolicy):
         self.committed = 1  # the prefill's token
 
     def keep(self, draft: Proposal, target_confidence: float) -> int:
-        truth = self.target.output[self.committed: self.committed + len(draft)]
+        truth = self.target.output[self.committed : self.committed + len(draft)]
         return common_prefix(draft.tokens.tolist(), truth)  # type: ignore[attr-defined]
 
     def observe(self, drafted: int, accepted: int) -> None:
@@ -70,9 +75,9 @@ def continuations(sequence: list[int], count: int, ngram_max: int = 4) -> list[i
     choice), then later-to-earlier matches of the same n whose next token differs from those taken."""
     length = len(sequence)
     for n in range(min(ngram_max, length - 1), 0, -1):
-        tail, starts, firsts = sequence[length - n:], [], set()
+        tail, starts, firsts = sequence[length - n :], [], set()
         for i in range(length - n - 1, -1, -1):
-            if sequence[i:i + n] == tail and sequence[i + n] not in firsts:
+            if sequence[i : i + n] == tail and sequence[i + n] not in firsts:
                 firsts.add(sequence[i + n])
                 starts.append(i + n)
                 if len(starts) == count:

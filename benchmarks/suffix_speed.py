@@ -47,7 +47,7 @@ def workload(total: int, seed: int) -> list[list[int]]:
             if requests and rng.random() < COPY_CHANCE:
                 source = rng.choice(requests[-200:])
                 start = rng.randrange(len(source))
-                request += source[start: start + rng.randrange(8, 65)]
+                request += source[start : start + rng.randrange(8, 65)]
             else:
                 request.append(_draw(rng, cumulative))
         requests.append(request[:size])
@@ -87,9 +87,11 @@ def measure(size: int, settings: SuffixConfig, arctic_dir: str | None) -> None:
     used = rss_bytes() - before
     stored = history.stored_tokens
     nodes, leaves = history.tree.node_count()
-    print(f"history {stored} tokens ({len(history_requests)} requests): insert {stored / build_s:,.0f} tokens/s; "
-          f"memory {used / stored:.0f} B per stored token ({used / 2**20:.0f} MiB; {nodes:,} nodes, "
-          f"{leaves:,} leaves)")
+    print(
+        f"history {stored} tokens ({len(history_requests)} requests): insert {stored / build_s:,.0f} tokens/s; "
+        f"memory {used / stored:.0f} B per stored token ({used / 2**20:.0f} MiB; {nodes:,} nodes, "
+        f"{leaves:,} leaves)"
+    )
 
     drafter = SuffixDrafter(VOCAB, settings, history)
     steps: list[float] = []
@@ -108,27 +110,36 @@ def measure(size: int, settings: SuffixConfig, arctic_dir: str | None) -> None:
             steps.append(time.perf_counter() - t0)
             cpu.append(time.thread_time() - c0)
             t1 = time.thread_time()
-            drafter.best_path(committed[-settings.max_depth:], DRAFT)
+            drafter.best_path(committed[-settings.max_depth :], DRAFT)
             trees.append(time.thread_time() - t1)
             drafted += len(draft)
             good = 0
             while good < len(draft) and i + good < len(output) and int(draft.tokens[good]) == output[i + good]:
                 good += 1
-            committed += output[i: i + good + 1]
+            committed += output[i : i + good + 1]
             i += good + 1
         drafter.begin(torch.tensor(prompt), len(output))  # leave the history as it was: measure drafting only
-    print(f"  drafting step (propose: fold new tokens in, search both trees, build the Draft), over {len(steps)} "
-          f"steps, {drafted / len(steps):.2f} tokens drafted per step:")
+    print(
+        f"  drafting step (propose: fold new tokens in, search both trees, build the Draft), over {len(steps)} "
+        f"steps, {drafted / len(steps):.2f} tokens drafted per step:"
+    )
     for label, values in (("wall", steps), ("cpu", cpu), ("cpu, tree search only", trees)):
         ms = sorted(1000 * v for v in values)
-        print(f"    {label:22s} mean {statistics.mean(ms):.3f} ms, median {statistics.median(ms):.3f} ms, "
-              f"p99 {ms[int(0.99 * len(ms))]:.3f} ms")
+        print(
+            f"    {label:22s} mean {statistics.mean(ms):.3f} ms, median {statistics.median(ms):.3f} ms, "
+            f"p99 {ms[int(0.99 * len(ms))]:.3f} ms"
+        )
     if arctic_dir:
         compare_arctic(arctic_dir, history, history_requests, held_out, settings)
 
 
-def compare_arctic(arctic_dir: str, history: SuffixHistory, history_requests: list[list[int]],
-                   held_out: list[list[int]], settings: SuffixConfig) -> None:
+def compare_arctic(
+    arctic_dir: str,
+    history: SuffixHistory,
+    history_requests: list[list[int]],
+    held_out: list[list[int]],
+    settings: SuffixConfig,
+) -> None:
     sys.path.insert(0, arctic_dir)
     import _C  # noqa: PLC0415  (ArcticInference's nanobind module, built by hand)
 
@@ -144,7 +155,7 @@ def compare_arctic(arctic_dir: str, history: SuffixHistory, history_requests: li
     ours_ms, theirs_ms, same, prefix, total = [], [], 0, 0, 0
     for request in held_out:
         for end in range(300, len(request), 3):
-            context = request[max(0, end - settings.max_depth): end]
+            context = request[max(0, end - settings.max_depth) : end]
             t0 = time.perf_counter()
             mine = history.speculate(context, DRAFT)
             t1 = time.perf_counter()
@@ -158,10 +169,12 @@ def compare_arctic(arctic_dir: str, history: SuffixHistory, history_requests: li
             total += 1
             same += mine.tokens == theirs
             prefix += bool(mine.tokens) and bool(theirs) and mine.tokens[0] == theirs[0]
-    print(f"  arctic-inference C++ tree: insert {stored / build_s:,.0f} tokens/s, memory {used / stored:.0f} B per "
-          f"token; speculate mean {statistics.mean(theirs_ms):.4f} ms vs ours (global source only) "
-          f"{statistics.mean(ours_ms):.4f} ms; where either drafts: identical drafts {same}/{total} "
-          f"({same / total:.0%}), same first token {prefix}/{total}")
+    print(
+        f"  arctic-inference C++ tree: insert {stored / build_s:,.0f} tokens/s, memory {used / stored:.0f} B per "
+        f"token; speculate mean {statistics.mean(theirs_ms):.4f} ms vs ours (global source only) "
+        f"{statistics.mean(ours_ms):.4f} ms; where either drafts: identical drafts {same}/{total} "
+        f"({same / total:.0%}), same first token {prefix}/{total}"
+    )
 
 
 def main() -> None:

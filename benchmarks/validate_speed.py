@@ -44,11 +44,14 @@ def main() -> None:
         if config.platform.backend == "neuron":
             plan_deployment(config)  # planning must not fail on a shipped config either
         worst = max(worst, max(loaded))
-        print(f"{path.name:<34} {statistics.median(alone):>11.3f} / {max(alone):<10.3f}"
-              f" {statistics.median(loaded):>14.3f} / {max(loaded):<10.3f}")
+        print(
+            f"{path.name:<34} {statistics.median(alone):>11.3f} / {max(alone):<10.3f}"
+            f" {statistics.median(loaded):>14.3f} / {max(loaded):<10.3f}"
+        )
     verdict = "within" if worst < BUDGET_MS else "OVER"
-    print(f"worst load+validate: {worst:.3f} ms ({verdict} the {BUDGET_MS:.0f} ms budget, "
-          f"{args.repeat} runs per config)")
+    print(
+        f"worst load+validate: {worst:.3f} ms ({verdict} the {BUDGET_MS:.0f} ms budget, {args.repeat} runs per config)"
+    )
 
 
 if __name__ == "__main__":

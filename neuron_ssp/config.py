@@ -50,8 +50,9 @@ class PlatformConfig(_Strict):
     @model_validator(mode="after")
     def _compile_needs_compact(self) -> PlatformConfig:
         if self.compile and self.forward == "hf":
-            raise ValueError("compile applies to the compact forward only; set forward: auto (or compact), "
-                             "or compile: false")
+            raise ValueError(
+                "compile applies to the compact forward only; set forward: auto (or compact), or compile: false"
+            )
         return self
 
 
@@ -107,17 +108,17 @@ class SpeculationConfig(_Strict):
         """Built-in names are checked with the rest of the config; a plug-in is imported at load."""
         if ":" in value or value in BUILTIN_ACCEPTORS:
             return value
-        raise ValueError(f"unknown acceptor; {did_you_mean(value, BUILTIN_ACCEPTORS)}use one of "
-                         f"{', '.join(BUILTIN_ACCEPTORS)}, or a plug-in as 'module:Class'")
+        raise ValueError(
+            f"unknown acceptor; {did_you_mean(value, BUILTIN_ACCEPTORS)}use one of "
+            f"{', '.join(BUILTIN_ACCEPTORS)}, or a plug-in as 'module:Class'"
+        )
 
     @model_validator(mode="after")
     def _bounds(self) -> SpeculationConfig:
         if self.k_min > self.k:
             raise ValueError(f"k_min ({self.k_min}) must not exceed k ({self.k}); lower k_min or raise k")
         if self.ngram_min > self.ngram_max:
-            raise ValueError(
-                f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max}); swap them"
-            )
+            raise ValueError(f"ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max}); swap them")
         return self
 
 
@@ -158,8 +159,10 @@ class NxdiSettings(_Strict):
     @classmethod
     def _ascending(cls, value: list[int] | None) -> list[int] | None:
         if value is not None and (not value or value != sorted(set(value))):
-            raise ValueError("buckets must be a non-empty list of distinct lengths in ascending order; "
-                             f"write them as {sorted(set(value)) or '[n_positions]'}, or leave the key out")
+            raise ValueError(
+                "buckets must be a non-empty list of distinct lengths in ascending order; "
+                f"write them as {sorted(set(value)) or '[n_positions]'}, or leave the key out"
+            )
         return value
 
     def switches(self) -> dict[str, Any]:
@@ -232,9 +235,7 @@ class Config(_Strict):
         if self.speculation.drafter == "model" and self.draft is None:
             raise ValueError("drafter 'model' needs a `draft:` section with the draft model's path")
         if self.speculation.k > self.target.n_positions:
-            raise ValueError(
-                f"k ({self.speculation.k}) exceeds target.n_positions ({self.target.n_positions})"
-            )
+            raise ValueError(f"k ({self.speculation.k}) exceeds target.n_positions ({self.target.n_positions})")
         return self
 
 
@@ -242,11 +243,14 @@ def greedy_acceptor_problem(acceptor: str, temperature: float) -> Problem | None
     """Greedy acceptance keeps only the target's argmax: with a temperature it would silently ignore it."""
     if acceptor != "greedy" or temperature == 0:
         return None
-    return Problem("speculation.acceptor", acceptor,
-                   f"the greedy acceptor keeps only the target's argmax, so sampling.temperature "
-                   f"{temperature} would be ignored (and the output be neither greedy nor sampled)",
-                   "use acceptor: probabilistic to sample (lossless at any temperature), or set "
-                   "sampling.temperature: 0 for greedy decoding")
+    return Problem(
+        "speculation.acceptor",
+        acceptor,
+        f"the greedy acceptor keeps only the target's argmax, so sampling.temperature "
+        f"{temperature} would be ignored (and the output be neither greedy nor sampled)",
+        "use acceptor: probabilistic to sample (lossless at any temperature), or set "
+        "sampling.temperature: 0 for greedy decoding",
+    )
 
 
 def did_you_mean(value: Any, choices: tuple[str, ...] | list[str]) -> str:
@@ -270,21 +274,35 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 def read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(
-            Problem("config", str(path), "the config file does not exist", "pass the path of a YAML config, "
-                    "or leave --config out to use the embedded default")
+            Problem(
+                "config",
+                str(path),
+                "the config file does not exist",
+                "pass the path of a YAML config, or leave --config out to use the embedded default",
+            )
         )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise UsageError(
-            Problem("config", str(path), f"YAML does not parse: {_describe_yaml_error(exc)}",
-                    "fix the YAML syntax there (indentation, a missing ':' or an unclosed quote)")
+            Problem(
+                "config",
+                str(path),
+                f"YAML does not parse: {_describe_yaml_error(exc)}",
+                "fix the YAML syntax there (indentation, a missing ':' or an unclosed quote)",
+            )
         ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise UsageError(Problem("config", str(path), "the top level must be a mapping of sections",
-                                 "start the file with keys such as `target:` and `speculation:`"))
+        raise UsageError(
+            Problem(
+                "config",
+                str(path),
+                "the top level must be a mapping of sections",
+                "start the file with keys such as `target:` and `speculation:`",
+            )
+        )
     return data
 
 
@@ -318,9 +336,17 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 # ---------------------------------------------------------------- pydantic -> Problem
 
 _SECTION_MODELS: dict[str, type[BaseModel]] = {
-    "": Config, "platform": PlatformConfig, "target": ModelConfig, "draft": ModelConfig,
-    "speculation": SpeculationConfig, "sampling": SamplingConfig, "generation": GenerationConfig,
-    "neuron": NeuronSettings, "serve": ServeConfig, "suffix": SuffixConfig, "nxdi": NxdiSettings,
+    "": Config,
+    "platform": PlatformConfig,
+    "target": ModelConfig,
+    "draft": ModelConfig,
+    "speculation": SpeculationConfig,
+    "sampling": SamplingConfig,
+    "generation": GenerationConfig,
+    "neuron": NeuronSettings,
+    "serve": ServeConfig,
+    "suffix": SuffixConfig,
+    "nxdi": NxdiSettings,
 }
 
 
@@ -333,11 +359,19 @@ def _problem_from_pydantic(err: dict[str, Any], data: dict[str, Any]) -> Problem
     if kind == "extra_forbidden":
         section = loc[-2] if len(loc) > 1 else ""
         valid = list(_SECTION_MODELS.get(section, Config).model_fields)
-        return Problem(field, value, f"unknown key '{loc[-1]}'",
-                       f"{did_you_mean(loc[-1], valid)}valid keys here: {', '.join(valid)}")
+        return Problem(
+            field,
+            value,
+            f"unknown key '{loc[-1]}'",
+            f"{did_you_mean(loc[-1], valid)}valid keys here: {', '.join(valid)}",
+        )
     if kind == "literal_error":
-        return Problem(field, value, "not an allowed value",
-                       f"{did_you_mean(value, _literal_choices(loc))}use one of {ctx.get('expected')}")
+        return Problem(
+            field,
+            value,
+            "not an allowed value",
+            f"{did_you_mean(value, _literal_choices(loc))}use one of {ctx.get('expected')}",
+        )
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()))

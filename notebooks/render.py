@@ -39,8 +39,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--html", action="store_true", help="also write walkthrough.executed.html (nbconvert)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default 600)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads in the kernel (default: torch's choice); "
-                        "on a shared machine 1 avoids threads spinning against other jobs")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads in the kernel (default: torch's choice); "
+        "on a shared machine 1 avoids threads spinning against other jobs",
+    )
     args = parser.parse_args()
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by torch when the kernel imports it

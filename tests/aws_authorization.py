@@ -19,14 +19,29 @@ TagsOf = Callable[[str], dict[str, str]]
 NO_PERMISSION_NEEDED = {("sts", "GetCallerIdentity")}
 
 
-def authorizations(service: str, operation: str, params: dict[str, Any], *, resource_tags: dict[str, str] | None = None,
-                   tags_of: TagsOf | None = None, region: str = REGION) -> list[Authorization]:
+def authorizations(
+    service: str,
+    operation: str,
+    params: dict[str, Any],
+    *,
+    resource_tags: dict[str, str] | None = None,
+    tags_of: TagsOf | None = None,
+    region: str = REGION,
+) -> list[Authorization]:
     """What AWS authorizes for one request; `resource_tags` (or `tags_of(arn)`) gives existing resources' tags."""
     if (service, operation) in NO_PERMISSION_NEEDED:
         return []
     lookup = tags_of or (lambda arn: dict(resource_tags or {}))
-    builders = {"sagemaker": _sagemaker, "sagemaker-runtime": _sagemaker, "application-autoscaling": _scaling,
-                "logs": _logs, "ecr": _ecr, "ec2": _ec2, "ssm": _ssm, "s3": _s3}
+    builders = {
+        "sagemaker": _sagemaker,
+        "sagemaker-runtime": _sagemaker,
+        "application-autoscaling": _scaling,
+        "logs": _logs,
+        "ecr": _ecr,
+        "ec2": _ec2,
+        "ssm": _ssm,
+        "s3": _s3,
+    }
     if service not in builders:
         raise KeyError(f"no authorization table for {service}:{operation}")
     return builders[service](operation, params, lookup, region)
@@ -45,8 +60,11 @@ def _sagemaker(operation: str, p: dict[str, Any], lookup: TagsOf, region: str) -
         return f"arn:aws:sagemaker:{region}:{ACCOUNT}:{kind}/{name.lower()}"
 
     tagged = request_tags(p.get("Tags"))
-    creates = {"CreateModel": ("model", "ModelName"), "CreateEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-               "CreateEndpoint": ("endpoint", "EndpointName")}
+    creates = {
+        "CreateModel": ("model", "ModelName"),
+        "CreateEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+        "CreateEndpoint": ("endpoint", "EndpointName"),
+    }
     if operation in creates:
         kind, key = creates[operation]
         resource = arn(kind, p[key])
@@ -64,13 +82,17 @@ def _sagemaker(operation: str, p: dict[str, Any], lookup: TagsOf, region: str) -
             via = {"kms:ViaService": f"sagemaker.{region}.amazonaws.com"}
             found += [("kms:CreateGrant", p["KmsKeyId"], via), ("kms:DescribeKey", p["KmsKeyId"], via)]
         return found
-    named = {"DescribeModel": ("model", "ModelName"), "DeleteModel": ("model", "ModelName"),
-             "DescribeEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-             "DeleteEndpointConfig": ("endpoint-config", "EndpointConfigName"),
-             "DescribeEndpoint": ("endpoint", "EndpointName"), "DeleteEndpoint": ("endpoint", "EndpointName"),
-             "UpdateEndpointWeightsAndCapacities": ("endpoint", "EndpointName"),
-             "InvokeEndpoint": ("endpoint", "EndpointName"),
-             "InvokeEndpointWithResponseStream": ("endpoint", "EndpointName")}
+    named = {
+        "DescribeModel": ("model", "ModelName"),
+        "DeleteModel": ("model", "ModelName"),
+        "DescribeEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+        "DeleteEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+        "DescribeEndpoint": ("endpoint", "EndpointName"),
+        "DeleteEndpoint": ("endpoint", "EndpointName"),
+        "UpdateEndpointWeightsAndCapacities": ("endpoint", "EndpointName"),
+        "InvokeEndpoint": ("endpoint", "EndpointName"),
+        "InvokeEndpointWithResponseStream": ("endpoint", "EndpointName"),
+    }
     if operation in named:
         kind, key = named[operation]
         resource = arn(kind, p[key])
@@ -87,12 +109,25 @@ def _scaling(operation: str, p: dict[str, Any], lookup: TagsOf, region: str) -> 
         context["application-autoscaling:scalable-dimension"] = p["ScalableDimension"]
     found: list[Authorization] = [(f"application-autoscaling:{operation}", "*", context)]
     if operation == "RegisterScalableTarget" and p["ServiceNamespace"] == "sagemaker":  # the first time only
-        role = ("arn:aws:iam::" + ACCOUNT + ":role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
-                "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint")
-        found.append(("iam:CreateServiceLinkedRole", role,
-                      {"iam:AWSServiceName": "sagemaker.application-autoscaling.amazonaws.com"}))
-    if operation not in ("RegisterScalableTarget", "DeregisterScalableTarget", "PutScalingPolicy",
-                         "DeleteScalingPolicy", "DescribeScalableTargets", "DescribeScalingPolicies"):
+        role = (
+            "arn:aws:iam::" + ACCOUNT + ":role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+            "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+        )
+        found.append(
+            (
+                "iam:CreateServiceLinkedRole",
+                role,
+                {"iam:AWSServiceName": "sagemaker.application-autoscaling.amazonaws.com"},
+            )
+        )
+    if operation not in (
+        "RegisterScalableTarget",
+        "DeregisterScalableTarget",
+        "PutScalingPolicy",
+        "DeleteScalingPolicy",
+        "DescribeScalableTargets",
+        "DescribeScalingPolicies",
+    ):
         raise KeyError(f"no authorization table for application-autoscaling:{operation}")
     return found
 
@@ -133,28 +168,48 @@ def run_instances(params: dict[str, Any], image_owner: str = "amazon", region: s
     ebs = params["BlockDeviceMappings"][0]["Ebs"]
     market = params.get("InstanceMarketOptions", {}).get("MarketType", "on-demand")
     found: list[Authorization] = [
-        ("ec2:RunInstances", ec2_arn("instance/*", region), {
-            **tagged("instance"), "ec2:InstanceType": params["InstanceType"],
-            "ec2:MetadataHttpTokens": params["MetadataOptions"]["HttpTokens"], "ec2:InstanceMarketType": market}),
-        ("ec2:RunInstances", ec2_arn("volume/*", region), {
-            **tagged("volume"), "ec2:Encrypted": str(ebs["Encrypted"]).lower(), "ec2:VolumeType": ebs["VolumeType"]}),
+        (
+            "ec2:RunInstances",
+            ec2_arn("instance/*", region),
+            {
+                **tagged("instance"),
+                "ec2:InstanceType": params["InstanceType"],
+                "ec2:MetadataHttpTokens": params["MetadataOptions"]["HttpTokens"],
+                "ec2:InstanceMarketType": market,
+            },
+        ),
+        (
+            "ec2:RunInstances",
+            ec2_arn("volume/*", region),
+            {**tagged("volume"), "ec2:Encrypted": str(ebs["Encrypted"]).lower(), "ec2:VolumeType": ebs["VolumeType"]},
+        ),
         ("ec2:RunInstances", ec2_arn(f"image/{params['ImageId']}", region, account=""), {"ec2:Owner": image_owner}),
         ("ec2:RunInstances", ec2_arn(f"subnet/{params.get('SubnetId', 'subnet-default')}", region), {}),
         ("ec2:RunInstances", ec2_arn("network-interface/*", region), {}),
-        *[("ec2:RunInstances", ec2_arn(f"security-group/{sg}", region), {})
-          for sg in params.get("SecurityGroupIds", ["sg-default"])],
-        *[("ec2:CreateTags", ec2_arn(f"{kind}/*", region), {**tagged(kind), "ec2:CreateAction": "RunInstances"})
-          for kind in tags],
+        *[
+            ("ec2:RunInstances", ec2_arn(f"security-group/{sg}", region), {})
+            for sg in params.get("SecurityGroupIds", ["sg-default"])
+        ],
+        *[
+            ("ec2:CreateTags", ec2_arn(f"{kind}/*", region), {**tagged(kind), "ec2:CreateAction": "RunInstances"})
+            for kind in tags
+        ],
     ]
     if "KeyName" in params:
         found.append(("ec2:RunInstances", ec2_arn(f"key-pair/{params['KeyName']}", region), {}))
     target = params.get("CapacityReservationSpecification", {}).get("CapacityReservationTarget")
     if target:
-        found.append(("ec2:RunInstances", ec2_arn(f"capacity-reservation/{target['CapacityReservationId']}", region),
-                      {}))
+        found.append(
+            ("ec2:RunInstances", ec2_arn(f"capacity-reservation/{target['CapacityReservationId']}", region), {})
+        )
     if "IamInstanceProfile" in params:
-        found.append(("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
-                      {"iam:PassedToService": "ec2.amazonaws.com"}))
+        found.append(
+            (
+                "iam:PassRole",
+                f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
+                {"iam:PassedToService": "ec2.amazonaws.com"},
+            )
+        )
     return found
 
 
@@ -165,13 +220,20 @@ def _ec2(operation: str, p: dict[str, Any], lookup: TagsOf, region: str) -> list
         return [(f"ec2:{operation}", "*", {})]
     ids = p.get("InstanceIds") or [p.get("InstanceId")]
     if operation in ("TerminateInstances", "GetConsoleOutput"):
-        return [(f"ec2:{operation}", arn, existing("aws:ResourceTag", arn, lookup))
-                for arn in (ec2_arn(f"instance/{i}", region) for i in ids)]
+        return [
+            (f"ec2:{operation}", arn, existing("aws:ResourceTag", arn, lookup))
+            for arn in (ec2_arn(f"instance/{i}", region) for i in ids)
+        ]
     if operation == "CreateTags":
         tags = {f"aws:RequestTag/{t['Key']}": t["Value"] for t in p["Tags"]}
-        return [("ec2:CreateTags", arn, {**existing("aws:ResourceTag", arn, lookup), **tags,
-                                          "aws:TagKeys": [t["Key"] for t in p["Tags"]]})
-                for arn in (ec2_arn(f"instance/{i}", region) for i in p["Resources"])]
+        return [
+            (
+                "ec2:CreateTags",
+                arn,
+                {**existing("aws:ResourceTag", arn, lookup), **tags, "aws:TagKeys": [t["Key"] for t in p["Tags"]]},
+            )
+            for arn in (ec2_arn(f"instance/{i}", region) for i in p["Resources"])
+        ]
     raise KeyError(f"no authorization table for ec2:{operation}")
 
 
@@ -182,8 +244,10 @@ def _ssm(operation: str, p: dict[str, Any], lookup: TagsOf, region: str) -> list
         return [("ssm:GetParameter", f"arn:aws:ssm:{region}::parameter{p['Name']}", {})]
     if operation == "SendCommand":
         instances = [ec2_arn(f"instance/{i}", region) for i in p["InstanceIds"]]
-        return [("ssm:SendCommand", f"arn:aws:ssm:{region}::document/{p['DocumentName']}", {}),
-                *[("ssm:SendCommand", arn, existing("ssm:resourceTag", arn, lookup)) for arn in instances]]
+        return [
+            ("ssm:SendCommand", f"arn:aws:ssm:{region}::document/{p['DocumentName']}", {}),
+            *[("ssm:SendCommand", arn, existing("ssm:resourceTag", arn, lookup)) for arn in instances],
+        ]
     raise KeyError(f"no authorization table for ssm:{operation}")
 
 

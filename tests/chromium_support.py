@@ -41,24 +41,38 @@ def chromium_verdict(machine: Machine) -> Verdict:
     """Run where both are found; fail under CI or where ./setup.sh dev could have installed them; else skip."""
     if machine.browser and machine.driver:
         return Verdict("run")
-    missing = " and ".join(name for name, path in (("chromium", machine.browser), ("chromedriver", machine.driver))
-                           if not path)
+    missing = " and ".join(
+        name for name, path in (("chromium", machine.browser), ("chromedriver", machine.driver)) if not path
+    )
     if machine.ci:
-        return Verdict("fail", f"{missing} missing under CI (CI=true), where the playground browser test must run: "
-                               f"./setup.sh dev installs them with `{INSTALL}` (as root or with password-less sudo)")
+        return Verdict(
+            "fail",
+            f"{missing} missing under CI (CI=true), where the playground browser test must run: "
+            f"./setup.sh dev installs them with `{INSTALL}` (as root or with password-less sudo)",
+        )
     if machine.apt and machine.root:
-        return Verdict("fail", f"{missing} missing, though this machine can install them: run ./setup.sh dev "
-                               f"(it runs `{INSTALL}`), or that command yourself")
+        return Verdict(
+            "fail",
+            f"{missing} missing, though this machine can install them: run ./setup.sh dev "
+            f"(it runs `{INSTALL}`), or that command yourself",
+        )
     why = "no apt-get on this machine" if not machine.apt else "not root and no password-less sudo"
-    return Verdict("skip", f"{missing} missing and ./setup.sh dev could not install them ({why}): "
-                           f"install them with `sudo {INSTALL}` (Debian) or your system's packages of "
-                           "Chromium and its chromedriver, then rerun")
+    return Verdict(
+        "skip",
+        f"{missing} missing and ./setup.sh dev could not install them ({why}): "
+        f"install them with `sudo {INSTALL}` (Debian) or your system's packages of "
+        "Chromium and its chromedriver, then rerun",
+    )
 
 
 def this_machine() -> Machine:
-    return Machine(browser=shutil.which("chromium"), driver=shutil.which("chromedriver"),
-                   ci=os.environ.get("CI", "").lower() in ("true", "1"), apt=shutil.which("apt-get") is not None,
-                   root=_can_act_as_root())
+    return Machine(
+        browser=shutil.which("chromium"),
+        driver=shutil.which("chromedriver"),
+        ci=os.environ.get("CI", "").lower() in ("true", "1"),
+        apt=shutil.which("apt-get") is not None,
+        root=_can_act_as_root(),
+    )
 
 
 def _can_act_as_root() -> bool:

@@ -19,8 +19,15 @@ torch.set_num_threads(1)
 
 def tiny_llama(seed: int, vocab_size: int = TINY_VOCAB, layers: int = 2) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -33,8 +40,9 @@ class TableBackend(SingleSlot):
 
     max_score_width = None
 
-    def __init__(self, vocab_size: int, seed: int, sharpness: float = 2.0, n_positions: int = 512,
-                 flat_share: float = 0.0):
+    def __init__(
+        self, vocab_size: int, seed: int, sharpness: float = 2.0, n_positions: int = 512, flat_share: float = 0.0
+    ):
         """`flat_share`: the share of two-token contexts whose logits are scaled to near-uniform, so the
         model is confident in some places and hesitant in others (what confidence policies react to)."""
         gen = torch.Generator().manual_seed(seed)
@@ -69,7 +77,7 @@ class TableBackend(SingleSlot):
         return self._logits_after(len(prompt_ids) - 1).clone()
 
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        self.tokens[start: start + len(token_ids)] = token_ids
+        self.tokens[start : start + len(token_ids)] = token_ids
         self.calls.append((start, len(token_ids)))
         return torch.stack([self._logits_after(p) for p in range(start, start + len(token_ids))])
 

@@ -56,8 +56,12 @@ def aws_sandbox(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
     for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-        "AWS_SECURITY_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_SECURITY_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
         "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
         "COLUMNS": "250",  # rich panels/tables: no wrapping inside the strings tests look for
@@ -97,12 +101,23 @@ def dlami_catalog() -> list[dict[str, Any]]:
     The descriptions name the SDK release; their exact wording is our assumption, only the
     "Neuron SDK <version>" part matters to the pin.
     """
+
     def image(ami_id: str, name: str, sdk: str) -> dict[str, Any]:
-        return {"ami_id": ami_id, "name": name, "state": "available", "public": True, "owner_id": "898082745236",
-                "architecture": "x86_64", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
-                "virtualization_type": "hvm", "hypervisor": "xen", "image_type": "machine",
-                "description": f"Supported EC2 instances: Inf2, Trn1, Trn1n, Trn2. Neuron SDK {sdk}, multi-framework",
-                "creation_date": f"{name[-8:-4]}-{name[-4:-2]}-{name[-2:]}T00:00:00.000Z"}
+        return {
+            "ami_id": ami_id,
+            "name": name,
+            "state": "available",
+            "public": True,
+            "owner_id": "898082745236",
+            "architecture": "x86_64",
+            "root_device_type": "ebs",
+            "root_device_name": "/dev/sda1",
+            "virtualization_type": "hvm",
+            "hypervisor": "xen",
+            "image_type": "machine",
+            "description": f"Supported EC2 instances: Inf2, Trn1, Trn1n, Trn2. Neuron SDK {sdk}, multi-framework",
+            "creation_date": f"{name[-8:-4]}-{name[-4:-2]}-{name[-2:]}T00:00:00.000Z",
+        }
 
     return [
         image("ami-0dlami2023may000", DLAMI_PREFIX + "20250515", "2.23.0"),  # pytorch_2_6 venv
@@ -199,8 +214,18 @@ class FakeSsmAgent:
             s3 = self.s3 or boto3.client("s3", region_name=REGION, endpoint_url=self.endpoint)
             self.s3 = s3
             for instance_id in command["InstanceIds"]:
-                key = "/".join(p for p in (command.get("OutputS3KeyPrefix"), command["CommandId"], instance_id,
-                                           "awsrunShellScript", "0.awsrunShellScript", "stdout") if p)
+                key = "/".join(
+                    p
+                    for p in (
+                        command.get("OutputS3KeyPrefix"),
+                        command["CommandId"],
+                        instance_id,
+                        "awsrunShellScript",
+                        "0.awsrunShellScript",
+                        "stdout",
+                    )
+                    if p
+                )
                 s3.put_object(Bucket=command["OutputS3BucketName"], Key=key, Body=stdout.encode())
 
     def on_get_invocation(self, parsed: dict[str, Any], **_: Any) -> None:
@@ -220,8 +245,7 @@ def moto_session(moto_endpoint: str) -> tuple[Any, FakeSsmAgent]:
 
 
 @pytest.fixture
-def moto(moto_endpoint: str, moto_session: tuple[Any, FakeSsmAgent],
-         monkeypatch: pytest.MonkeyPatch) -> FakeSsmAgent:
+def moto(moto_endpoint: str, moto_session: tuple[Any, FakeSsmAgent], monkeypatch: pytest.MonkeyPatch) -> FakeSsmAgent:
     """A fresh moto state with Neuron DLAMIs; the deploy code's sessions come with the fake agent."""
     from moto.ec2.models import amis
 
@@ -247,8 +271,10 @@ def moto_client(service: str) -> Any:
 
 def create_instance_profile(name: str = "neuron-ssp-instance") -> str:
     iam = moto_client("iam")
-    trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                     "Principal": {"Service": "ec2.amazonaws.com"}}]}
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"Service": "ec2.amazonaws.com"}}],
+    }
     iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))
     iam.create_instance_profile(InstanceProfileName=name)
     iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
@@ -274,16 +300,14 @@ class StubbedAws:
 @pytest.fixture(scope="module")
 def stub_session() -> Any:
     """One session per module: service models load once, each test still gets fresh clients."""
-    return boto3.session.Session(region_name=REGION, aws_access_key_id="testing",
-                                 aws_secret_access_key="testing")
+    return boto3.session.Session(region_name=REGION, aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
 @pytest.fixture
 def stubbed(stub_session: Any) -> Iterator[StubbedAws]:
     """Real clients whose every call must be queued on its Stubber (nothing goes over the network)."""
     clients = AwsClients.for_region(REGION, session=stub_session)
-    stubs = StubbedAws(clients, Stubber(clients.ec2), Stubber(clients.ssm), Stubber(clients.s3),
-                       Stubber(clients.sts))
+    stubs = StubbedAws(clients, Stubber(clients.ec2), Stubber(clients.ssm), Stubber(clients.s3), Stubber(clients.sts))
     for stubber in (stubs.ec2, stubs.ssm, stubs.s3, stubs.sts):
         stubber.activate()
     yield stubs
@@ -291,21 +315,34 @@ def stubbed(stub_session: Any) -> Iterator[StubbedAws]:
         stubber.deactivate()
 
 
-def instance(instance_id: str = "i-0123456789abcdef0", state: str = "running", *, name: str = "llama2-70b-7b-trn1-bf16",
-             instance_type: str = "trn1.32xlarge", tags: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+def instance(
+    instance_id: str = "i-0123456789abcdef0",
+    state: str = "running",
+    *,
+    name: str = "llama2-70b-7b-trn1-bf16",
+    instance_type: str = "trn1.32xlarge",
+    tags: dict[str, str] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """A describe_instances Instance as EC2 returns it."""
     from datetime import datetime, timezone
 
     all_tags = {"Project": "neuron-ssp", "neuron-ssp:deployment": name, "Name": name, **(tags or {})}
-    return {"InstanceId": instance_id, "InstanceType": instance_type, "State": {"Code": 16, "Name": state},
-            "LaunchTime": datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc),
-            "Placement": {"AvailabilityZone": "us-east-1a"},
-            "Tags": [{"Key": k, "Value": v} for k, v in all_tags.items()], **extra}
+    return {
+        "InstanceId": instance_id,
+        "InstanceType": instance_type,
+        "State": {"Code": 16, "Name": state},
+        "LaunchTime": datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc),
+        "Placement": {"AvailabilityZone": "us-east-1a"},
+        "Tags": [{"Key": k, "Value": v} for k, v in all_tags.items()],
+        **extra,
+    }
 
 
 def reservations(*instances: dict[str, Any]) -> dict[str, Any]:
-    return {"Reservations": [{"ReservationId": "r-0123456789abcdef0", "Instances": list(instances)}]
-            if instances else []}
+    return {
+        "Reservations": [{"ReservationId": "r-0123456789abcdef0", "Instances": list(instances)}] if instances else []
+    }
 
 
 # ---------------------------------------------------------------- canned EC2/SSM/STS answers for Stubber
@@ -316,12 +353,20 @@ INSTANCE_ID = "i-0123456789abcdef0"
 
 def dlami_images() -> dict[str, Any]:
     """describe_images as AWS answers the pinned query (creation dates as strings, like the API)."""
-    return {"Images": [
-        {"ImageId": img["ami_id"], "Name": img["name"], "CreationDate": img["creation_date"],
-         "Description": img["description"], "RootDeviceName": img["root_device_name"], "Architecture": "x86_64",
-         "State": "available"}
-        for img in dlami_catalog()
-    ]}
+    return {
+        "Images": [
+            {
+                "ImageId": img["ami_id"],
+                "Name": img["name"],
+                "CreationDate": img["creation_date"],
+                "Description": img["description"],
+                "RootDeviceName": img["root_device_name"],
+                "Architecture": "x86_64",
+                "State": "available",
+            }
+            for img in dlami_catalog()
+        ]
+    }
 
 
 def queue_plan(stubs: StubbedAws, name: str, *, reservation: dict[str, Any] | None = None) -> None:
@@ -329,38 +374,49 @@ def queue_plan(stubs: StubbedAws, name: str, *, reservation: dict[str, Any] | No
     from botocore.stub import ANY
 
     stubs.ec2.add_response("describe_instances", reservations(), {"Filters": ANY})
-    stubs.ec2.add_response("describe_images", dlami_images(), {"Owners": ["amazon"], "IncludeDeprecated": True,
-                                                               "Filters": ANY})
+    stubs.ec2.add_response(
+        "describe_images", dlami_images(), {"Owners": ["amazon"], "IncludeDeprecated": True, "Filters": ANY}
+    )
     if reservation is not None:
-        stubs.ec2.add_response("describe_capacity_reservations", {"CapacityReservations": [reservation]},
-                               {"CapacityReservationIds": [reservation["CapacityReservationId"]]})
-    stubs.sts.add_response("get_caller_identity", {"Arn": OWNER_ARN, "Account": "123456789012",
-                                                   "UserId": "AIDAEXAMPLE"}, {})
+        stubs.ec2.add_response(
+            "describe_capacity_reservations",
+            {"CapacityReservations": [reservation]},
+            {"CapacityReservationIds": [reservation["CapacityReservationId"]]},
+        )
+    stubs.sts.add_response(
+        "get_caller_identity", {"Arn": OWNER_ARN, "Account": "123456789012", "UserId": "AIDAEXAMPLE"}, {}
+    )
 
 
-def queue_run_instances(stubs: StubbedAws, expected: dict[str, Any] | None = None,
-                        instance_id: str = INSTANCE_ID) -> None:
+def queue_run_instances(
+    stubs: StubbedAws, expected: dict[str, Any] | None = None, instance_id: str = INSTANCE_ID
+) -> None:
     """expected None: any parameters (the request-shape tests pass the exact dict)."""
     response = {"Instances": [{"InstanceId": instance_id, "State": {"Code": 0, "Name": "pending"}}]}
     stubs.ec2.add_response("run_instances", response, expected)
 
 
-def queue_running(stubs: StubbedAws, instance_id: str = INSTANCE_ID, state: str = "running",
-                  **extra: Any) -> None:
-    stubs.ec2.add_response("describe_instances", reservations(instance(instance_id, state, **extra)),
-                           {"InstanceIds": [instance_id]})
+def queue_running(stubs: StubbedAws, instance_id: str = INSTANCE_ID, state: str = "running", **extra: Any) -> None:
+    stubs.ec2.add_response(
+        "describe_instances", reservations(instance(instance_id, state, **extra)), {"InstanceIds": [instance_id]}
+    )
 
 
 def queue_ping(stubs: StubbedAws, status: str | None = "Online", instance_id: str = INSTANCE_ID) -> None:
     info = [{"InstanceId": instance_id, "PingStatus": status}] if status else []
-    stubs.ssm.add_response("describe_instance_information", {"InstanceInformationList": info},
-                           {"Filters": [{"Key": "InstanceIds", "Values": [instance_id]}]})
+    stubs.ssm.add_response(
+        "describe_instance_information",
+        {"InstanceInformationList": info},
+        {"Filters": [{"Key": "InstanceIds", "Values": [instance_id]}]},
+    )
 
 
 def queue_terminate(stubs: StubbedAws, instance_id: str = INSTANCE_ID) -> None:
-    stubs.ec2.add_response("terminate_instances", {"TerminatingInstances": [
-        {"InstanceId": instance_id, "CurrentState": {"Code": 32, "Name": "shutting-down"}}]},
-        {"InstanceIds": [instance_id]})
+    stubs.ec2.add_response(
+        "terminate_instances",
+        {"TerminatingInstances": [{"InstanceId": instance_id, "CurrentState": {"Code": 32, "Name": "shutting-down"}}]},
+        {"InstanceIds": [instance_id]},
+    )
 
 
 def queue_bootstrap(stubs: StubbedAws, *statuses: str, instance_id: str = INSTANCE_ID) -> None:
@@ -369,9 +425,19 @@ def queue_bootstrap(stubs: StubbedAws, *statuses: str, instance_id: str = INSTAN
 
     for n, status in enumerate(statuses):
         command_id = f"00000000-0000-4000-8000-{n:012d}"  # SSM command ids are UUIDs
-        stubs.ssm.add_response("send_command", {"Command": {"CommandId": command_id}}, {
-            "InstanceIds": [instance_id], "DocumentName": "AWS-RunShellScript", "Parameters": ANY,
-            "TimeoutSeconds": ANY, "Comment": "neuron-ssp bootstrap status"})
-        stubs.ssm.add_response("get_command_invocation", {"Status": "Success", "StandardOutputContent": f"{status}\n",
-                                                          "ResponseCode": 0},
-                               {"CommandId": command_id, "InstanceId": instance_id})
+        stubs.ssm.add_response(
+            "send_command",
+            {"Command": {"CommandId": command_id}},
+            {
+                "InstanceIds": [instance_id],
+                "DocumentName": "AWS-RunShellScript",
+                "Parameters": ANY,
+                "TimeoutSeconds": ANY,
+                "Comment": "neuron-ssp bootstrap status",
+            },
+        )
+        stubs.ssm.add_response(
+            "get_command_invocation",
+            {"Status": "Success", "StandardOutputContent": f"{status}\n", "ResponseCode": 0},
+            {"CommandId": command_id, "InstanceId": instance_id},
+        )

@@ -97,11 +97,19 @@ def speculative(config: Config, target: Any, draft: Any, acceptor: Any) -> Any:
     from neuron_ssp.speculation.policies import build_policy
 
     rng, spec = torch.Generator(), config.speculation
-    drafter = ModelDrafter(draft, sampling_params(config.sampling), rng) if draft is not None \
+    drafter = (
+        ModelDrafter(draft, sampling_params(config.sampling), rng)
+        if draft is not None
         else NgramDrafter(target.vocab_size)
+    )
     return SpeculativeGenerator(
-        target, drafter, acceptor, build_policy(spec, target_cost(target, spec.k) if spec.policy == "cost" else None),
-        config.sampling, spec.k, rng
+        target,
+        drafter,
+        acceptor,
+        build_policy(spec, target_cost(target, spec.k) if spec.policy == "cost" else None),
+        config.sampling,
+        spec.k,
+        rng,
     )
 
 
@@ -114,4 +122,3 @@ def check_self_draft_accepts_everything(config: Config, target: Any, draft: Any)
     ssp = speculative(config, target, draft, GreedyAcceptor()).generate(ids, 24)
     assert ssp.tokens == plain_generate(target, ids, 24, config.sampling).tokens
     assert ssp.stats.acceptance_rate == 1.0
-

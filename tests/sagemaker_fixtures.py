@@ -36,8 +36,19 @@ EXECUTION_ROLE = ROOT / "deploy" / "iam" / "sagemaker-execution-role.json"
 
 def create_args(*extra: str) -> list[str]:
     """`deploy endpoint create` of the inf2 config with the test's model prefix and role, then `extra`."""
-    return ["deploy", "endpoint", "create", str(INF2_CONFIG), "--region", REGION, "--model-s3", MODEL_S3,
-            "--role-arn", ROLE_ARN, *extra]
+    return [
+        "deploy",
+        "endpoint",
+        "create",
+        str(INF2_CONFIG),
+        "--region",
+        REGION,
+        "--model-s3",
+        MODEL_S3,
+        "--role-arn",
+        ROLE_ARN,
+        *extra,
+    ]
 
 
 def instant_pacing(clock: FakeClock | None = None) -> Pacing:

@@ -64,8 +64,7 @@ class FakePipeline:
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
 
-    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None,
-                     on_logits=None):
+    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None, on_logits=None):
         self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
         text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
         ids = [ord(c) for c in text][:max_new_tokens]
@@ -79,7 +78,7 @@ class FakePipeline:
                 self.cancelled.set()
                 break
             time.sleep(self.step_s)
-            step = ids[len(done): len(done) + (1 if first else 3)]
+            step = ids[len(done) : len(done) + (1 if first else 3)]
             accepted = len(step) - 1
             if not first:
                 stats.record_call(min(3, len(step) + 1), accepted, len(step))

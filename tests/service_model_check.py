@@ -52,8 +52,10 @@ def _check(shape: Any, value: Any, path: str, problems: list[str]) -> None:
         if "pattern" in meta and not _pattern(meta["pattern"]).fullmatch(value):
             problems.append(f"{path}: {value!r} does not match {shape.name}'s pattern {meta['pattern']!r}")
         _at_most(len(value), meta.get("max"), path, "characters", problems)
-    elif kind in ("integer", "long", "float", "double") and isinstance(value, (int, float)) and value > meta.get(
-        "max", value
+    elif (
+        kind in ("integer", "long", "float", "double")
+        and isinstance(value, (int, float))
+        and value > meta.get("max", value)
     ):
         problems.append(f"{path}: {value} is above {shape.name}'s maximum {meta['max']}")
 

@@ -112,7 +112,8 @@ def test_zero_padded_results_are_counted_like_transformers_neuronx():
 
 @pytest.fixture
 def plugin_module(tmp_path, monkeypatch):
-    (tmp_path / "my_acceptors.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_acceptors.py").write_text(
+        textwrap.dedent("""
         import torch
         from neuron_ssp.speculation.acceptors import TokenAcceptor
 
@@ -126,7 +127,8 @@ def plugin_module(tmp_path, monkeypatch):
         class Padded:
             def __call__(self, draft_ids, draft_scores, target_scores):
                 return torch.zeros(1, target_scores.shape[1], dtype=torch.long)
-    """))
+    """)
+    )
     (tmp_path / "broken_plugin.py").write_text("import does_not_exist\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
@@ -143,13 +145,16 @@ def test_foreign_plugin_is_wrapped_with_the_library_convention(plugin_module):
     assert isinstance(build_acceptor("my_acceptors:Padded", SamplingParams(), None), ZeroPaddedAcceptor)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("nonsense", "unknown acceptor"),
-    ("no_such_module_xyz:Thing", "does not import"),
-    ("broken_plugin:Thing", "does not import"),
-    ("my_acceptors:Missing", "has no 'Missing'"),
-    ("my_acceptors:NoCall", "not a class with __call__"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("nonsense", "unknown acceptor"),
+        ("no_such_module_xyz:Thing", "does not import"),
+        ("broken_plugin:Thing", "does not import"),
+        ("my_acceptors:Missing", "has no 'Missing'"),
+        ("my_acceptors:NoCall", "not a class with __call__"),
+    ],
+)
 def test_bad_plugins_are_named(plugin_module, spec, message):
     with pytest.raises(UsageError) as err:
         build_acceptor(spec, SamplingParams(), None)
@@ -229,14 +234,17 @@ def test_an_unknown_builtin_name_gets_the_nearest_one():
     assert "did you mean 'probabilistic'?" in err.value.problems[0].fix
 
 
-@pytest.mark.parametrize(("bad_row", "expected"), [
-    (None, None),                                           # every row usable
-    ([0.0, float("-inf"), 1.0, 2.0], None),                 # one impossible token is allowed
-    ([3e38, 3e38, 0.0, 0.0], None),                         # finite, though its sum overflows
-    ([0.0, float("nan"), 1.0, 2.0], 2),
-    ([0.0, float("inf"), 1.0, 2.0], 2),
-    ([float("-inf")] * 4, 2),                               # no distribution left
-])
+@pytest.mark.parametrize(
+    ("bad_row", "expected"),
+    [
+        (None, None),  # every row usable
+        ([0.0, float("-inf"), 1.0, 2.0], None),  # one impossible token is allowed
+        ([3e38, 3e38, 0.0, 0.0], None),  # finite, though its sum overflows
+        ([0.0, float("nan"), 1.0, 2.0], 2),
+        ([0.0, float("inf"), 1.0, 2.0], 2),
+        ([float("-inf")] * 4, 2),  # no distribution left
+    ],
+)
 def test_first_non_finite_row_names_the_first_unusable_row(bad_row, expected):
     logits = torch.randn(4, 4)
     if bad_row is not None:

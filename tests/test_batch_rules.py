@@ -52,7 +52,7 @@ def docs_rows() -> list[list[str]]:
     lines = DOCS.read_text().splitlines()
     start = lines.index(TABLE_HEADER)
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in line.strip("|").split("|")])
@@ -72,10 +72,16 @@ def test_every_row_names_where_its_batch_and_sampling_answers_were_read() -> Non
     assert len({(r.library, r.engine, r.generation) for r in BATCH_RULES}) == len(BATCH_RULES)
 
 
-@pytest.mark.parametrize(("version", "generation"), [
-    ("0.13.322.0", TNX_BATCHED), ("0.13", TNX_BATCHED), ("0.12.313", TNX_UNBATCHED), ("0.10.0.21", TNX_UNBATCHED),
-    ("unknown", TNX_UNBATCHED),
-])
+@pytest.mark.parametrize(
+    ("version", "generation"),
+    [
+        ("0.13.322.0", TNX_BATCHED),
+        ("0.13", TNX_BATCHED),
+        ("0.12.313", TNX_UNBATCHED),
+        ("0.10.0.21", TNX_UNBATCHED),
+        ("unknown", TNX_UNBATCHED),
+    ],
+)
 def test_a_version_string_maps_to_its_api_generation(version: str, generation: str) -> None:
     assert neuronx_generation_for_version(version) == generation
 
@@ -148,8 +154,9 @@ def test_a_running_batch_the_engine_cannot_join_is_a_warning() -> None:
 
 
 def test_every_batch_problem_is_reported_at_once() -> None:
-    data = batch4(neuron={"library": "nxdi"}, sampling={"temperature": 0.5}, serve={"max_batch": 16},
-                  draft={"batch_size": 2})
+    data = batch4(
+        neuron={"library": "nxdi"}, sampling={"temperature": 0.5}, serve={"max_batch": 16}, draft={"batch_size": 2}
+    )
     assert {"target.batch_size", "draft.batch_size", "serve.max_batch"} <= fields(report(data)[0])
     nxdi_fused = merged(data, speculation={"engine": "fused"})
     assert {"draft.batch_size", "sampling.temperature", "serve.max_batch"} <= fields(report(nxdi_fused)[0])

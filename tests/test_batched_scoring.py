@@ -23,10 +23,15 @@ from neuron_ssp.backends.torch.scoring import TorchBackend, kv_cache_bytes
 from neuron_ssp.errors import UsageError
 
 SLOTS = 4
-PROMPTS = [torch.tensor([1, 5, 7, 9, 5, 7, 11]), torch.tensor([3, 2, 8]), torch.tensor([40, 41, 42, 43, 44, 45]),
-           torch.tensor([9])]
-needs_kernel = pytest.mark.skipif(kernel_module.row_kernel() is None,
-                                  reason=f"row kernel not built: {kernel_module.unavailable_reason()}")
+PROMPTS = [
+    torch.tensor([1, 5, 7, 9, 5, 7, 11]),
+    torch.tensor([3, 2, 8]),
+    torch.tensor([40, 41, 42, 43, 44, 45]),
+    torch.tensor([9]),
+]
+needs_kernel = pytest.mark.skipif(
+    kernel_module.row_kernel() is None, reason=f"row kernel not built: {kernel_module.unavailable_reason()}"
+)
 
 
 def tokens(seed: int, count: int) -> torch.Tensor:
@@ -37,12 +42,14 @@ def mixes() -> list[list[tuple[int, int, int]]]:
     """Calls of (slot, start, rows), in the order they run: every slot decoding one token, windows of several
     widths, slots in any order or left out, rollbacks (a start before the slot's last end: those positions are
     overwritten), and 80 rows (two chunks, the last segment cut between them)."""
-    return [[(0, 7, 1), (1, 3, 1), (2, 6, 1), (3, 1, 1)],
-            [(0, 8, 3), (1, 4, 1), (2, 7, 5), (3, 2, 2)],
-            [(3, 3, 4), (0, 9, 2)],  # slot 0 rolls back 2 of its 3, slot 3 one of its 2; 1 and 2 sit out
-            [(2, 10, 1), (1, 5, 6), (0, 11, 1)],
-            [(1, 11, 20), (0, 12, 20), (3, 7, 20), (2, 11, 20)],
-            [(2, 25, 3), (0, 30, 1)]]  # rolls back into the positions the second chunk wrote
+    return [
+        [(0, 7, 1), (1, 3, 1), (2, 6, 1), (3, 1, 1)],
+        [(0, 8, 3), (1, 4, 1), (2, 7, 5), (3, 2, 2)],
+        [(3, 3, 4), (0, 9, 2)],  # slot 0 rolls back 2 of its 3, slot 3 one of its 2; 1 and 2 sit out
+        [(2, 10, 1), (1, 5, 6), (0, 11, 1)],
+        [(1, 11, 20), (0, 12, 20), (3, 7, 20), (2, 11, 20)],
+        [(2, 25, 3), (0, 30, 1)],
+    ]  # rolls back into the positions the second chunk wrote
 
 
 @contextmanager
@@ -55,8 +62,9 @@ def threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def run_mixes(batched: TorchBackend, alone: list[TorchBackend], batched_threads: int = 1
-              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def run_mixes(
+    batched: TorchBackend, alone: list[TorchBackend], batched_threads: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(batched logits, the same rows scored segment by segment in one backend per slot, on one thread) for every
     prefill and every call."""
     pairs = [(batched.prefill_slot(slot, prompt), alone[slot].prefill(prompt)) for slot, prompt in enumerate(PROMPTS)]
@@ -96,14 +104,14 @@ def test_the_torch_path_and_hugging_faces_forward_match_their_segments_alone(for
     model = tiny_llama(1)
     batched = TorchBackend(model, 128, forward=forward, pack=False, slots=SLOTS)
     assert batched.forward_name == forward and batched.slots == SLOTS
-    for together, separate in run_mixes(batched, [TorchBackend(model, 128, forward=forward, pack=False)
-                                                  for _ in PROMPTS]):
+    for together, separate in run_mixes(
+        batched, [TorchBackend(model, 128, forward=forward, pack=False) for _ in PROMPTS]
+    ):
         torch.testing.assert_close(together, separate, atol=1e-5, rtol=1e-5)
 
 
 def test_calls_are_cut_at_max_rows_and_a_cut_segment_goes_on_where_it_stopped():
-    assert row_chunks([(0, 7, 3), (1, 0, 5), (2, 4, 2)], 4) == [((0, 7, 3), (1, 0, 1)), ((1, 1, 4),),
-                                                                 ((2, 4, 2),)]
+    assert row_chunks([(0, 7, 3), (1, 0, 5), (2, 4, 2)], 4) == [((0, 7, 3), (1, 0, 1)), ((1, 1, 4),), ((2, 4, 2),)]
     assert row_chunks([(1, 9, 64)], 64) == [((1, 9, 64),)]
 
 
@@ -135,7 +143,13 @@ def test_a_slot_view_is_a_one_sequence_backend_on_its_slot():
     batched, alone = TorchBackend(model, 64, slots=3), TorchBackend(model, 64)
     view = SlotView(batched, 2)
     assert (view.slots, view.name, view.vocab_size, view.n_positions, view.max_score_width, view.device) == (
-        1, batched.name, batched.vocab_size, batched.n_positions, None, batched.device)
+        1,
+        batched.name,
+        batched.vocab_size,
+        batched.n_positions,
+        None,
+        batched.device,
+    )
     assert torch.equal(view.prefill(PROMPTS[2]), alone.prefill(PROMPTS[2]))
     assert torch.equal(view.score_batch([Segment(0, 6, torch.tensor([5, 6]))]), alone.score(torch.tensor([5, 6]), 6))
     assert torch.equal(view.score(torch.tensor([7]), 7), batched.score_batch([Segment(2, 7, torch.tensor([7]))]))

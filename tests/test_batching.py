@@ -61,13 +61,16 @@ def draft_table() -> TableBackend:
     return TableBackend(VOCAB, 0).perturbed(0.5, seed=1)
 
 
-PROMPTS = [torch.tensor(p) for p in ([1, 5, 7, 9, 5], [2, 4, 6], [7, 7, 1, 2, 9, 4, 4], [5], [8, 6, 2, 1],
-                                     [9, 9, 9, 9, 9, 9], [4, 1])]
+PROMPTS = [
+    torch.tensor(p)
+    for p in ([1, 5, 7, 9, 5], [2, 4, 6], [7, 7, 1, 2, 9, 4, 4], [5], [8, 6, 2, 1], [9, 9, 9, 9, 9, 9], [4, 1])
+]
 BUDGETS = [12, 30, 7, 25, 1, 18, 22]
 
 
-def request(i: int, sampling: SamplingConfig, draft: SlotTables | None, policy: WindowPolicy,
-            stop_after: int | None = None) -> RowRequest:
+def request(
+    i: int, sampling: SamplingConfig, draft: SlotTables | None, policy: WindowPolicy, stop_after: int | None = None
+) -> RowRequest:
     params = sampling_params(sampling)
     rng = torch.Generator().manual_seed(sampling.seed)
 
@@ -80,8 +83,17 @@ def request(i: int, sampling: SamplingConfig, draft: SlotTables | None, policy: 
         calls[0] += 1
         return stop_after is not None and calls[0] > stop_after
 
-    return RowRequest(PROMPTS[i], BUDGETS[i], params, sampling.seed, {EOS}, drafter_for,
-                      ProbabilisticAcceptor(params, rng), policy, should_stop=should_stop)
+    return RowRequest(
+        PROMPTS[i],
+        BUDGETS[i],
+        params,
+        sampling.seed,
+        {EOS},
+        drafter_for,
+        ProbabilisticAcceptor(params, rng),
+        policy,
+        should_stop=should_stop,
+    )
 
 
 def run_batched(loop: BatchLoop, requests: list[RowRequest]) -> dict[int, list[int]]:
@@ -106,10 +118,15 @@ def alone(i: int, sampling: SamplingConfig) -> list[int]:
     return plain_generate(TableBackend(VOCAB, 0), PROMPTS[i], BUDGETS[i], sampling, {EOS}).tokens
 
 
-SAMPLINGS = [SamplingConfig(temperature=0.0), SamplingConfig(temperature=1.0, seed=11),
-             SamplingConfig(temperature=0.7, top_k=5, seed=12), SamplingConfig(temperature=1.3, top_p=0.8, seed=13),
-             SamplingConfig(temperature=0.0, seed=4), SamplingConfig(temperature=0.9, seed=2**63 - 5),
-             SamplingConfig(temperature=1.0, top_k=3, top_p=0.9, seed=7)]
+SAMPLINGS = [
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=1.0, seed=11),
+    SamplingConfig(temperature=0.7, top_k=5, seed=12),
+    SamplingConfig(temperature=1.3, top_p=0.8, seed=13),
+    SamplingConfig(temperature=0.0, seed=4),
+    SamplingConfig(temperature=0.9, seed=2**63 - 5),
+    SamplingConfig(temperature=1.0, top_k=3, top_p=0.9, seed=7),
+]
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
@@ -136,8 +153,7 @@ def test_every_row_equals_its_request_alone_with_rows_joining_and_leaving(drafte
 def test_a_cancelled_row_leaves_and_the_others_are_unchanged():
     target = SlotTables(lambda: TableBackend(VOCAB, 0), SLOTS)
     draft = SlotTables(draft_table, SLOTS)
-    requests = [request(i, s, draft, FixedPolicy(K), stop_after=3 if i == 1 else None)
-                for i, s in enumerate(SAMPLINGS)]
+    requests = [request(i, s, draft, FixedPolicy(K), stop_after=3 if i == 1 else None) for i, s in enumerate(SAMPLINGS)]
     outputs = run_batched(BatchLoop(target, K), requests)
     for i, sampling in enumerate(SAMPLINGS):
         expected = alone(i, sampling)
@@ -152,8 +168,12 @@ def test_the_windows_do_not_change_a_seeded_sampled_output():
     sampling = SamplingConfig(temperature=1.0, seed=99)
     expected = alone(1, sampling)
     dear = WidthCost({1: 10.0, 2: 30.0, 16: 200.0})
-    for cost, policy in ((None, FixedPolicy(K)), (CHEAP_ROWS, CostPolicy(K, CHEAP_ROWS)),
-                         (dear, CostPolicy(K, dear)), (None, FixedPolicy(1))):
+    for cost, policy in (
+        (None, FixedPolicy(K)),
+        (CHEAP_ROWS, CostPolicy(K, CHEAP_ROWS)),
+        (dear, CostPolicy(K, dear)),
+        (None, FixedPolicy(1)),
+    ):
         target = SlotTables(lambda: TableBackend(VOCAB, 0), 1)
         tokens = BatchLoop(target, K, cost).run(request(1, sampling, SlotTables(draft_table, 1), policy)).tokens
         assert tokens == expected

@@ -13,9 +13,13 @@ from neuron_ssp.backends.checkpoint import checkpoint_eos_ids, stop_id
 @pytest.mark.parametrize(
     ("files", "expected"),
     [
-        ({"generation_config.json": {"eos_token_id": [128001, 128008, 128009]},
-          "config.json": {"eos_token_id": 128001}},
-         [128001, 128008, 128009]),  # Llama-3.1-Instruct: the list wins over config.json's one id
+        (
+            {
+                "generation_config.json": {"eos_token_id": [128001, 128008, 128009]},
+                "config.json": {"eos_token_id": 128001},
+            },
+            [128001, 128008, 128009],
+        ),  # Llama-3.1-Instruct: the list wins over config.json's one id
         ({"generation_config.json": {"bos_token_id": 1}, "config.json": {"eos_token_id": 2}}, [2]),
         ({"config.json": {"eos_token_id": None}}, []),
         ({"generation_config.json": "not json", "config.json": {"eos_token_id": 7}}, [7]),

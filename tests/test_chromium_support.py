@@ -14,18 +14,21 @@ FOUND = {"browser": "/usr/bin/chromium", "driver": "/usr/bin/chromedriver"}
 NONE = {"browser": None, "driver": None}
 
 
-@pytest.mark.parametrize(("paths", "ci", "apt", "root", "action"), [
-    (FOUND, False, False, False, "run"),
-    (FOUND, True, True, True, "run"),
-    (NONE, False, True, True, "fail"),  # ./setup.sh dev would have installed them: it was not run
-    (NONE, False, True, False, "skip"),  # apt-get but no root: nothing here can install them
-    (NONE, False, False, True, "skip"),  # root but no apt-get (not Debian)
-    (NONE, False, False, False, "skip"),
-    (NONE, True, False, False, "fail"),  # CI must run it, whatever the machine
-    (NONE, True, True, False, "fail"),
-    ({"browser": "/usr/bin/chromium", "driver": None}, False, False, False, "skip"),  # half installed
-    ({"browser": "/usr/bin/chromium", "driver": None}, True, True, True, "fail"),
-])
+@pytest.mark.parametrize(
+    ("paths", "ci", "apt", "root", "action"),
+    [
+        (FOUND, False, False, False, "run"),
+        (FOUND, True, True, True, "run"),
+        (NONE, False, True, True, "fail"),  # ./setup.sh dev would have installed them: it was not run
+        (NONE, False, True, False, "skip"),  # apt-get but no root: nothing here can install them
+        (NONE, False, False, True, "skip"),  # root but no apt-get (not Debian)
+        (NONE, False, False, False, "skip"),
+        (NONE, True, False, False, "fail"),  # CI must run it, whatever the machine
+        (NONE, True, True, False, "fail"),
+        ({"browser": "/usr/bin/chromium", "driver": None}, False, False, False, "skip"),  # half installed
+        ({"browser": "/usr/bin/chromium", "driver": None}, True, True, True, "fail"),
+    ],
+)
 def test_the_decision_per_machine(paths: dict, ci: bool, apt: bool, root: bool, action: str) -> None:
     assert chromium_verdict(Machine(**paths, ci=ci, apt=apt, root=root)).action == action
 

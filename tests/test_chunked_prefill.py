@@ -37,7 +37,7 @@ class ChunkedTables(SlotTables):
         logits = super().score_batch(segments)
         self.returned.append([s.returned_rows for s in segments])
         rows = logits.split([len(s.tokens) for s in segments])
-        return torch.cat([part[len(part) - s.returned_rows:] for part, s in zip(rows, segments, strict=True)])
+        return torch.cat([part[len(part) - s.returned_rows :] for part, s in zip(rows, segments, strict=True)])
 
 
 def row(prompt: list[int], budget: int, stop: list[bool] | None = None) -> RowRequest:
@@ -106,9 +106,10 @@ def test_on_the_row_kernel_chunked_prefill_gives_the_whole_prompts_logits_bit_fo
     prompt = torch.arange(1, 23) % 60
     whole = llama_target(0).prefill_slot(0, prompt)
     chunked = llama_target(5)
-    parts = [chunked.score_batch([Segment(1, start, prompt[start:start + 5],
-                                          logits_rows=int(start + 5 >= len(prompt)))])
-             for start in range(0, len(prompt), 5)]
+    parts = [
+        chunked.score_batch([Segment(1, start, prompt[start : start + 5], logits_rows=int(start + 5 >= len(prompt)))])
+        for start in range(0, len(prompt), 5)
+    ]
     assert [p.shape[0] for p in parts] == [0, 0, 0, 0, 1]
     assert torch.equal(parts[-1][0], whole)
 
@@ -121,8 +122,12 @@ def test_the_head_runs_on_the_returned_rows_only_and_they_equal_a_full_calls():
     full = target.score_batch(segments)
     target.prefill_slot(0, torch.tensor([3, 4, 5]))
     target.prefill_slot(1, torch.tensor([9, 8]))
-    cut = target.score_batch([Segment(0, 3, torch.tensor([6, 7, 8]), logits_rows=0),
-                              Segment(1, 2, torch.tensor([1, 2, 3, 4]), logits_rows=2)])
+    cut = target.score_batch(
+        [
+            Segment(0, 3, torch.tensor([6, 7, 8]), logits_rows=0),
+            Segment(1, 2, torch.tensor([1, 2, 3, 4]), logits_rows=2),
+        ]
+    )
     assert cut.shape == (2, full.shape[1])
     torch.testing.assert_close(cut, full[5:7], rtol=0, atol=1e-5)
 
@@ -131,8 +136,10 @@ def test_the_head_runs_on_the_returned_rows_only_and_they_equal_a_full_calls():
 def test_a_llama_batch_with_chunked_prefill_equals_each_request_alone(chunk):
     prompts = [torch.arange(2, 2 + n) % 60 for n in (7, 20, 3, 11)]
     budgets = [10, 6, 12, 8]
-    alone = [BatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, GREEDY)).tokens
-             for p, n in zip(prompts, budgets, strict=True)]
+    alone = [
+        BatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, GREEDY)).tokens
+        for p, n in zip(prompts, budgets, strict=True)
+    ]
     loop = BatchLoop(llama_target(chunk, slots=2), 1)
     pending, done, running = list(range(4)), {}, {}
     while pending or loop.rows:

@@ -13,8 +13,7 @@ from neuron_ssp.cli import main
 
 
 def test_python_dash_m_runs_the_cli() -> None:
-    result = subprocess.run([sys.executable, "-m", "neuron_ssp", "--help"], capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run([sys.executable, "-m", "neuron_ssp", "--help"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "Usage: neuron-ssp" in result.stdout and "generate" in result.stdout
 

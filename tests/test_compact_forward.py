@@ -25,9 +25,17 @@ TOLERANCE = {"atol": 1e-4, "rtol": 1e-4}
 def rope_llama(rope_scaling: dict | None) -> LlamaForCausalLM:
     """A tiny Llama with GQA, a head_dim that is not hidden/heads, and the given rope scaling."""
     torch.manual_seed(5)
-    config = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
-                         rope_scaling=rope_scaling)
+    config = LlamaConfig(
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        rope_scaling=rope_scaling,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -60,9 +68,20 @@ def test_logits_match_hugging_face_at_every_width_and_after_rollbacks(pack):
     assert_same_logits(tiny_llama(0), pack)
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "linear", "factor": 2.0},
-                                          {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        None,
+        {"rope_type": "linear", "factor": 2.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
 def test_rope_scaling_gqa_and_head_dim_follow_the_model(rope_scaling):
     assert_same_logits(rope_llama(rope_scaling), pack=False)
 
@@ -70,8 +89,9 @@ def test_rope_scaling_gqa_and_head_dim_follow_the_model(rope_scaling):
 def test_greedy_decoding_equals_hugging_face_generate():
     model = tiny_llama(0)
     ours = plain_generate(TorchBackend(model, 512), PROMPT, 30, SamplingConfig(temperature=0.0)).tokens
-    hf = model.generate(PROMPT.view(1, -1), max_new_tokens=30, min_new_tokens=30, do_sample=False,
-                        pad_token_id=0)[0, len(PROMPT):].tolist()
+    hf = model.generate(PROMPT.view(1, -1), max_new_tokens=30, min_new_tokens=30, do_sample=False, pad_token_id=0)[
+        0, len(PROMPT) :
+    ].tolist()
     assert ours == hf
 
 
@@ -86,11 +106,27 @@ def test_a_cpu_fp32_model_is_packed_and_draft_equal_to_target_shares_the_packing
 
 def test_models_the_compact_forward_does_not_cover_use_hugging_face_or_are_refused():
     torch.manual_seed(0)
-    mistral = MistralForCausalLM(MistralConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                               sliding_window=6)).eval()
-    biased = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=4, attention_bias=True)).eval()
+    mistral = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=6,
+        )
+    ).eval()
+    biased = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            attention_bias=True,
+        )
+    ).eval()
     for model, reason in ((mistral, "model_type is 'mistral'"), (biased, "biases")):
         assert TorchBackend(model, 512).forward_name == "hf"
         with pytest.raises(UsageError) as err:
@@ -116,8 +152,10 @@ def test_compile_without_a_cxx_compiler_is_refused_with_the_fix(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
-                    reason="torch.compile on a CPU (inductor) needs a C++ compiler: none on PATH")
+@pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "g++")) is None,
+    reason="torch.compile on a CPU (inductor) needs a C++ compiler: none on PATH",
+)
 def test_compiled_forward_matches_hugging_face(tmp_path, monkeypatch):
     """torch.compile (inductor, dynamic widths and slots) of the same forward gives the same logits: run here
     on the CPU, with the same code as on CUDA (where it is slower than eager: docs/configuration.md)."""

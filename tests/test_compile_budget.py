@@ -46,8 +46,9 @@ def test_every_k_compiled_into_the_target_is_charged_in_the_memory_plan() -> Non
 
 
 def test_parallel_compiles_are_bounded_by_host_memory() -> None:
-    placed = place_models(loaded_models(config_from_dict(neuron_pair())), "transformers-neuronx", "padding",
-                          tuple(range(2, 9)))
+    placed = place_models(
+        loaded_models(config_from_dict(neuron_pair())), "transformers-neuronx", "padding", tuple(range(2, 9))
+    )
     target_weights = placed["target"].architecture.params * 2  # bf16, held on the host while compiling
     estimate = estimate_compile(placed, 512 * GIB)  # trn1.32xlarge
     assert [m.networks.total for m in estimate.models] == [45, 10]
@@ -69,8 +70,9 @@ def test_compile_passes_the_bound_to_the_library(
     meminfo = tmp_path / "meminfo"
     meminfo.write_text(f"MemTotal: 1 kB\nMemAvailable: {int(3.5 / 0.9 * PROCESS_BYTES) // 1024} kB\n")
     monkeypatch.setattr("neuron_ssp.backends.neuron.env.MEMINFO", str(meminfo))
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
-                           neuron={"compiled_dir": str(tmp_path / "compiled")})
+    config = neuron_config(
+        tiny_model_dirs["target"], tiny_model_dirs["draft"], neuron={"compiled_dir": str(tmp_path / "compiled")}
+    )
     compile_models(config, plan_deployment(config), [2, 3, 4])
     compiles = [d for _, c, d in neuronx_any.RUNTIME.events if c == "compile"]
     assert len(compiles) == 2 and all(d["parallel_degree"] == 3 for d in compiles)
@@ -83,9 +85,11 @@ def test_a_compile_whose_networks_do_not_fit_is_refused_before_it_starts(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     """A Llama-3-70B-shaped target that fits with one k: 2..8 adds 6 x 12 networks (12 token buckets)."""
-    config = neuron_config(tiny_model_dirs["target"], neuron={"compiled_dir": str(tmp_path / "compiled")},
-                           target={"architecture": "llama-3-70b", "tp_degree": 32, "n_positions": 150_000,
-                                   "dtype": "bf16"})
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        neuron={"compiled_dir": str(tmp_path / "compiled")},
+        target={"architecture": "llama-3-70b", "tp_degree": 32, "n_positions": 150_000, "dtype": "bf16"},
+    )
     assert plan_deployment(config).fits
     with pytest.raises(UsageError) as caught:
         compile_models(config, plan_deployment(config), list(range(2, 9)))
@@ -104,11 +108,13 @@ def test_compile_prints_the_estimate_with_its_basis(
     config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"])
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    result = CliRunner().invoke(main, ["compile", str(path), "--k", "2..4", "--out", str(tmp_path / "c"),
-                                       "--compile-process-gib", "4", "--json"])
+    result = CliRunner().invoke(
+        main,
+        ["compile", str(path), "--k", "2..4", "--out", str(tmp_path / "c"), "--compile-process-gib", "4", "--json"],
+    )
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "networks to compile: target: 5 (1 token, 1 context, 3 speculation); draft: 2" in text
     assert "4 GiB per process assumed" in text and "estimated time" in text
-    report = json.loads(result.output[result.output.index("{\n"):])
+    report = json.loads(result.output[result.output.index("{\n") :])
     assert report["estimate"]["process_bytes_assumed"] == 4 * GIB and len(report["results"]) == 2

@@ -38,8 +38,10 @@ def test_unknown_key_is_named_with_the_nearest_valid_one(tmp_path):
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    found = problems(tmp_path, "speculation:\n  k: 1\n  acceptor: probabilistic\n"
-                               "sampling:\n  temperature: -1\n  top_p: 1.5\n  top_k: -3\n")
+    found = problems(
+        tmp_path,
+        "speculation:\n  k: 1\n  acceptor: probabilistic\nsampling:\n  temperature: -1\n  top_p: 1.5\n  top_k: -3\n",
+    )
     assert set(found) == {"speculation.k", "sampling.temperature", "sampling.top_p", "sampling.top_k"}
     assert found["speculation.k"].rule == "must be >= 2" and found["speculation.k"].value == 1
     assert "<= 1" in found["sampling.top_p"].fix
@@ -73,8 +75,9 @@ def test_missing_config_file_is_a_usage_error(tmp_path):
 
 
 def test_unknown_acceptor_and_policy_come_with_the_other_problems_and_a_hint(tmp_path):
-    found = problems(tmp_path, "speculation:\n  k: 1\n  acceptor: probabalistic\n  policy: adaptve\n"
-                               "sampling:\n  top_p: 1.5\n")
+    found = problems(
+        tmp_path, "speculation:\n  k: 1\n  acceptor: probabalistic\n  policy: adaptve\nsampling:\n  top_p: 1.5\n"
+    )
     assert set(found) == {"speculation.k", "speculation.acceptor", "speculation.policy", "sampling.top_p"}
     assert found["speculation.acceptor"].value == "probabalistic"
     assert "did you mean 'probabilistic'?" in found["speculation.acceptor"].fix

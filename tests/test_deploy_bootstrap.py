@@ -70,17 +70,27 @@ def env(root: Path) -> dict[str, str]:
 def run_bootstrap(tmp_path: Path, *, venv: bool = True, pip_fails: bool = False) -> Instance:
     """Render the real user data, move its paths under tmp_path, run it once, as EC2 does."""
     spec = BootstrapSpec(
-        deployment="trn1-test", region="us-east-1",
+        deployment="trn1-test",
+        region="us-east-1",
         config_yaml=yaml.safe_dump(load_config(TRN1_CONFIG).model_dump(mode="json"), sort_keys=False),
-        model_paths=("/opt/models/Llama-2-70b-hf",), expires_at=EXPIRES, package_spec="neuron-ssp==0.1.0",
-        weights_s3_uri="s3://weights/models", hf_token=HfTokenSource("ssm", "/neuron-ssp/hf"),
+        model_paths=("/opt/models/Llama-2-70b-hf",),
+        expires_at=EXPIRES,
+        package_spec="neuron-ssp==0.1.0",
+        weights_s3_uri="s3://weights/models",
+        hf_token=HfTokenSource("ssm", "/neuron-ssp/hf"),
     )
     (tmp_path / "units").mkdir()
     (tmp_path / "sbin").mkdir()
-    moved = {STATUS_FILE: tmp_path / "state/status", EXPIRY_FILE: tmp_path / "state/expires-at",
-             LOG_FILE: tmp_path / "bootstrap.log", HOME_DIR: tmp_path / "home", UNIT_DIR: tmp_path / "units",
-             EXPIRY_CHECK: tmp_path / "sbin/neuron-ssp-expiry", TRANSFORMERS_NEURONX_VENV: tmp_path / "venv",
-             str(PurePosixPath(HF_TOKEN_FILE).parent): tmp_path / "hf"}
+    moved = {
+        STATUS_FILE: tmp_path / "state/status",
+        EXPIRY_FILE: tmp_path / "state/expires-at",
+        LOG_FILE: tmp_path / "bootstrap.log",
+        HOME_DIR: tmp_path / "home",
+        UNIT_DIR: tmp_path / "units",
+        EXPIRY_CHECK: tmp_path / "sbin/neuron-ssp-expiry",
+        TRANSFORMERS_NEURONX_VENV: tmp_path / "venv",
+        str(PurePosixPath(HF_TOKEN_FILE).parent): tmp_path / "hf",
+    }
     script = render(spec)
     for real, fake in moved.items():
         script = script.replace(real, str(fake))
@@ -88,8 +98,14 @@ def run_bootstrap(tmp_path: Path, *, venv: bool = True, pip_fails: bool = False)
 
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
-    bodies = {"shutdown": "", "systemctl": "", "aws": "", "pip": "exit 1" if pip_fails else "",
-              "date": FAKE_DATE.format(clock=tmp_path / "clock"), "curl": FAKE_CURL.format(tag=tmp_path / "tag")}
+    bodies = {
+        "shutdown": "",
+        "systemctl": "",
+        "aws": "",
+        "pip": "exit 1" if pip_fails else "",
+        "date": FAKE_DATE.format(clock=tmp_path / "clock"),
+        "curl": FAKE_CURL.format(tag=tmp_path / "tag"),
+    }
     for name, body in bodies.items():
         (bin_dir / name).write_text(FAKE.format(calls=calls, body=body))
         (bin_dir / name).chmod(0o755)
@@ -118,18 +134,22 @@ def test_the_expiry_holds_after_a_reboot_and_follows_an_extended_tag(tmp_path: P
     instance = run_bootstrap(tmp_path)
     assert instance.boot_check(EXPIRES - timedelta(minutes=5), tag="2025-08-01T16:00:00Z") == []
     assert instance.boot_check(EXPIRES + timedelta(minutes=1), tag="2025-08-01T16:00:00Z") == [
-        "shutdown -h now neuron-ssp: expired at 2025-08-01T16:00:00Z"]
+        "shutdown -h now neuron-ssp: expired at 2025-08-01T16:00:00Z"
+    ]
     # tags not readable from instance metadata: the time written at launch still ends it
     assert instance.boot_check(EXPIRES + timedelta(minutes=1)) == [
-        "shutdown -h now neuron-ssp: expired at 2025-08-01T16:00:00Z"]
+        "shutdown -h now neuron-ssp: expired at 2025-08-01T16:00:00Z"
+    ]
     # `deploy extend` retagged it: the check follows the tag, not the launch's time
     assert instance.boot_check(EXPIRES + timedelta(hours=1), tag="2025-08-01T18:00:00Z") == []
     assert instance.boot_check(EXPIRES + timedelta(hours=3), tag="2025-08-01T18:00:00Z") == [
-        "shutdown -h now neuron-ssp: expired at 2025-08-01T18:00:00Z"]
+        "shutdown -h now neuron-ssp: expired at 2025-08-01T18:00:00Z"
+    ]
 
 
 def test_a_missing_venv_records_the_step_and_shuts_down_in_15_minutes_with_the_expiry_still_armed(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     instance = run_bootstrap(tmp_path, venv=False)
     assert instance.code != 0 and instance.status == "failed: venv"
     calls = instance.calls()

@@ -72,8 +72,11 @@ def fields(exc: BaseException) -> list[str]:
 
 def test_insufficient_capacity_suggests_another_az_or_a_capacity_block(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
-    stubbed.ec2.add_client_error("run_instances", "InsufficientInstanceCapacity",
-                                 "We currently do not have sufficient trn1.32xlarge capacity in us-east-1a.")
+    stubbed.ec2.add_client_error(
+        "run_instances",
+        "InsufficientInstanceCapacity",
+        "We currently do not have sufficient trn1.32xlarge capacity in us-east-1a.",
+    )
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     (problem,) = raised.value.problems
@@ -85,9 +88,11 @@ def test_insufficient_capacity_suggests_another_az_or_a_capacity_block(stubbed: 
 
 def test_unauthorized_names_the_permission_and_the_policy_file(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
-    stubbed.ec2.add_client_error("run_instances", "UnauthorizedOperation",
-                                 "You are not authorized to perform this operation. Encoded authorization "
-                                 "failure message: abc123")
+    stubbed.ec2.add_client_error(
+        "run_instances",
+        "UnauthorizedOperation",
+        "You are not authorized to perform this operation. Encoded authorization failure message: abc123",
+    )
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     (problem,) = raised.value.problems
@@ -96,16 +101,19 @@ def test_unauthorized_names_the_permission_and_the_policy_file(stubbed: StubbedA
     assert "deploy/iam/operator-policy.json" in problem.fix and "decode-authorization-message" in problem.fix
 
 
-@pytest.mark.parametrize(("code", "kind", "field"), [
-    ("InvalidSubnetID.NotFound", UsageError, "--subnet-id"),
-    ("InvalidGroup.NotFound", UsageError, "--security-group-id"),
-    ("InvalidKeyPair.NotFound", UsageError, "--key-name"),
-    ("InvalidCapacityReservationId.NotFound", UsageError, "--capacity-reservation-id/--capacity-block-id"),
-    ("VcpuLimitExceeded", RuntimeProblem, "service quota"),
-    ("ExpiredToken", UsageError, "aws credentials"),
-    ("AccessDenied", RuntimeProblem, "permissions"),
-    ("SomethingNew", RuntimeProblem, "ec2:RunInstances"),
-])
+@pytest.mark.parametrize(
+    ("code", "kind", "field"),
+    [
+        ("InvalidSubnetID.NotFound", UsageError, "--subnet-id"),
+        ("InvalidGroup.NotFound", UsageError, "--security-group-id"),
+        ("InvalidKeyPair.NotFound", UsageError, "--key-name"),
+        ("InvalidCapacityReservationId.NotFound", UsageError, "--capacity-reservation-id/--capacity-block-id"),
+        ("VcpuLimitExceeded", RuntimeProblem, "service quota"),
+        ("ExpiredToken", UsageError, "aws credentials"),
+        ("AccessDenied", RuntimeProblem, "permissions"),
+        ("SomethingNew", RuntimeProblem, "ec2:RunInstances"),
+    ],
+)
 def test_aws_error_codes_become_problems(stubbed: StubbedAws, code: str, kind: type, field: str) -> None:
     plan = planned(stubbed)
     stubbed.ec2.add_client_error("run_instances", code, "message from AWS")
@@ -145,8 +153,12 @@ def test_failure_half_way_terminates_the_instance(stubbed: StubbedAws) -> None:
 def test_instance_not_yet_visible_is_waited_for(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     queue_run_instances(stubbed)
-    stubbed.ec2.add_client_error("describe_instances", "InvalidInstanceID.NotFound", "eventual consistency",
-                                 expected_params={"InstanceIds": [INSTANCE_ID]})
+    stubbed.ec2.add_client_error(
+        "describe_instances",
+        "InvalidInstanceID.NotFound",
+        "eventual consistency",
+        expected_params={"InstanceIds": [INSTANCE_ID]},
+    )
     queue_running(stubbed)
     queue_ping(stubbed)
     queue_running(stubbed)
@@ -158,8 +170,11 @@ def test_instance_not_yet_visible_is_waited_for(stubbed: StubbedAws) -> None:
 def test_instance_dying_while_starting_reports_the_reason(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     queue_run_instances(stubbed)
-    queue_running(stubbed, state="terminated",
-                  StateReason={"Code": "Server.InsufficientInstanceCapacity", "Message": "Insufficient capacity."})
+    queue_running(
+        stubbed,
+        state="terminated",
+        StateReason={"Code": "Server.InsufficientInstanceCapacity", "Message": "Insufficient capacity."},
+    )
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
@@ -178,14 +193,27 @@ def queue_failed_bootstrap(stubs: StubbedAws) -> None:
     queue_running(stubs)
     queue_bootstrap(stubs, "install", "weights", "failed: weights")
     log_command = "11111111-1111-4111-8111-111111111111"
-    stubs.ssm.add_response("send_command", {"Command": {"CommandId": log_command}}, {
-        "InstanceIds": [INSTANCE_ID], "DocumentName": "AWS-RunShellScript", "Parameters": ANY,
-        "TimeoutSeconds": 600, "Comment": "neuron-ssp bootstrap log"})
-    stubs.ssm.add_response("get_command_invocation", {
-        "Status": "Success", "ResponseCode": 0,
-        "StandardOutputContent": f"[neuron-ssp] 2025-08-01T12:09:00Z weights\n{LOG_LINE}\n"
-                                 "[neuron-ssp] bootstrap FAILED at step: weights\n"},
-        {"CommandId": log_command, "InstanceId": INSTANCE_ID})
+    stubs.ssm.add_response(
+        "send_command",
+        {"Command": {"CommandId": log_command}},
+        {
+            "InstanceIds": [INSTANCE_ID],
+            "DocumentName": "AWS-RunShellScript",
+            "Parameters": ANY,
+            "TimeoutSeconds": 600,
+            "Comment": "neuron-ssp bootstrap log",
+        },
+    )
+    stubs.ssm.add_response(
+        "get_command_invocation",
+        {
+            "Status": "Success",
+            "ResponseCode": 0,
+            "StandardOutputContent": f"[neuron-ssp] 2025-08-01T12:09:00Z weights\n{LOG_LINE}\n"
+            "[neuron-ssp] bootstrap FAILED at step: weights\n",
+        },
+        {"CommandId": log_command, "InstanceId": INSTANCE_ID},
+    )
 
 
 def test_a_failed_bootstrap_is_shown_with_its_log_tail_and_torn_down(stubbed: StubbedAws) -> None:
@@ -215,8 +243,9 @@ def test_a_failed_bootstrap_kept_for_debugging_says_when_it_terminates_itself(st
 def test_keep_on_failure_says_exactly_what_is_still_costing(stubbed: StubbedAws) -> None:
     plan = planned(stubbed, keep_on_failure=True)
     queue_run_instances(stubbed)
-    stubbed.ec2.add_client_error("describe_instances", "UnauthorizedOperation", "not allowed",
-                                 expected_params={"InstanceIds": [INSTANCE_ID]})
+    stubbed.ec2.add_client_error(
+        "describe_instances", "UnauthorizedOperation", "not allowed", expected_params={"InstanceIds": [INSTANCE_ID]}
+    )
 
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
@@ -242,6 +271,7 @@ def test_ctrl_c_while_waiting_terminates_the_instance(stubbed: StubbedAws) -> No
 
 def interrupt_run_instances(stubbed: StubbedAws) -> None:
     """Ctrl-C after AWS got the request, before we read the answer (the instance id is unknown)."""
+
     def interrupt(**_: object) -> None:
         raise KeyboardInterrupt
 
@@ -252,8 +282,11 @@ def interrupt_run_instances(stubbed: StubbedAws) -> None:
 def test_ctrl_c_during_run_instances_finds_the_instance_by_client_token(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     interrupt_run_instances(stubbed)
-    stubbed.ec2.add_response("describe_instances", reservations(instance(state="pending")),
-                             {"Filters": [{"Name": "client-token", "Values": ["tok-1"]}]})
+    stubbed.ec2.add_response(
+        "describe_instances",
+        reservations(instance(state="pending")),
+        {"Filters": [{"Name": "client-token", "Values": ["tok-1"]}]},
+    )
     queue_terminate(stubbed)
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
@@ -278,8 +311,9 @@ def test_ctrl_c_when_aws_created_nothing_says_so(stubbed: StubbedAws) -> None:
 def test_client_token_lookup_is_retried_with_backoff_until_it_answers(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     interrupt_run_instances(stubbed)
-    stubbed.ec2.add_client_error("describe_instances", "RequestLimitExceeded", "slow down",
-                                 expected_params=TOKEN_FILTER)
+    stubbed.ec2.add_client_error(
+        "describe_instances", "RequestLimitExceeded", "slow down", expected_params=TOKEN_FILTER
+    )
     stubbed.ec2.add_client_error("describe_instances", "InternalError", "try again", expected_params=TOKEN_FILTER)
     stubbed.ec2.add_response("describe_instances", reservations(instance(state="pending")), TOKEN_FILTER)
     queue_terminate(stubbed)
@@ -295,8 +329,9 @@ def test_a_failed_client_token_lookup_says_could_not_check_and_what_to_run(stubb
     plan = planned(stubbed)
     interrupt_run_instances(stubbed)
     for _ in launch.CLIENT_TOKEN_BACKOFF_S:
-        stubbed.ec2.add_client_error("describe_instances", "RequestLimitExceeded", "slow down",
-                                     expected_params=TOKEN_FILTER)
+        stubbed.ec2.add_client_error(
+            "describe_instances", "RequestLimitExceeded", "slow down", expected_params=TOKEN_FILTER
+        )
     with pytest.raises(RuntimeProblem) as raised:
         execute_launch(plan, stubbed.clients, pacing=instant_pacing(), progress=QUIET)
     unknown = raised.value.problems[-1]
@@ -324,10 +359,12 @@ def test_failed_cleanup_prints_the_command_that_stops_the_bill(stubbed: StubbedA
 def test_dry_run_reports_allowed_and_denied(stubbed: StubbedAws) -> None:
     plan = planned(stubbed)
     dry = {**plan.params, "DryRun": True}
-    stubbed.ec2.add_client_error("run_instances", "DryRunOperation", "Request would have succeeded",
-                                 expected_params=dry)
-    stubbed.ec2.add_client_error("run_instances", "UnauthorizedOperation", "You are not authorized",
-                                 expected_params=dry)
+    stubbed.ec2.add_client_error(
+        "run_instances", "DryRunOperation", "Request would have succeeded", expected_params=dry
+    )
+    stubbed.ec2.add_client_error(
+        "run_instances", "UnauthorizedOperation", "You are not authorized", expected_params=dry
+    )
     stubbed.ec2.add_client_error("run_instances", "InvalidSubnetID.NotFound", "no such subnet", expected_params=dry)
 
     allowed = check_permissions(plan, stubbed.clients)
@@ -389,12 +426,19 @@ def test_cli_failed_bootstrap_prints_the_log_tail_and_terminates(cli_on_stubs: S
 
 
 def test_cli_confirm_prompt_shows_the_capacity_block_price_not_on_demand(cli_on_stubs: StubbedAws) -> None:
-    block = {"CapacityReservationId": "cr-0123456789abcdef0", "InstanceType": "trn1.32xlarge",
-             "AvailabilityZone": "us-east-1d", "State": "active", "AvailableInstanceCount": 1,
-             "ReservationType": "capacity-block", "EndDate": datetime(2099, 1, 1, 11, 30, tzinfo=timezone.utc)}
+    block = {
+        "CapacityReservationId": "cr-0123456789abcdef0",
+        "InstanceType": "trn1.32xlarge",
+        "AvailabilityZone": "us-east-1d",
+        "State": "active",
+        "AvailableInstanceCount": 1,
+        "ReservationType": "capacity-block",
+        "EndDate": datetime(2099, 1, 1, 11, 30, tzinfo=timezone.utc),
+    }
     queue_plan(cli_on_stubs, "trn1", reservation=block)
-    result = CliRunner().invoke(main, ["deploy", *launch_args("--capacity-block-id", "cr-0123456789abcdef0")],
-                                input="n\n")
+    result = CliRunner().invoke(
+        main, ["deploy", *launch_args("--capacity-block-id", "cr-0123456789abcdef0")], input="n\n"
+    )
     question = next(line for line in result.output.splitlines() if line.startswith("Launch "))
     assert "Capacity Block cr-0123456789abcdef0" in question and "upfront fee" in question
     assert "$21.50" not in result.output and "at most" not in result.output

@@ -50,15 +50,28 @@ def cli(*args: str) -> tuple[int, str]:
 
 
 def launch_args(name: str, *extra: str) -> list[str]:
-    return ["launch", str(TRN1_CONFIG), "--region", REGION, "--name", name, "--instance-profile",
-            "neuron-ssp-instance", "--output-s3-uri", f"s3://{OUT_BUCKET}/runs",
-            "--weights-s3-uri", "s3://neuron-ssp-test-weights/models", *extra]
+    return [
+        "launch",
+        str(TRN1_CONFIG),
+        "--region",
+        REGION,
+        "--name",
+        name,
+        "--instance-profile",
+        "neuron-ssp-instance",
+        "--output-s3-uri",
+        f"s3://{OUT_BUCKET}/runs",
+        "--weights-s3-uri",
+        "s3://neuron-ssp-test-weights/models",
+        *extra,
+    ]
 
 
 def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     create_instance_profile()
     moto_client("s3").create_bucket(Bucket=OUT_BUCKET)
     long_output = "".join(f"token {i}\n" for i in range(4000)) + "END-OF-BENCH\n"  # > 24,000 chars
+
     def agent(script: str) -> tuple[str, int]:
         if "neuron-ssp bench" in script:
             return long_output, 0
@@ -80,8 +93,9 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
     assert tags["Project"] == "neuron-ssp" and tags["neuron-ssp:config"] == "llama2-70b-7b-trn1-bf16"
     assert tags["neuron-ssp:ttl-hours"] == "4" and tags["neuron-ssp:owner"].startswith("arn:aws:")
     assert tags["neuron-ssp:output-s3-uri"] == f"s3://{OUT_BUCKET}/runs"
-    shutdown = ec2.describe_instance_attribute(InstanceId=inst["InstanceId"],
-                                               Attribute="instanceInitiatedShutdownBehavior")
+    shutdown = ec2.describe_instance_attribute(
+        InstanceId=inst["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+    )
     assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
     attached = [{"Name": "attachment.instance-id", "Values": [inst["InstanceId"]]}]
     (root,) = ec2.describe_volumes(Filters=attached)["Volumes"]
@@ -89,12 +103,13 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
 
     code, out = cli("status", "it-trn1", "--region", REGION, "--json")
     assert code == 0, out
-    status = json.loads(out[out.index("{"):])
+    status = json.loads(out[out.index("{") :])
     assert status["state"] == "running" and status["ssm"] == "Online" and status["bootstrap"] == "ready"
     assert status["usd_per_hour"] == 21.5
 
-    code, out = cli("run", "it-trn1", "--region", REGION, "--", "neuron-ssp", "bench", "--config",
-                    "/opt/neuron-ssp/config.yaml")
+    code, out = cli(
+        "run", "it-trn1", "--region", REGION, "--", "neuron-ssp", "bench", "--config", "/opt/neuron-ssp/config.yaml"
+    )
     assert code == 0, out
     assert "END-OF-BENCH" in out and "token 3999" in out  # past the 24,000 chars SSM keeps inline
     sent = moto.sent[-1]
@@ -105,8 +120,10 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
 
     code, out = cli("extend", "it-trn1", "--region", REGION, "--hours", "10")
     assert code == 0 and "now terminates itself at" in out, out
-    tags = {t["Key"]: t["Value"] for t in ec2.describe_instances(InstanceIds=[inst["InstanceId"]])
-            ["Reservations"][0]["Instances"][0]["Tags"]}
+    tags = {
+        t["Key"]: t["Value"]
+        for t in ec2.describe_instances(InstanceIds=[inst["InstanceId"]])["Reservations"][0]["Instances"][0]["Tags"]
+    }
     expires = datetime.strptime(tags["neuron-ssp:expires-at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     assert timedelta(hours=9.9) < expires - datetime.now(timezone.utc) <= timedelta(hours=10)
     assert tags["Project"] == "neuron-ssp"  # only the expiry was retagged
@@ -131,14 +148,21 @@ def test_launch_status_run_list_teardown(moto: FakeSsmAgent) -> None:
 
     # every request sent above is allowed, on its resources and under its conditions, by the least-privilege
     # policy the error messages point at (its bucket placeholder filled in as the README says)
-    assert {"ec2:RunInstances", "ec2:DescribeImages", "ssm:SendCommand", "s3:GetObject", "ec2:CreateTags",
-            "ec2:TerminateInstances"} <= moto.actions
+    assert {
+        "ec2:RunInstances",
+        "ec2:DescribeImages",
+        "ssm:SendCommand",
+        "s3:GetObject",
+        "ec2:CreateTags",
+        "ec2:TerminateInstances",
+    } <= moto.actions
     assert_policy_allows_every_request(moto, {"REPLACE-WITH-OUTPUT-BUCKET": OUT_BUCKET})
 
 
 def assert_policy_allows_every_request(agent: FakeSsmAgent, placeholders: dict[str, str]) -> None:
-    policy = iam_policy.load(Path(__file__).resolve().parents[1] / "deploy" / "iam" / "operator-policy.json",
-                             placeholders)
+    policy = iam_policy.load(
+        Path(__file__).resolve().parents[1] / "deploy" / "iam" / "operator-policy.json", placeholders
+    )
     ec2 = moto_client("ec2")
 
     def tags_of(instance_arn: str) -> dict[str, str]:

@@ -36,8 +36,12 @@ NOW = datetime(2025, 8, 1, 12, 0, tzinfo=timezone.utc)
 # ("Actions, resources, and condition keys for Amazon EC2 / AWS Systems Manager / IAM / KMS"), as carried
 # by parliament 1.6.4's iam_definition.json. A trailing "/" stands for a tag key.
 SUPPORTED_KEYS = {
-    ("ec2:RunInstances", "instance"): {"aws:RequestTag/", "ec2:InstanceType", "ec2:MetadataHttpTokens",
-                                       "ec2:InstanceMarketType"},
+    ("ec2:RunInstances", "instance"): {
+        "aws:RequestTag/",
+        "ec2:InstanceType",
+        "ec2:MetadataHttpTokens",
+        "ec2:InstanceMarketType",
+    },
     ("ec2:RunInstances", "volume"): {"aws:RequestTag/", "ec2:Encrypted", "ec2:VolumeType"},
     ("ec2:RunInstances", "image"): {"ec2:Owner"},
     ("ec2:RunInstances", "subnet"): set(),
@@ -61,13 +65,25 @@ stubbed = deploy_fixtures.stubbed
 
 def planned_params(stubbed: StubbedAws) -> dict[str, Any]:
     """The run_instances request of a Capacity Block launch with every optional resource in it."""
-    block = {"CapacityReservationId": "cr-0123456789abcdef0", "InstanceType": "trn1.32xlarge",
-             "AvailabilityZone": "us-east-1d", "State": "active", "AvailableInstanceCount": 1,
-             "ReservationType": "capacity-block", "EndDate": datetime(2099, 1, 1, tzinfo=timezone.utc)}
+    block = {
+        "CapacityReservationId": "cr-0123456789abcdef0",
+        "InstanceType": "trn1.32xlarge",
+        "AvailabilityZone": "us-east-1d",
+        "State": "active",
+        "AvailableInstanceCount": 1,
+        "ReservationType": "capacity-block",
+        "EndDate": datetime(2099, 1, 1, tzinfo=timezone.utc),
+    }
     queue_plan(stubbed, "trn1", reservation=block)
-    options = LaunchOptions(region=REGION, name="trn1", instance_profile="neuron-ssp-instance", key_name="me",
-                            subnet_id="subnet-0abc", security_group_ids=("sg-01",),
-                            capacity=CapacityTarget("cr-0123456789abcdef0", is_block=True))
+    options = LaunchOptions(
+        region=REGION,
+        name="trn1",
+        instance_profile="neuron-ssp-instance",
+        key_name="me",
+        subnet_id="subnet-0abc",
+        security_group_ids=("sg-01",),
+        capacity=CapacityTarget("cr-0123456789abcdef0", is_block=True),
+    )
     return prepare_launch(load_config(TRN1_CONFIG), TRN1_CONFIG, options, stubbed.clients, now=NOW).params
 
 
@@ -100,50 +116,81 @@ def untagged(p: dict) -> None:
         spec["Tags"] = [t for t in spec["Tags"] if t["Key"] != "Project"]
 
 
-@pytest.mark.parametrize(("change", "owner", "refused"), [
-    (tokens_optional, "amazon", "instance"),  # IMDSv1 would let any process on the host read the role's keys
-    (unencrypted, "amazon", "volume"),
-    (other_type, "amazon", "instance"),
-    (untagged, "amazon", "instance"),
-    (None, "111122223333", "image"),  # only Amazon's images (the DLAMIs)
-])
-def test_the_policy_refuses_launches_outside_its_conditions(stubbed: StubbedAws, change: Any, owner: str,
-                                                            refused: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "owner", "refused"),
+    [
+        (tokens_optional, "amazon", "instance"),  # IMDSv1 would let any process on the host read the role's keys
+        (unencrypted, "amazon", "volume"),
+        (other_type, "amazon", "instance"),
+        (untagged, "amazon", "instance"),
+        (None, "111122223333", "image"),  # only Amazon's images (the DLAMIs)
+    ],
+)
+def test_the_policy_refuses_launches_outside_its_conditions(
+    stubbed: StubbedAws, change: Any, owner: str, refused: str
+) -> None:
     params = planned_params(stubbed)
     if change:
         change(params)
-    denied = {resource_type(resource) for action, resource, context in launch_requests(params, owner)
-              if action == "ec2:RunInstances" and not iam_policy.allows(POLICY, action, resource, context)}
+    denied = {
+        resource_type(resource)
+        for action, resource, context in launch_requests(params, owner)
+        if action == "ec2:RunInstances" and not iam_policy.allows(POLICY, action, resource, context)
+    }
     assert refused in denied
 
 
-@pytest.mark.parametrize(("action", "resource", "context", "allowed"), [
-    ("ec2:TerminateInstances", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp"}, True),
-    ("ec2:TerminateInstances", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db"}, False),
-    ("ec2:TerminateInstances", arn("instance/i-1"), {}, False),
-    ("ec2:GetConsoleOutput", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp"}, True),
-    ("ec2:GetConsoleOutput", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db"}, False),
-    ("ssm:SendCommand", arn("instance/i-1"), {"ssm:resourceTag/Project": "neuron-ssp"}, True),
-    ("ssm:SendCommand", arn("instance/i-1"), {"ssm:resourceTag/Project": "billing-db"}, False),
-    ("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunShellScript", {}, True),
-    ("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunPowerShellScript", {}, False),
-    ("ec2:CreateTags", arn("instance/i-1"), {"ec2:CreateAction": "RunInstances"}, True),
-    ("ec2:CreateTags", arn("instance/i-1"), {}, False),  # retagging an existing instance
-    # `deploy extend`: only the expiry of this tool's instances may be retagged
-    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp",
-                                             "aws:TagKeys": ["neuron-ssp:expires-at"]}, True),
-    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp",
-                                             "aws:TagKeys": ["neuron-ssp:expires-at", "Project"]}, False),
-    ("ec2:CreateTags", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db",
-                                             "aws:TagKeys": ["neuron-ssp:expires-at"]}, False),
-    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance", {"iam:PassedToService": "ec2.amazonaws.com"},
-     True),
-    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin", {"iam:PassedToService": "ec2.amazonaws.com"}, False),
-    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
-     {"iam:PassedToService": "lambda.amazonaws.com"}, False),
-])
-def test_tag_scoped_actions_check_resource_and_conditions(action: str, resource: str, context: dict,
-                                                          allowed: bool) -> None:
+@pytest.mark.parametrize(
+    ("action", "resource", "context", "allowed"),
+    [
+        ("ec2:TerminateInstances", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp"}, True),
+        ("ec2:TerminateInstances", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db"}, False),
+        ("ec2:TerminateInstances", arn("instance/i-1"), {}, False),
+        ("ec2:GetConsoleOutput", arn("instance/i-1"), {"aws:ResourceTag/Project": "neuron-ssp"}, True),
+        ("ec2:GetConsoleOutput", arn("instance/i-1"), {"aws:ResourceTag/Project": "billing-db"}, False),
+        ("ssm:SendCommand", arn("instance/i-1"), {"ssm:resourceTag/Project": "neuron-ssp"}, True),
+        ("ssm:SendCommand", arn("instance/i-1"), {"ssm:resourceTag/Project": "billing-db"}, False),
+        ("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunShellScript", {}, True),
+        ("ssm:SendCommand", f"arn:aws:ssm:{REGION}::document/AWS-RunPowerShellScript", {}, False),
+        ("ec2:CreateTags", arn("instance/i-1"), {"ec2:CreateAction": "RunInstances"}, True),
+        ("ec2:CreateTags", arn("instance/i-1"), {}, False),  # retagging an existing instance
+        # `deploy extend`: only the expiry of this tool's instances may be retagged
+        (
+            "ec2:CreateTags",
+            arn("instance/i-1"),
+            {"aws:ResourceTag/Project": "neuron-ssp", "aws:TagKeys": ["neuron-ssp:expires-at"]},
+            True,
+        ),
+        (
+            "ec2:CreateTags",
+            arn("instance/i-1"),
+            {"aws:ResourceTag/Project": "neuron-ssp", "aws:TagKeys": ["neuron-ssp:expires-at", "Project"]},
+            False,
+        ),
+        (
+            "ec2:CreateTags",
+            arn("instance/i-1"),
+            {"aws:ResourceTag/Project": "billing-db", "aws:TagKeys": ["neuron-ssp:expires-at"]},
+            False,
+        ),
+        (
+            "iam:PassRole",
+            f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
+            {"iam:PassedToService": "ec2.amazonaws.com"},
+            True,
+        ),
+        ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/admin", {"iam:PassedToService": "ec2.amazonaws.com"}, False),
+        (
+            "iam:PassRole",
+            f"arn:aws:iam::{ACCOUNT}:role/neuron-ssp-instance",
+            {"iam:PassedToService": "lambda.amazonaws.com"},
+            False,
+        ),
+    ],
+)
+def test_tag_scoped_actions_check_resource_and_conditions(
+    action: str, resource: str, context: dict, allowed: bool
+) -> None:
     supported = SUPPORTED_KEYS[(action, resource_type(resource))]
     assert all(k in supported or k.rsplit("/", 1)[0] + "/" in supported for k in context)
     assert iam_policy.allows(POLICY, action, resource, context) is allowed
@@ -152,8 +199,11 @@ def test_tag_scoped_actions_check_resource_and_conditions(action: str, resource:
 # ---------------------------------------------------------------- what the docs and hints tell users to run
 
 _AWS_COMMAND = re.compile(r"\baws (ec2|ssm|sts) ([a-z][a-z0-9-]+)")
-HINT_SOURCES = [ROOT / "deploy" / "README.md", ROOT / "neuron_ssp" / "cli" / "deploy.py",
-                *sorted((ROOT / "neuron_ssp" / "deploy").glob("*.py"))]
+HINT_SOURCES = [
+    ROOT / "deploy" / "README.md",
+    ROOT / "neuron_ssp" / "cli" / "deploy.py",
+    *sorted((ROOT / "neuron_ssp" / "deploy").glob("*.py")),
+]
 
 
 def operator_commands() -> set[tuple[str, str]]:
@@ -173,8 +223,12 @@ PURCHASE = iam_policy.load(ROOT / "deploy" / "iam" / "capacity-block-purchase-po
 def test_the_policy_grants_every_call_the_walkthrough_and_hints_suggest_but_buying() -> None:
     commands = operator_commands()
     # the walkthrough buys a Capacity Block; capacity errors point at other AZs; denials at decoding
-    assert {("ec2", "describe-capacity-block-offerings"), ("ec2", "purchase-capacity-block"),
-            ("ec2", "describe-instance-type-offerings"), ("sts", "decode-authorization-message")} <= commands
+    assert {
+        ("ec2", "describe-capacity-block-offerings"),
+        ("ec2", "purchase-capacity-block"),
+        ("ec2", "describe-instance-type-offerings"),
+        ("sts", "decode-authorization-message"),
+    } <= commands
     missing = sorted(a for a in (iam_action(*c) for c in commands) if not iam_policy.grants_action(POLICY, a))
     # a non-refundable purchase the code never makes: only the separate opt-in policy grants it
     assert missing == ["ec2:PurchaseCapacityBlock"]

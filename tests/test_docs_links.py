@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md")),
-         *sorted(p for p in ROOT.glob("*/README.md") if not p.parent.name.startswith("."))]
+PAGES = [
+    ROOT / "README.md",
+    *sorted(ROOT.glob("docs/*.md")),
+    *sorted(p for p in ROOT.glob("*/README.md") if not p.parent.name.startswith(".")),
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$", re.MULTILINE)
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
@@ -32,10 +35,13 @@ def links(page: Path) -> list[str]:
 
 
 def test_the_anchor_rule_matches_githubs() -> None:
-    assert anchor("Verified against source, and what needs hardware") == \
-        "verified-against-source-and-what-needs-hardware"
-    assert anchor("SageMaker endpoints (with autoscaling; many instances)") == \
-        "sagemaker-endpoints-with-autoscaling-many-instances"
+    assert (
+        anchor("Verified against source, and what needs hardware") == "verified-against-source-and-what-needs-hardware"
+    )
+    assert (
+        anchor("SageMaker endpoints (with autoscaling; many instances)")
+        == "sagemaker-endpoints-with-autoscaling-many-instances"
+    )
     assert anchor("`tune-k`'s width-cost model") == "tune-ks-width-cost-model"
 
 

@@ -19,9 +19,11 @@ from neuron_ssp.errors import RuntimeProblem
 from neuron_ssp.pipeline.load import load_pipeline
 
 pytestmark = pytest.mark.slow
-SUMMARY = ("Summarize: The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
-           "It is named after the engineer Gustave Eiffel, whose company designed and built the tower from "
-           "1887 to 1889.")
+SUMMARY = (
+    "Summarize: The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+    "It is named after the engineer Gustave Eiffel, whose company designed and built the tower from "
+    "1887 to 1889."
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +48,13 @@ def test_ngram_greedy_equals_plain_greedy(pipeline):
 
 def test_model_drafter_with_draft_equal_to_target_accepts_everything(embedded_cache, monkeypatch):
     monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
-    config = load_config(overrides={"speculation.drafter": "model", "draft.path": "embedded:smollm2-135m-instruct",
-                                    "generation.max_new_tokens": 32})
+    config = load_config(
+        overrides={
+            "speculation.drafter": "model",
+            "draft.path": "embedded:smollm2-135m-instruct",
+            "generation.max_new_tokens": 32,
+        }
+    )
     pipe = load_pipeline(config)
     assert pipe.draft is not None and pipe.draft.model is pipe.target.model  # shared weights, two caches
     ssp = pipe.speculative(SUMMARY)
@@ -61,8 +68,18 @@ def test_generate_json_prints_the_documented_object(embedded_cache, monkeypatch)
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert set(data) == {"text", "tokens", "stats"} and len(data["tokens"]) <= 24 and data["text"]
-    required = {"acceptance_rate", "mean_accepted_length", "target_calls", "draft_tokens", "accepted_tokens",
-                "per_position_acceptance", "tokens_per_s", "time_draft_s", "time_target_s", "time_overhead_s"}
+    required = {
+        "acceptance_rate",
+        "mean_accepted_length",
+        "target_calls",
+        "draft_tokens",
+        "accepted_tokens",
+        "per_position_acceptance",
+        "tokens_per_s",
+        "time_draft_s",
+        "time_target_s",
+        "time_overhead_s",
+    }
     assert required <= set(data["stats"])
 
 
@@ -83,8 +100,9 @@ def test_the_cached_entry_is_current_tied_and_written_by_this_transformers(pipel
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
-def test_a_cached_entry_with_a_random_head_fails_to_load_with_the_known_answer_error(pipeline, embedded_cache,
-                                                                                      tmp_path, monkeypatch):
+def test_a_cached_entry_with_a_random_head_fails_to_load_with_the_known_answer_error(
+    pipeline, embedded_cache, tmp_path, monkeypatch
+):
     """What transformers 4.46 used to cache (untied, random lm_head), even with a manifest that looks current."""
     monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
     good = entry_dir("smollm2-135m-instruct")
@@ -114,8 +132,9 @@ def test_a_cached_entry_with_a_random_head_fails_to_load_with_the_known_answer_e
 
 def test_doctor_checks_the_embedded_model(pipeline, embedded_cache, monkeypatch, tmp_path):
     monkeypatch.setenv("NEURON_SSP_CACHE", embedded_cache)
-    result = CliRunner().invoke(main, ["doctor", "--configs", str(tmp_path), "--json",
-                                       "--check-model", "embedded:smollm2-135m-instruct"])
+    result = CliRunner().invoke(
+        main, ["doctor", "--configs", str(tmp_path), "--json", "--check-model", "embedded:smollm2-135m-instruct"]
+    )
     assert result.exit_code == 0, result.output
     (check,) = json.loads(result.stdout)["model_checks"]
     assert check["passed"] and "' Paris, France.' as expected" in check["details"][1]

@@ -17,8 +17,12 @@ MAJOR = transformers.__version__.split(".")[0]
 def fake_entry(directory: Path, gguf: Path) -> Path:
     """What a conversion leaves: the four files and a manifest describing them."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, text in {"config.json": '{"tie_word_embeddings": true}', "model.safetensors": "w" * 64,
-                       "tokenizer.json": "{}", "tokenizer_config.json": "{}"}.items():
+    for name, text in {
+        "config.json": '{"tie_word_embeddings": true}',
+        "model.safetensors": "w" * 64,
+        "tokenizer.json": "{}",
+        "tokenizer_config.json": "{}",
+    }.items():
         (directory / name).write_text(text)
     write_manifest(directory, gguf, "greedy continuation as expected")
     return directory
@@ -44,15 +48,18 @@ def test_a_fresh_entry_is_current(tmp_path, gguf):
     assert manifest["transformers"] == transformers.__version__ and manifest["files"]["model.safetensors"] == 64
 
 
-@pytest.mark.parametrize(("damage", "reason"), [
-    (lambda e, g: (e / MANIFEST).unlink(), "no readable manifest"),
-    (lambda e, g: _edit_manifest(e, format=1), "cache format 1"),
-    (lambda e, g: _edit_manifest(e, transformers="3.99.0"), "written by transformers 3.99.0"),
-    (lambda e, g: g.write_bytes(b"GGUF" * 11), "GGUF changed"),
-    (lambda e, g: (e / "model.safetensors").write_text("w" * 10), "model.safetensors"),
-    (lambda e, g: (e / "tokenizer.json").unlink(), "tokenizer.json"),
-    (lambda e, g: (e / "config.json").write_text('{"tie_word_embeddings": fals}'), "config.json changed"),
-])
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda e, g: (e / MANIFEST).unlink(), "no readable manifest"),
+        (lambda e, g: _edit_manifest(e, format=1), "cache format 1"),
+        (lambda e, g: _edit_manifest(e, transformers="3.99.0"), "written by transformers 3.99.0"),
+        (lambda e, g: g.write_bytes(b"GGUF" * 11), "GGUF changed"),
+        (lambda e, g: (e / "model.safetensors").write_text("w" * 10), "model.safetensors"),
+        (lambda e, g: (e / "tokenizer.json").unlink(), "tokenizer.json"),
+        (lambda e, g: (e / "config.json").write_text('{"tie_word_embeddings": fals}'), "config.json changed"),
+    ],
+)
 def test_a_damaged_or_foreign_entry_is_stale(tmp_path, gguf, damage, reason):
     entry = fake_entry(tmp_path / "entry", gguf)
     damage(entry, gguf)

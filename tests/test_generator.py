@@ -27,8 +27,15 @@ def make(target, drafter, k=4, sampling=GREEDY, acceptor="probabilistic", policy
     rng = torch.Generator()
     if hasattr(drafter, "prefill"):
         drafter = ModelDrafter(drafter, sampling_params(sampling), rng, stop_below)
-    return SpeculativeGenerator(target, drafter, build_acceptor(acceptor, sampling_params(sampling), rng),
-                                policy or FixedPolicy(k), sampling, k, rng)
+    return SpeculativeGenerator(
+        target,
+        drafter,
+        build_acceptor(acceptor, sampling_params(sampling), rng),
+        policy or FixedPolicy(k),
+        sampling,
+        k,
+        rng,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 3, 5, 8])
@@ -37,22 +44,31 @@ def make(target, drafter, k=4, sampling=GREEDY, acceptor="probabilistic", policy
 def test_greedy_ssp_equals_plain_greedy(tiny_pair, k, acceptor, drafter_kind):
     target_model, draft_model = tiny_pair
     plain = plain_generate(backend(target_model), PROMPT, 48, GREEDY)
-    drafter = {"model": lambda: backend(draft_model),
-               "self": lambda: backend(target_model),
-               "ngram": lambda: NgramDrafter(target_model.config.vocab_size)}[drafter_kind]()
+    drafter = {
+        "model": lambda: backend(draft_model),
+        "self": lambda: backend(target_model),
+        "ngram": lambda: NgramDrafter(target_model.config.vocab_size),
+    }[drafter_kind]()
     result = make(backend(target_model), drafter, k, acceptor=acceptor).generate(PROMPT, 48)
     assert result.tokens == plain.tokens
     assert result.stats.new_tokens == 48
 
 
-@pytest.mark.parametrize("policy, stop_below", [
-    (AdaptivePolicy(5, 2), 0.0), (FixedPolicy(5), 0.3), (TargetConfidencePolicy(5, 0.2), 0.0),
-], ids=["adaptive", "draft-confidence", "target-confidence"])
+@pytest.mark.parametrize(
+    "policy, stop_below",
+    [
+        (AdaptivePolicy(5, 2), 0.0),
+        (FixedPolicy(5), 0.3),
+        (TargetConfidencePolicy(5, 0.2), 0.0),
+    ],
+    ids=["adaptive", "draft-confidence", "target-confidence"],
+)
 def test_every_policy_keeps_greedy_output(tiny_pair, policy, stop_below):
     target_model, draft_model = tiny_pair
     plain = plain_generate(backend(target_model), PROMPT, 40, GREEDY)
-    result = make(backend(target_model), backend(draft_model), 5, policy=policy, stop_below=stop_below) \
-        .generate(PROMPT, 40)
+    result = make(backend(target_model), backend(draft_model), 5, policy=policy, stop_below=stop_below).generate(
+        PROMPT, 40
+    )
     assert result.tokens == plain.tokens
 
 
@@ -87,8 +103,7 @@ def test_max_new_tokens_inside_a_block_is_exact(tiny_pair, budget):
 def test_streaming_callback_sees_exactly_the_result(tiny_pair):
     target_model, draft_model = tiny_pair
     streamed: list[int] = []
-    result = make(backend(target_model), backend(draft_model)).generate(
-        PROMPT, 25, on_tokens=streamed.extend)
+    result = make(backend(target_model), backend(draft_model)).generate(PROMPT, 25, on_tokens=streamed.extend)
     assert streamed == result.tokens
 
 
@@ -110,11 +125,11 @@ def test_a_vanishing_temperature_decodes_like_greedy(tiny_pair):
 
 def test_sampling_is_reproducible_with_a_seed():
     sampling = SamplingConfig(temperature=1.0, seed=7)
-    runs = [make(TableBackend(16, 0), TableBackend(16, 1), sampling=sampling).generate(PROMPT, 30)
-            for _ in range(2)]
+    runs = [make(TableBackend(16, 0), TableBackend(16, 1), sampling=sampling).generate(PROMPT, 30) for _ in range(2)]
     assert runs[0].tokens == runs[1].tokens
-    other = make(TableBackend(16, 0), TableBackend(16, 1),
-                 sampling=SamplingConfig(temperature=1.0, seed=8)).generate(PROMPT, 30)
+    other = make(TableBackend(16, 0), TableBackend(16, 1), sampling=SamplingConfig(temperature=1.0, seed=8)).generate(
+        PROMPT, 30
+    )
     assert other.tokens != runs[0].tokens
 
 
@@ -139,8 +154,10 @@ def test_an_acceptor_that_breaks_the_contract_is_named():
 def test_plain_decoding_through_a_different_model_diverges(tiny_pair):
     """Guards the equality tests above against comparing a model with itself by accident."""
     target_model, draft_model = tiny_pair
-    assert plain_generate(backend(target_model), PROMPT, 20, GREEDY).tokens != \
-        plain_generate(backend(tiny_llama(5)), PROMPT, 20, GREEDY).tokens
+    assert (
+        plain_generate(backend(target_model), PROMPT, 20, GREEDY).tokens
+        != plain_generate(backend(tiny_llama(5)), PROMPT, 20, GREEDY).tokens
+    )
     assert draft_model is not target_model
 
 

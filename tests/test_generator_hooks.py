@@ -18,9 +18,15 @@ PROMPT = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7])
 
 def make(target_model, draft_model, k=4):
     rng = torch.Generator()
-    return SpeculativeGenerator(backend(target_model), ModelDrafter(backend(draft_model), sampling_params(GREEDY), rng),
-                                build_acceptor("probabilistic", sampling_params(GREEDY), rng), FixedPolicy(k),
-                                GREEDY, k, rng)
+    return SpeculativeGenerator(
+        backend(target_model),
+        ModelDrafter(backend(draft_model), sampling_params(GREEDY), rng),
+        build_acceptor("probabilistic", sampling_params(GREEDY), rng),
+        FixedPolicy(k),
+        GREEDY,
+        k,
+        rng,
+    )
 
 
 def test_commit_reports_add_up_to_the_result_and_its_stats(tiny_pair):

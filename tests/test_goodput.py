@@ -29,13 +29,14 @@ def expected_rate(chances: list[list[float]], kept: list[int], cost: WidthCost) 
 
 
 def brute_force(chances: list[list[float]], cost: WidthCost) -> float:
-    return max(expected_rate(chances, list(kept), cost)
-               for kept in itertools.product(*[range(len(row) + 1) for row in chances]))
+    return max(
+        expected_rate(chances, list(kept), cost)
+        for kept in itertools.product(*[range(len(row) + 1) for row in chances])
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3),
-       st.floats(0.0, 5.0))
+@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3), st.floats(0.0, 5.0))
 def test_the_choice_is_the_best_split_there_is(chances, per_row):
     cost = curve(per_row)
     kept = goodput_windows(chances, cost)
@@ -66,18 +67,24 @@ def test_weak_drafts_drop_out_before_strong_ones():
 
 def prefilled_rate(chances: list[list[float]], kept: list[int], cost: WidthCost, other: int) -> float:
     """expected_rate with `other` rows of prompt chunks in the call (they commit nothing this step)."""
-    return expected_rate(chances, kept, cost) * cost.at(len(chances) + sum(kept)) \
+    return (
+        expected_rate(chances, kept, cost)
+        * cost.at(len(chances) + sum(kept))
         / cost.at(len(chances) + sum(kept) + other)
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3),
-       st.floats(0.0, 5.0), st.integers(0, 40))
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3), st.floats(0.0, 5.0), st.integers(0, 40)
+)
 def test_with_prompt_chunks_in_the_call_the_choice_is_still_the_best_split(chances, per_row, other):
     cost = curve(per_row, widest=80)
     kept = goodput_windows(chances, cost, other)
-    best = max(prefilled_rate(chances, list(k), cost, other)
-               for k in itertools.product(*[range(len(row) + 1) for row in chances]))
+    best = max(
+        prefilled_rate(chances, list(k), cost, other)
+        for k in itertools.product(*[range(len(row) + 1) for row in chances])
+    )
     assert prefilled_rate(chances, kept, cost, other) == pytest.approx(best, rel=1e-9)
 
 

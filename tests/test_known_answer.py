@@ -55,8 +55,11 @@ def test_sentence_loss_tells_a_trained_model_from_a_random_one(tokenizer, traine
 def test_embedded_answer_failure_names_the_transformers_version_and_the_fix(tokenizer, monkeypatch, tmp_path):
     monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
     model = tiny_llama(0)
-    monkeypatch.setitem(embedded.EMBEDDED_MODELS, "tiny", EmbeddedModel(
-        "unused", "unused.gguf", KnownAnswer(PROMPT, greedy_ids(model, tokenizer, PROMPT, 4))))
+    monkeypatch.setitem(
+        embedded.EMBEDDED_MODELS,
+        "tiny",
+        EmbeddedModel("unused", "unused.gguf", KnownAnswer(PROMPT, greedy_ids(model, tokenizer, PROMPT, 4))),
+    )
     check_embedded_answer(model, tokenizer, "embedded:tiny", "target.path")  # passes: no exception
     randomise_head(model)
     with pytest.raises(RuntimeProblem) as caught:
@@ -68,11 +71,14 @@ def test_embedded_answer_failure_names_the_transformers_version_and_the_fix(toke
     assert f"delete {tmp_path / f'tiny-transformers{major}'}" in problem.fix
 
 
-@pytest.mark.parametrize(("config_ties", "head_missing", "tied"), [
-    (False, True, True),    # transformers 4.46 on a GGUF without output.weight: head reported missing
-    (True, False, True),    # transformers 5.x: the GGUF config already says tied
-    (False, False, False),  # a GGUF with its own output.weight: keep it
-])
+@pytest.mark.parametrize(
+    ("config_ties", "head_missing", "tied"),
+    [
+        (False, True, True),  # transformers 4.46 on a GGUF without output.weight: head reported missing
+        (True, False, True),  # transformers 5.x: the GGUF config already says tied
+        (False, False, False),  # a GGUF with its own output.weight: keep it
+    ],
+)
 def test_conversion_ties_the_head_when_the_config_or_the_loader_says_so(config_ties, head_missing, tied):
     source = tiny_llama(0)
     source.config.tie_word_embeddings = config_ties
@@ -96,8 +102,21 @@ def test_doctor_check_model_passes_a_working_model_and_fails_a_random_one(tokeni
     result = CliRunner().invoke(main, ["doctor", "--configs", str(tmp_path), "--check-model", str(good)])
     assert result.exit_code == 0, result.output
     assert "passed" in result.output and "reference English sentence" in result.output
-    result = CliRunner().invoke(main, ["doctor", "--configs", str(tmp_path), "--json", "--check-model", str(good),
-                                       "--check-model", str(bad), "--check-model", str(tmp_path / "missing")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "doctor",
+            "--configs",
+            str(tmp_path),
+            "--json",
+            "--check-model",
+            str(good),
+            "--check-model",
+            str(bad),
+            "--check-model",
+            str(tmp_path / "missing"),
+        ],
+    )
     assert result.exit_code == 1
     checks = {Path(c["path"]).name: c for c in json.loads(result.stdout)["model_checks"]}
     assert checks["good"]["passed"] and not checks["random"]["passed"] and not checks["missing"]["passed"]

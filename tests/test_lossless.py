@@ -57,14 +57,16 @@ def exact_pair_distributions(target: TableBackend, params: SamplingParams) -> li
     return pairs
 
 
-def ssp_samples(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None, noise: float = 0.8
-                ) -> tuple[torch.Tensor, int]:
+def ssp_samples(
+    sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None, noise: float = 0.8
+) -> tuple[torch.Tensor, int]:
     """SAMPLES generations of NEW tokens (one row each), and how many used the first block's bonus."""
     target, draft = models(noise)
     rng = torch.Generator()
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft, params, rng), acceptor_cls(params, rng),
-                               policy or FixedPolicy(K), sampling, K, rng)
+    gen = SpeculativeGenerator(
+        target, ModelDrafter(draft, params, rng), acceptor_cls(params, rng), policy or FixedPolicy(K), sampling, K, rng
+    )
     rows, bonus = [], 0
     for seed in range(SAMPLES):
         gen.sampling = sampling.model_copy(update={"seed": seed})
@@ -74,8 +76,9 @@ def ssp_samples(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | N
     return torch.tensor(rows), bonus
 
 
-def p_values(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None, noise: float = 0.8
-             ) -> tuple[dict[str, float], int]:
+def p_values(
+    sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None = None, noise: float = 0.8
+) -> tuple[dict[str, float], int]:
     """The p-value of every marginal and neighbouring-pair test, by name."""
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
     exact = exact_pair_distributions(models()[0], params)
@@ -91,10 +94,14 @@ def p_values(sampling: SamplingConfig, acceptor_cls, policy: WindowPolicy | None
     return found, bonus
 
 
-@pytest.mark.parametrize("sampling", [
-    SamplingConfig(temperature=1.0),
-    SamplingConfig(temperature=0.8, top_k=8, top_p=0.9),
-], ids=["t1", "t0.8-topk8-topp0.9"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=0.8, top_k=8, top_p=0.9),
+    ],
+    ids=["t1", "t0.8-topk8-topp0.9"],
+)
 def test_every_position_of_a_block_follows_the_target_distribution(sampling):
     found, bonus = p_values(sampling, ProbabilisticAcceptor)
     assert bonus > SAMPLES / 20, f"the bonus position was reached only {bonus} times"
@@ -198,8 +205,11 @@ class FreshNoiseAcceptor(ProbabilisticAcceptor):
         return out
 
 
-@pytest.mark.parametrize("broken", [NoResidualAcceptor, WrongBonusRowAcceptor, FreshNoiseAcceptor],
-                         ids=["no-residual", "bonus-row", "broken-coupling"])
+@pytest.mark.parametrize(
+    "broken",
+    [NoResidualAcceptor, WrongBonusRowAcceptor, FreshNoiseAcceptor],
+    ids=["no-residual", "bonus-row", "broken-coupling"],
+)
 def test_the_test_catches_a_broken_acceptor(broken):
     found, _ = p_values(SamplingConfig(temperature=1.0), broken)
     assert min(found.values()) <= ALPHA / TESTS, found

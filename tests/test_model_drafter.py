@@ -68,7 +68,7 @@ class CheckedDrafter(ModelDrafter):
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         draft = super().propose(sequence, max_tokens)
         assert self._cached[: len(sequence)] == sequence.tolist()
-        assert self._cached[len(sequence):] == draft.tokens[: len(self._cached) - len(sequence)].tolist()
+        assert self._cached[len(sequence) :] == draft.tokens[: len(self._cached) - len(sequence)].tolist()
         assert_cache_holds(self.backend, self._cached)
         self.checks += 1
         return draft
@@ -81,8 +81,9 @@ def run(k: int, sampling: SamplingConfig, forward: str, new: int = 40):
     rng = torch.Generator()
     params = sampling_params(sampling)
     drafter = CheckedDrafter(draft, params, rng)
-    gen = SpeculativeGenerator(target, drafter, build_acceptor("probabilistic", params, rng), FixedPolicy(k),
-                               sampling, k, rng)
+    gen = SpeculativeGenerator(
+        target, drafter, build_acceptor("probabilistic", params, rng), FixedPolicy(k), sampling, k, rng
+    )
     result = gen.generate(PROMPT, new)
     return result, target, drafter
 

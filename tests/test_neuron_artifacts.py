@@ -85,7 +85,10 @@ def test_a_build_that_takes_one_k_gets_one_model_per_k(
     config = compile_config(tiny_model_dirs, str(tmp_path / "compiled"))
     results = compile_models(config, plan_deployment(config), [2, 3, 4])
     assert [(r.job.role, r.job.speculation_lengths) for r in results] == [
-        ("target", (2,)), ("target", (3,)), ("target", (4,)), ("draft", None),
+        ("target", (2,)),
+        ("target", (3,)),
+        ("target", (4,)),
+        ("draft", None),
     ]
     enabled = [d["speculation_length"] for _, c, d in standin.RUNTIME.events if c == "enable_speculative_decoder"]
     assert enabled == [2, 3, 4]

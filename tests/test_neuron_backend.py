@@ -160,12 +160,16 @@ def test_a_gqa_target_that_fits_only_with_0_11_padding_is_refused_on_0_10(
 ) -> None:
     """Llama-3-70B at tp 32: 0.11+ holds 32 kv heads (one per core), 0.10 holds 64 (two per core), so a
     long cache that fits the first does not fit the second; the load says so before compiling."""
-    config = neuron_config(tiny_model_dirs["target"], target={"architecture": "llama-3-70b", "tp_degree": 32,
-                                                              "n_positions": 150_000, "dtype": "bf16"})
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        target={"architecture": "llama-3-70b", "tp_degree": 32, "n_positions": 150_000, "dtype": "bf16"},
+    )
     assert validate_config(config).ok
     if neuronx_any.API == "sdk_2_21":
-        load_neuron_backends(config.model_copy(update={"neuron": config.neuron.model_copy(
-            update={"self_test": False})}), plan_deployment(config))
+        load_neuron_backends(
+            config.model_copy(update={"neuron": config.neuron.model_copy(update={"self_test": False})}),
+            plan_deployment(config),
+        )
         return
     with pytest.raises(UsageError) as caught:
         load_neuron_backends(config, plan_deployment(config))
@@ -313,8 +317,13 @@ def test_sampling_runs_and_is_reproducible(neuronx: ModuleType, tiny_model_dirs:
     rng = torch.Generator()
     acceptor = ProbabilisticAcceptor(sampling_params(config.sampling), rng)
     generator = SpeculativeGenerator(
-        target, ModelDrafter(draft, sampling_params(config.sampling), rng), acceptor,
-        build_policy(config.speculation, target_cost(target, 4)), config.sampling, 4, rng
+        target,
+        ModelDrafter(draft, sampling_params(config.sampling), rng),
+        acceptor,
+        build_policy(config.speculation, target_cost(target, 4)),
+        config.sampling,
+        4,
+        rng,
     )
     first, second = generator.generate(prompt(7), 20), generator.generate(prompt(7), 20)
     assert first.tokens == second.tokens and len(first.tokens) == 20

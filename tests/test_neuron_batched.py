@@ -53,8 +53,13 @@ def no_batch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def batched_config(dirs: dict[str, Path], draft: bool = False, slots: int = SLOTS, **sections: Any) -> Config:
     batch = {"batch_size": slots}
-    return neuron_config(dirs["target"], dirs["draft"] if draft else None, target=batch,
-                         **({"draft": batch} if draft else {}), **sections)
+    return neuron_config(
+        dirs["target"],
+        dirs["draft"] if draft else None,
+        target=batch,
+        **({"draft": batch} if draft else {}),
+        **sections,
+    )
 
 
 def load(config: Config) -> tuple[Any, Any]:
@@ -63,8 +68,11 @@ def load(config: Config) -> tuple[Any, Any]:
 
 def sent(standin: ModuleType, model: str = "tiny-target") -> list[tuple[str, list, list | None, list, list]]:
     """(call, cache_ids, start_ids, input_ids, prior positions each executed row reads) of every 2-D model call."""
-    return [(call, d["cache_ids"], d["start_ids"], d["input_ids"], [row["prior"] for row in d["executed"]])
-            for who, call, d in standin.RUNTIME.events if who == model and "executed" in d]
+    return [
+        (call, d["cache_ids"], d["start_ids"], d["input_ids"], [row["prior"] for row in d["executed"]])
+        for who, call, d in standin.RUNTIME.events
+        if who == model and "executed" in d
+    ]
 
 
 @functools.cache
@@ -87,10 +95,15 @@ def test_continuous_batching_config_keeps_the_real_signatures(neuronx_any: Modul
 
     for qualified, params in SIGNATURES["continuous_batching"][neuronx_any.API].items():
         class_name, method = qualified.split(".")
-        found = [{"name": p.name, "kind": p.kind.name.lower()}
-                 | ({} if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                    else {"default": None if p.default is p.empty else repr(p.default)})
-                 for p in inspect.signature(getattr(getattr(config, class_name), method)).parameters.values()]
+        found = [
+            {"name": p.name, "kind": p.kind.name.lower()}
+            | (
+                {}
+                if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                else {"default": None if p.default is p.empty else repr(p.default)}
+            )
+            for p in inspect.signature(getattr(getattr(config, class_name), method)).parameters.values()
+        ]
         assert found == [dict(p) for p in params], qualified
 
 
@@ -104,8 +117,11 @@ def test_the_standin_pads_a_lone_one_token_call_onto_every_other_sequence(
     target.prefill_slot(0, prompt(6))
     model = target.model
     with pytest.raises(RuntimeError, match="dtype"):
-        model.forward(torch.tensor([[7]]), cache_ids=torch.tensor([[0]], dtype=torch.int32),
-                      start_ids=torch.tensor([2], dtype=torch.int32))
+        model.forward(
+            torch.tensor([[7]]),
+            cache_ids=torch.tensor([[0]], dtype=torch.int32),
+            start_ids=torch.tensor([2], dtype=torch.int32),
+        )
     assert model.caches[0][0] == prompt(6)[0]
     model.forward(torch.tensor([[7]]), cache_ids=torch.tensor([[0]]), start_ids=torch.tensor([2], dtype=torch.int32))
     assert model.caches[0][0] == 0 and model.caches[2][0] == 7  # slot 0's first position overwritten
@@ -116,8 +132,11 @@ def test_the_standin_refuses_a_prompt_past_the_largest_context_bucket_as_the_lib
 ) -> None:
     target, _ = load(batched_config(tiny_model_dirs))
     with pytest.raises(AssertionError, match="invalid input prompt length"):  # base.py line 508
-        target.model.forward(prompt(65).view(1, -1), cache_ids=torch.arange(65).view(1, -1),
-                             start_ids=torch.tensor([1], dtype=torch.int32))
+        target.model.forward(
+            prompt(65).view(1, -1),
+            cache_ids=torch.arange(65).view(1, -1),
+            start_ids=torch.tensor([1], dtype=torch.int32),
+        )
 
 
 # ---------------------------------------------------------------- loading
@@ -131,7 +150,11 @@ def test_loads_every_model_with_continuous_batching_and_windows_for_the_batch(
     for backend, label in ((target, "tiny-target"), (draft, "tiny-draft")):
         assert isinstance(backend, BatchedNeuronBackend) and backend.slots == SLOTS
         assert {name: value for name, value in loaded[label].items() if name != "neuron_config"} == {
-            "n_positions": 128, "batch_size": SLOTS, "amp": "f32", "tp_degree": 2}
+            "n_positions": 128,
+            "batch_size": SLOTS,
+            "amp": "f32",
+            "tp_degree": 2,
+        }
         neuron = loaded[label]["neuron_config"]
         assert neuron.continuous_batching.batch_size_for_shared_caches == SLOTS and neuron.use_2d_cache_ids
         assert backend.model.ignored_kwargs == {}
@@ -153,7 +176,8 @@ def test_compiled_batched_models_are_kept_apart_and_reused(
     neuronx.RUNTIME.events.clear()
     target, draft = load(config)
     assert [d["directory"] for _, call, d in neuronx.RUNTIME.events if call == "load"] == [
-        result.location for result in results]
+        result.location for result in results
+    ]
     assert "compile" not in neuronx.RUNTIME.calls()
     assert (target.slots, draft.slots) == (SLOTS, SLOTS)
 
@@ -181,8 +205,11 @@ def test_rows_scored_together_equal_each_row_scored_alone(
     prompts = {0: prompt(6, seed=1), 1: prompt(9, seed=2), 3: prompt(3, seed=3)}
     for slot, ids in prompts.items():
         target.prefill_slot(slot, ids)
-    segments = [Segment(3, 3, torch.tensor([11, 12, 13, 14])), Segment(0, 6, torch.tensor([21, 22])),
-                Segment(1, 9, torch.tensor([31]))]  # slot 2 free
+    segments = [
+        Segment(3, 3, torch.tensor([11, 12, 13, 14])),
+        Segment(0, 6, torch.tensor([21, 22])),
+        Segment(1, 9, torch.tensor([31])),
+    ]  # slot 2 free
     together = target.score_batch(segments)
     assert together.shape == (7, VOCAB) and together.dtype == torch.float32
     alone = torch.cat([target.score_batch([segment]) for segment in segments])
@@ -210,23 +237,44 @@ def test_the_cache_ids_start_ids_and_attention_each_row_gets_through_rejections(
     assert sent(neuronx) == [
         ("forward", [list(range(6))], [0], [first.tolist()], [0]),  # context encoding: the slot's own bucket
         ("forward", [list(range(4))], [2], [third.tolist()], [0]),
-        ("speculative_forward", [[6, 7, 8, 9], [1, 2, 3, 4], [4, 5, 6, 7], [1, 2, 3, 4]], [0, 1, 2, 3],
-         [[40, 41, 42, 43], [0, 0, 0, 0], [50, 51, 51, 51], [0, 0, 0, 0]], [6, 1, 4, 1]),
-        ("speculative_forward", [[8, 9, 10, 11], [1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4]], [0, 1, 2, 3],
-         [[44, 45, 46, 47], [0, 0, 0, 0], [52, 52, 52, 52], [0, 0, 0, 0]], [8, 1, 5, 1]),
+        (
+            "speculative_forward",
+            [[6, 7, 8, 9], [1, 2, 3, 4], [4, 5, 6, 7], [1, 2, 3, 4]],
+            [0, 1, 2, 3],
+            [[40, 41, 42, 43], [0, 0, 0, 0], [50, 51, 51, 51], [0, 0, 0, 0]],
+            [6, 1, 4, 1],
+        ),
+        (
+            "speculative_forward",
+            [[8, 9, 10, 11], [1, 2, 3, 4], [5, 6, 7, 8], [1, 2, 3, 4]],
+            [0, 1, 2, 3],
+            [[44, 45, 46, 47], [0, 0, 0, 0], [52, 52, 52, 52], [0, 0, 0, 0]],
+            [8, 1, 5, 1],
+        ),
         ("forward", [[12], [0], [6], [0]], [0, 1, 2, 3], [[48], [0], [53], [0]], [12, 0, 6, 0]),
-        ("speculative_forward", [[13, 14, 15, 16], [1, 2, 3, 4], [7, 8, 9, 10], [1, 2, 3, 4]], [0, 1, 2, 3],
-         [[0, 0, 0, 0], [0, 0, 0, 0], [54, 55, 55, 55], [0, 0, 0, 0]], [13, 1, 7, 1]),
+        (
+            "speculative_forward",
+            [[13, 14, 15, 16], [1, 2, 3, 4], [7, 8, 9, 10], [1, 2, 3, 4]],
+            [0, 1, 2, 3],
+            [[0, 0, 0, 0], [0, 0, 0, 0], [54, 55, 55, 55], [0, 0, 0, 0]],
+            [13, 1, 7, 1],
+        ),
     ]
     row0 = first.tolist() + [40, 41, 44, 45, 46, 47, 48]
     row2 = third.tolist() + [50, 52, 53, 54, 55]
     model = tiny_model_dirs["target"]
-    assert torch.allclose(torch.cat([a[:4], b[:4], c[:1]]),
-                          torch.cat([reference(model, first.tolist() + [40, 41, 42, 43], range(6, 10)),
-                                     reference(model, row0, range(8, 13))]), atol=1e-5)
-    assert torch.allclose(torch.cat([a[4:5], b[4:], c[1:], d]),
-                          torch.cat([reference(model, third.tolist() + [50], range(4, 5)),
-                                     reference(model, row2, range(5, 9))]), atol=1e-5)
+    assert torch.allclose(
+        torch.cat([a[:4], b[:4], c[:1]]),
+        torch.cat(
+            [reference(model, first.tolist() + [40, 41, 42, 43], range(6, 10)), reference(model, row0, range(8, 13))]
+        ),
+        atol=1e-5,
+    )
+    assert torch.allclose(
+        torch.cat([a[4:5], b[4:], c[1:], d]),
+        torch.cat([reference(model, third.tolist() + [50], range(4, 5)), reference(model, row2, range(5, 9))]),
+        atol=1e-5,
+    )
 
 
 def test_a_prompt_joining_between_steps_leaves_the_running_rows_alone(
@@ -239,8 +287,9 @@ def test_a_prompt_joining_between_steps_leaves_the_running_rows_alone(
     neuronx.RUNTIME.events.clear()
     joined = target.prefill_slot(1, prompt(5, seed=2))
     single = target.prefill_slot(2, torch.tensor([60]))  # one token: a full batch, not the library's padding
-    after = target.score_batch([Segment(0, 10, torch.tensor([44, 45])), Segment(1, 5, torch.tensor([61])),
-                                Segment(2, 1, torch.tensor([62]))])
+    after = target.score_batch(
+        [Segment(0, 10, torch.tensor([44, 45])), Segment(1, 5, torch.tensor([61])), Segment(2, 1, torch.tensor([62]))]
+    )
     assert sent(neuronx)[:2] == [
         ("forward", [list(range(5))], [1], [prompt(5, seed=2).tolist()], [0]),
         ("forward", [[10], [5], [0], [0]], [0, 1, 2, 3], [[0], [0], [60], [0]], [10, 5, 0, 0]),
@@ -248,9 +297,13 @@ def test_a_prompt_joining_between_steps_leaves_the_running_rows_alone(
     model = tiny_model_dirs["target"]
     assert torch.allclose(joined, reference(model, prompt(5, seed=2).tolist(), range(4, 5))[0], atol=1e-5)
     assert torch.allclose(single, reference(model, [60], range(0, 1))[0], atol=1e-5)
-    expected = torch.cat([reference(model, running.tolist() + [40, 41, 42, 43, 44, 45], range(10, 12)),
-                          reference(model, prompt(5, seed=2).tolist() + [61], range(5, 6)),
-                          reference(model, [60, 62], range(1, 2))])
+    expected = torch.cat(
+        [
+            reference(model, running.tolist() + [40, 41, 42, 43, 44, 45], range(10, 12)),
+            reference(model, prompt(5, seed=2).tolist() + [61], range(5, 6)),
+            reference(model, [60, 62], range(1, 2)),
+        ]
+    )
     assert torch.allclose(after, expected, atol=1e-5)
 
 
@@ -277,7 +330,7 @@ def test_padding_past_the_last_position_lands_on_it(
 ) -> None:
     """The last position is read only by the call that writes it (a window reads below its smallest cache id)."""
     target, _ = load(batched_config(tiny_model_dirs, neuron={"self_test": False}))
-    long = (torch.arange(126) % 90 + 3)
+    long = torch.arange(126) % 90 + 3
     target.prefill_slot(1, long)  # 64 by context encoding, the rest in windows
     neuronx.RUNTIME.events.clear()
     logits = target.score_batch([Segment(1, 126, torch.tensor([7, 8]))])
@@ -290,8 +343,16 @@ def test_padding_past_the_last_position_lands_on_it(
 # ---------------------------------------------------------------- the batching loop on a batched target
 
 
-PROMPTS = [torch.tensor(p) for p in ([5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 10, 11, 9, 10, 11, 9], [4, 20, 4, 20, 4],
-                                     [30, 31, 32, 33, 34, 35], [12])]
+PROMPTS = [
+    torch.tensor(p)
+    for p in (
+        [5, 6, 7, 8, 5, 6, 7, 8, 5, 6],
+        [9, 10, 11, 9, 10, 11, 9],
+        [4, 20, 4, 20, 4],
+        [30, 31, 32, 33, 34, 35],
+        [12],
+    )
+]
 BUDGETS = [14, 9, 17, 6, 11]
 
 
@@ -303,8 +364,9 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
     greedy = SamplingConfig(temperature=0.0)
     single, _ = load(neuron_config(tiny_model_dirs["target"], neuron={"self_test": False}))
     alone = [plain_generate(single, ids, budget, greedy).tokens for ids, budget in zip(PROMPTS, BUDGETS, strict=True)]
-    target, draft = load(batched_config(tiny_model_dirs, draft=drafter == "model", slots=3,
-                                        neuron={"self_test": False}))
+    target, draft = load(
+        batched_config(tiny_model_dirs, draft=drafter == "model", slots=3, neuron={"self_test": False})
+    )
     params = sampling_params(greedy)
 
     def drafter_for(slot: int):
@@ -312,9 +374,17 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
 
     cost, counts = WidthCost({1: 10.0, K: 11.0}), AcceptanceModel()
     loop = BatchLoop(target, K, cost if policy == "cost" else None)
-    pending = [RowRequest(ids, budget, params, drafter_for=drafter_for, acceptor=GreedyAcceptor(),
-                          policy=CostPolicy(K, cost, counts) if policy == "cost" else FixedPolicy(K))
-               for ids, budget in zip(PROMPTS, BUDGETS, strict=True)]
+    pending = [
+        RowRequest(
+            ids,
+            budget,
+            params,
+            drafter_for=drafter_for,
+            acceptor=GreedyAcceptor(),
+            policy=CostPolicy(K, cost, counts) if policy == "cost" else FixedPolicy(K),
+        )
+        for ids, budget in zip(PROMPTS, BUDGETS, strict=True)
+    ]
     outputs: dict[int, list[int]] = {}
     running: dict[Any, int] = {}
     queue = list(enumerate(pending))

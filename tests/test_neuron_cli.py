@@ -153,8 +153,13 @@ def test_parse_ks_refuses(text: str) -> None:
 def test_doctor_self_test_of_a_static_batch_config_says_which_build_it_checks(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
-                           target={"batch_size": 2}, draft={"batch_size": 2})
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "library"},
+        target={"batch_size": 2},
+        draft={"batch_size": 2},
+    )
     path = tmp_path / "batch2.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     result = CliRunner().invoke(main, ["doctor", "--self-test", str(path)])

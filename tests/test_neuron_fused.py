@@ -32,8 +32,12 @@ def names(qualified: str) -> set[str]:
 
 
 def fused_config(tiny_model_dirs: dict[str, Path], **sections):
-    return neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
-                         speculation={"engine": "fused", **sections.pop("speculation", {})}, **sections)
+    return neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "fused", **sections.pop("speculation", {})},
+        **sections,
+    )
 
 
 def test_the_k_mapping_is_our_window_minus_one() -> None:
@@ -85,8 +89,9 @@ def test_arguments_are_a_subset_of_the_real_signatures(neuronx: ModuleType, tiny
 def test_device_sampling_says_what_seed_and_top_k_0_mean(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
     """top_k 0 is a full-vocabulary top-k per position, and sampling.seed does not reach the device's sampler:
     the warning says both (docs/neuron.md, engine fused, says so for the reader)."""
-    config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
-                          sampling={"temperature": 0.8, "top_k": 0, "seed": 7})
+    config = fused_config(
+        tiny_model_dirs, speculation={"acceptor": "probabilistic"}, sampling={"temperature": 0.8, "top_k": 0, "seed": 7}
+    )
     target, draft = load_neuron_backends(config, plan_deployment(config))
     with pytest.warns(UserWarning) as caught:
         FusedEngine.build(config, target, draft)
@@ -191,14 +196,26 @@ def test_compile_refuses_the_fused_engine(
         compile_models(config, plan_deployment(config), [4])
 
 
-@pytest.mark.parametrize(("dtype", "temperature", "refused"), [
-    ("fp16", 1e-4, True), ("fp16", 0.7, False), ("fp32", 1e-38, True), ("bf16", 1e-38, True), ("fp32", 1e-30, False),
-])
+@pytest.mark.parametrize(
+    ("dtype", "temperature", "refused"),
+    [
+        ("fp16", 1e-4, True),
+        ("fp16", 0.7, False),
+        ("fp32", 1e-38, True),
+        ("bf16", 1e-38, True),
+        ("fp32", 1e-30, False),
+    ],
+)
 def test_a_temperature_the_device_would_turn_into_nan_is_refused(
     tiny_model_dirs: dict[str, Path], dtype: str, temperature: float, refused: bool
 ) -> None:
-    config = fused_config(tiny_model_dirs, speculation={"acceptor": "probabilistic"},
-                          sampling={"temperature": temperature}, target={"dtype": dtype}, draft={"dtype": dtype})
+    config = fused_config(
+        tiny_model_dirs,
+        speculation={"acceptor": "probabilistic"},
+        sampling={"temperature": temperature},
+        target={"dtype": dtype},
+        draft={"dtype": dtype},
+    )
     mine = [p for p in validate_config(config).errors if p.field == "sampling.temperature"]
     assert bool(mine) == refused, [str(p) for p in mine]
     if refused:

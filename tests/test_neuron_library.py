@@ -80,20 +80,34 @@ def test_the_draft_needs_p_plus_n_plus_k_minus_1_positions(
     new = 1 + 29 * k  # windows end exactly at the budget: the last one starts at P+N-1
     needed = len(ids) + new + k - 1
     model = {"n_positions": needed}
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"], speculation={"engine": "library"},
-                           target=model, draft=model)
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["target"],
+        speculation={"engine": "library"},
+        target=model,
+        draft=model,
+    )
     engine, _ = engine_for(config, GreedyAcceptor())
     neuronx.RUNTIME.events.clear()
     assert len(engine.generate(ids, new).tokens) == new
     draft_label = engine.draft.model.label
-    draft_slots = [slot for who, c, d in neuronx.RUNTIME.events if who == draft_label and c == "forward"
-                   for slot in d["cache_ids"] or []]
+    draft_slots = [
+        slot
+        for who, c, d in neuronx.RUNTIME.events
+        if who == draft_label and c == "forward"
+        for slot in d["cache_ids"] or []
+    ]
     target_slots = [slot for _, c, d in neuronx.RUNTIME.events if c == "speculative_forward" for slot in d["cache_ids"]]
     assert max(target_slots) == needed - 1  # P+N+k-2: exactly the room asked for
     assert max(draft_slots) == needed - 2
 
-    short = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["target"], speculation={"engine": "library"},
-                          target=model, draft={"n_positions": needed - 1})
+    short = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["target"],
+        speculation={"engine": "library"},
+        target=model,
+        draft={"n_positions": needed - 1},
+    )
     engine, _ = engine_for(short, GreedyAcceptor())
     neuronx.RUNTIME.events.clear()
     with pytest.raises(UsageError) as caught:  # refused before the first call, not half-way (StopIteration)
@@ -105,9 +119,12 @@ def test_the_draft_needs_p_plus_n_plus_k_minus_1_positions(
 def test_the_older_library_warns_that_it_finishes_greedily(
     neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
-                           speculation={"engine": "library", "acceptor": "probabilistic"},
-                           sampling={"temperature": 0.9})
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "library", "acceptor": "probabilistic"},
+        sampling={"temperature": 0.9},
+    )
     target, draft = load_neuron_backends(config, plan_deployment(config))
     rng = torch.Generator()
     with pytest.warns(UserWarning) as caught:
@@ -138,8 +155,13 @@ def test_library_loop_samples_with_our_probabilistic_acceptor(
 
 def one_lane(acceptor, api, k: int, vocab: int, stop_id: int | None = None) -> Lanes:
     """Our acceptor as the library sees it, for one row with room to spare."""
-    return Lanes([Lane(acceptor, PositionNoise(0), frozenset(), remaining=99, live=True)], k, vocab, stop_id,
-                 api.batched_acceptor)
+    return Lanes(
+        [Lane(acceptor, PositionNoise(0), frozenset(), remaining=99, live=True)],
+        k,
+        vocab,
+        stop_id,
+        api.batched_acceptor,
+    )
 
 
 def test_adapter_shapes_for_each_api_generation(neuronx_any: ModuleType) -> None:
@@ -215,13 +237,19 @@ def test_validate_warns_when_token_zero_is_an_ordinary_token(tiny_model_dirs: di
 
     ordinary = tmp_path / "llama3-like"
     shutil.copytree(tiny_model_dirs["target"], ordinary)
-    (ordinary / "tokenizer.json").write_text(json.dumps(
-        {"added_tokens": [{"id": 95, "content": "<|eot_id|>", "special": True}],
-         "model": {"vocab": {"!": 0, "a": 1}}}))
+    (ordinary / "tokenizer.json").write_text(
+        json.dumps(
+            {
+                "added_tokens": [{"id": 95, "content": "<|eot_id|>", "special": True}],
+                "model": {"vocab": {"!": 0, "a": 1}},
+            }
+        )
+    )
     special = tmp_path / "llama2-like"
     shutil.copytree(tiny_model_dirs["target"], special)
-    (special / "tokenizer.json").write_text(json.dumps(
-        {"added_tokens": [{"id": 0, "content": "<unk>", "special": True}], "model": {"vocab": {"<unk>": 0}}}))
+    (special / "tokenizer.json").write_text(
+        json.dumps({"added_tokens": [{"id": 0, "content": "<unk>", "special": True}], "model": {"vocab": {"<unk>": 0}}})
+    )
     (fix,) = warnings_for(ordinary, "library")
     assert "native" in fix and "fused" in fix
     assert warnings_for(ordinary, "native") == [] and warnings_for(special, "library") == []

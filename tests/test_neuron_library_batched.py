@@ -36,14 +36,26 @@ def real_names(generation: str, qualified: str) -> set[str]:
     return {p["name"] for p in SIGNATURES[generation][qualified] if p["kind"] != "var_keyword"}
 
 
-def batched_model(path: Path, batch: int, k: int | None = None, padding_side: str = "right",
-                  n_positions: int = N_POSITIONS, **neuron: object):
+def batched_model(
+    path: Path,
+    batch: int,
+    k: int | None = None,
+    padding_side: str = "right",
+    n_positions: int = N_POSITIONS,
+    **neuron: object,
+):
     """A LlamaForSampling compiled for `batch` rows, as the batched loops need it (right padding: 2-D cache_ids)."""
     from transformers_neuronx import LlamaForSampling
     from transformers_neuronx.config import NeuronConfig
 
-    model = LlamaForSampling.from_pretrained(str(path), batch_size=batch, n_positions=n_positions, tp_degree=2,
-                                             amp="f32", neuron_config=NeuronConfig(padding_side=padding_side, **neuron))
+    model = LlamaForSampling.from_pretrained(
+        str(path),
+        batch_size=batch,
+        n_positions=n_positions,
+        tp_degree=2,
+        amp="f32",
+        neuron_config=NeuronConfig(padding_side=padding_side, **neuron),
+    )
     if k is not None:
         model.enable_speculative_decoder(k, batch_sizes=batch)
     model.to_neuron()
@@ -51,29 +63,40 @@ def batched_model(path: Path, batch: int, k: int | None = None, padding_side: st
 
 
 def library_engine(dirs: dict[str, Path], batch: int, n_positions: int = N_POSITIONS) -> LibraryEngine:
-    target = NeuronBackend(batched_model(dirs["target"], batch, K, n_positions=n_positions), "target", VOCAB,
-                           n_positions, K)
-    draft = NeuronBackend(batched_model(dirs["draft"], batch, n_positions=n_positions), "draft", VOCAB, n_positions,
-                          None)
+    target = NeuronBackend(
+        batched_model(dirs["target"], batch, K, n_positions=n_positions), "target", VOCAB, n_positions, K
+    )
+    draft = NeuronBackend(
+        batched_model(dirs["draft"], batch, n_positions=n_positions), "draft", VOCAB, n_positions, None
+    )
     return LibraryEngine(target, draft, GreedyAcceptor(), GREEDY, K, api=load_neuronx(), batch_size=batch)
 
 
-def library_alone(dirs: dict[str, Path], ids: torch.Tensor, new: int, eos=frozenset(), sampling: dict | None = None,
-                  n_positions: int = N_POSITIONS):
+def library_alone(
+    dirs: dict[str, Path],
+    ids: torch.Tensor,
+    new: int,
+    eos=frozenset(),
+    sampling: dict | None = None,
+    n_positions: int = N_POSITIONS,
+):
     """The request through `engine: library` as configured today: batch 1, loaded by the pipeline's loader."""
     speculation = {"engine": "library", "acceptor": "probabilistic" if sampling else "greedy"}
     sizes = {"n_positions": n_positions}
-    config = neuron_config(dirs["target"], dirs["draft"], speculation=speculation, sampling=sampling or {},
-                           target=sizes, draft=sizes)
+    config = neuron_config(
+        dirs["target"], dirs["draft"], speculation=speculation, sampling=sampling or {}, target=sizes, draft=sizes
+    )
     target, draft = load_neuron_backends(config, plan_deployment(config))
     acceptor = ProbabilisticAcceptor(sampling_params(config.sampling)) if sampling else GreedyAcceptor()
     return LibraryEngine.from_config(config, target, draft, acceptor).generate(ids, new, eos)
 
 
-def request(ids: torch.Tensor, new: int, eos=(), acceptor=None, sampling: SamplingConfig = GREEDY,
-            **callbacks: object) -> RowRequest:
-    return RowRequest(ids, new, sampling_params(sampling), sampling.seed, eos,
-                      acceptor=acceptor or GreedyAcceptor(), **callbacks)  # type: ignore[arg-type]
+def request(
+    ids: torch.Tensor, new: int, eos=(), acceptor=None, sampling: SamplingConfig = GREEDY, **callbacks: object
+) -> RowRequest:
+    return RowRequest(
+        ids, new, sampling_params(sampling), sampling.seed, eos, acceptor=acceptor or GreedyAcceptor(), **callbacks
+    )  # type: ignore[arg-type]
 
 
 class CappedGreedy(GreedyAcceptor):
@@ -118,9 +141,12 @@ def test_each_rows_greedy_output_is_the_rows_alone(neuronx: ModuleType, tiny_mod
     expected = [library_alone(dirs, ids, new).tokens for ids, new in CASES]
     loop = library_engine(dirs, 3).row_loop()
     committed: list[list[tuple[list[int], int | None, int]]] = [[], [], []]
-    rows = [loop.join(request(ids, new, acceptor=CappedGreedy(cap),
-                              on_commit=lambda t, d, n, i=i: committed[i].append((t, d, n))))
-            for i, ((ids, new), cap) in enumerate(zip(CASES, (1, 2, K - 1), strict=True))]
+    rows = [
+        loop.join(
+            request(ids, new, acceptor=CappedGreedy(cap), on_commit=lambda t, d, n, i=i: committed[i].append((t, d, n)))
+        )
+        for i, ((ids, new), cap) in enumerate(zip(CASES, (1, 2, K - 1), strict=True))
+    ]
     assert loop.free_slots == 0
     with pytest.raises(RuntimeError, match="no free slot"):
         loop.join(request(prompt(4), 4))
@@ -137,8 +163,9 @@ def test_each_rows_greedy_output_is_the_rows_alone(neuronx: ModuleType, tiny_mod
     assert rows[2].stats.acceptance_rate == 1.0 and rows[2].stats.accepted_tokens > 0
 
 
-def test_the_calls_are_the_ones_the_real_loop_takes(neuronx: ModuleType, tiny_model_dirs: dict[str, Path],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_calls_are_the_ones_the_real_loop_takes(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """sample() gets right-padded prompts, their mask and sequence ids (speculation.py:718-730 at 1ade6d7), under
     the real signature's names; the models get the 2-D cache_ids the loop derives, each row at its own positions."""
     from transformers_neuronx import speculation
@@ -166,8 +193,11 @@ def test_the_calls_are_the_ones_the_real_loop_takes(neuronx: ModuleType, tiny_mo
     assert call["input_ids"].shape == (3, width)  # padded to the compiled batch with a one-token line
     assert call["input_ids"][0, : len(short)].tolist() == short.tolist()
     assert call["input_ids"][1].tolist() == long.tolist()
-    assert call["attention_mask"].tolist() == [[1] * len(short) + [0] * (width - len(short)), [1] * width,
-                                               [1] + [0] * (width - 1)]
+    assert call["attention_mask"].tolist() == [
+        [1] * len(short) + [0] * (width - len(short)),
+        [1] * width,
+        [1] + [0] * (width - 1),
+    ]
     assert call["start_ids"].tolist() == [0, 1, 2]
     assert call["sequence_length"] == max(len(short) + short_new, len(long) + long_new)
 
@@ -198,17 +228,22 @@ def test_an_eos_ends_its_row_only(neuronx: ModuleType, tiny_model_dirs: dict[str
     assert [len(t) for t in expected[:2]] != [5, 5]  # the others were not cut with it
 
 
-def test_sampled_rows_give_their_seeds_tokens_whatever_the_batch(neuronx: ModuleType,
-                                                                  tiny_model_dirs: dict[str, Path]) -> None:
+def test_sampled_rows_give_their_seeds_tokens_whatever_the_batch(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
     """Each row's acceptor draws from that row's per-position noise (the library hands our acceptor every row,
     speculation.py:817): a seeded row's tokens are those it gets alone."""
     settings = [SamplingConfig(temperature=0.9, seed=seed) for seed in (11, 12, 13)]
     with pytest.warns(UserWarning, match="first token"):
-        expected = [library_alone(tiny_model_dirs, ids, new, sampling={"temperature": 0.9, "seed": s.seed}).tokens
-                    for (ids, new), s in zip(CASES, settings, strict=True)]
+        expected = [
+            library_alone(tiny_model_dirs, ids, new, sampling={"temperature": 0.9, "seed": s.seed}).tokens
+            for (ids, new), s in zip(CASES, settings, strict=True)
+        ]
     loop = library_engine(tiny_model_dirs, 3).row_loop()
-    rows = [loop.join(request(ids, new, acceptor=ProbabilisticAcceptor(sampling_params(s)), sampling=s))
-            for (ids, new), s in zip(CASES, settings, strict=True)]
+    rows = [
+        loop.join(request(ids, new, acceptor=ProbabilisticAcceptor(sampling_params(s)), sampling=s))
+        for (ids, new), s in zip(CASES, settings, strict=True)
+    ]
     loop.step()
     assert [row.seq.generated() for row in rows] == expected
 
@@ -230,8 +265,9 @@ def test_one_rows_failure_and_a_cancel_leave_the_others(neuronx: ModuleType, tin
     assert good.error is None and good.seq.generated() == expected
 
 
-def test_a_request_is_refused_at_join_when_it_does_not_fit(neuronx: ModuleType,
-                                                           tiny_model_dirs: dict[str, Path]) -> None:
+def test_a_request_is_refused_at_join_when_it_does_not_fit(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
     loop = library_engine(tiny_model_dirs, 2).row_loop()
     with pytest.raises(UsageError) as caught:
         loop.join(request(prompt(7), N_POSITIONS))
@@ -273,8 +309,10 @@ def fused_engine(dirs: dict[str, Path], batch: int, sampling: SamplingConfig = G
     from transformers_neuronx.fused_speculation import FusedSpeculativeDecoder
 
     generation = GenerationConfig(**generation_settings(sampling, [2], VOCAB))
-    target, draft = (batched_model(dirs[role], batch, on_device_embedding=True, on_device_generation=generation)
-                     for role in ("target", "draft"))
+    target, draft = (
+        batched_model(dirs[role], batch, on_device_embedding=True, on_device_generation=generation)
+        for role in ("target", "draft")
+    )
     decoder = FusedSpeculativeDecoder(draft, target, k=fused_k(K), pad_token_id=0, eos_token_id=2)
     decoder.to_neuron()
     return FusedEngine(decoder, OnDeviceBackend(target, "target", VOCAB, N_POSITIONS), K, batch)
@@ -286,8 +324,9 @@ def fused_alone(dirs: dict[str, Path], ids: torch.Tensor, new: int):
     return FusedEngine.build(config, target, draft).generate(ids, new)
 
 
-def test_fused_rows_are_the_rows_alone_and_their_stats_their_own(neuronx: ModuleType, near_draft: dict[str, Path],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fused_rows_are_the_rows_alone_and_their_stats_their_own(
+    neuronx: ModuleType, near_draft: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The fused graph runs every row from its own cache ids, so a greedy row's iterations are those it has alone:
     its tokens and its statistics. `rate` would give every row row 0's counts (fused_speculation.py:683)."""
     from transformers_neuronx import fused_speculation
@@ -329,29 +368,43 @@ def test_fused_samples_per_row_on_the_device(neuronx: ModuleType, tiny_model_dir
 
 
 def test_models_without_right_padding_are_refused(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
-    config = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
-                           target={"batch_size": 2}, draft={"batch_size": 2})
-    target = NeuronBackend(batched_model(tiny_model_dirs["target"], 2, K, padding_side="left"), "target", VOCAB,
-                           N_POSITIONS, K)
-    draft = NeuronBackend(batched_model(tiny_model_dirs["draft"], 2, padding_side="left"), "draft", VOCAB,
-                          N_POSITIONS, None)
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "library"},
+        target={"batch_size": 2},
+        draft={"batch_size": 2},
+    )
+    target = NeuronBackend(
+        batched_model(tiny_model_dirs["target"], 2, K, padding_side="left"), "target", VOCAB, N_POSITIONS, K
+    )
+    draft = NeuronBackend(
+        batched_model(tiny_model_dirs["draft"], 2, padding_side="left"), "draft", VOCAB, N_POSITIONS, None
+    )
     with pytest.raises(RuntimeProblem, match="padding_side='right'"):
         LibraryEngine.from_config(config, target, draft, GreedyAcceptor())
 
 
-def test_the_older_generation_runs_its_loop_at_batch_1_only(neuronx_any: ModuleType,
-                                                            tiny_model_dirs: dict[str, Path]) -> None:
+def test_the_older_generation_runs_its_loop_at_batch_1_only(
+    neuronx_any: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
     """0.10-0.12 have no attention_mask and raise for batch > 1 (7a30b42 speculation.py:346-347): told apart by
     the signature. On 0.13 only a draft compiled for another batch is refused."""
     one = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"})
     target, draft = load_neuron_backends(one, plan_deployment(one))
-    two = neuron_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"engine": "library"},
-                        target={"batch_size": 2}, draft={"batch_size": 1})
+    two = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"engine": "library"},
+        target={"batch_size": 2},
+        draft={"batch_size": 1},
+    )
     with pytest.raises(UsageError) as caught:
         LibraryEngine.from_config(two, target, draft, GreedyAcceptor())
     problems = {p.field: p for p in caught.value.problems}
-    assert set(problems) == ({"draft.batch_size"} if neuronx_any.API == "sdk_2_21"
-                             else {"target.batch_size", "draft.batch_size"})
+    assert set(problems) == (
+        {"draft.batch_size"} if neuronx_any.API == "sdk_2_21" else {"target.batch_size", "draft.batch_size"}
+    )
     if neuronx_any.API == "sdk_2_18":
         rule, fix = problems["target.batch_size"].rule, problems["target.batch_size"].fix
         assert "speculation.py:346-347" in rule and "attention_mask" in rule

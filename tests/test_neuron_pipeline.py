@@ -13,11 +13,13 @@ pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
 
 
 @pytest.mark.parametrize("engine", ["native", "library"])
-def test_neuron_config_generates_text_equal_to_plain_greedy(neuronx: ModuleType, tiny_model_dirs, tmp_path,
-                                                             engine: str) -> None:
+def test_neuron_config_generates_text_equal_to_plain_greedy(
+    neuronx: ModuleType, tiny_model_dirs, tmp_path, engine: str
+) -> None:
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": engine},
-                           generation={"chat_template": False})
+    config = neuron_config(
+        target, tiny_model_dirs["draft"], speculation={"engine": engine}, generation={"chat_template": False}
+    )
     pipeline = load_pipeline(config)
     prompt = "w5 w9 w11 w5 w9 w40 w41"
     ssp = pipeline.speculative(prompt)
@@ -33,8 +35,12 @@ def test_one_compiled_target_serves_every_k_with_output_equal_to_plain_greedy(
     from neuron_ssp.tools.per_k import compiled_target_groups
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = neuron_config(target, tiny_model_dirs["draft"], neuron={"compiled_dir": str(tmp_path / "compiled")},
-                           generation={"chat_template": False})
+    config = neuron_config(
+        target,
+        tiny_model_dirs["draft"],
+        neuron={"compiled_dir": str(tmp_path / "compiled")},
+        generation={"chat_template": False},
+    )
     ks = list(range(2, 9))
     (group,) = compiled_target_groups(config, ks)  # compiles once, loads once
     loads = [m for m, c, _ in neuronx.RUNTIME.events if c == "from_pretrained"]
@@ -55,8 +61,11 @@ def test_engine_fused_through_the_pipeline_equals_plain_greedy_of_native(
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
     prompt = "w5 w9 w11 w5 w9 w40 w41"
-    fused = load_pipeline(neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": "fused"},
-                                        generation={"chat_template": False}))
+    fused = load_pipeline(
+        neuron_config(
+            target, tiny_model_dirs["draft"], speculation={"engine": "fused"}, generation={"chat_template": False}
+        )
+    )
     ssp = fused.speculative(prompt)
     assert type(fused.generator).__name__ == "FusedEngine" and ssp.result.stats.target_calls > 0
     with pytest.raises(RuntimeProblem, match="engine: native"):
@@ -72,8 +81,9 @@ def test_extra_eos_ids_of_the_checkpoint_stop_a_neuron_generation(
     """generation_config.json's ids (Llama-3.1's 128008, Llama-3-Instruct's 128009) end a generation on
     Neuron as on torch, though a transformers-neuronx model has no generation_config attribute."""
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = neuron_config(target, tiny_model_dirs["draft"], speculation={"engine": engine},
-                           generation={"chat_template": False})
+    config = neuron_config(
+        target, tiny_model_dirs["draft"], speculation={"engine": engine}, generation={"chat_template": False}
+    )
     prompt = "w5 w9 w11 w5 w9 w40 w41"
     plain = load_pipeline(config).plain(prompt).tokens
     extra = next(t for t in plain[3:] if t != 2)  # a token the model generates, made an EOS of the checkpoint

@@ -91,8 +91,9 @@ def test_the_region_from_the_edge_is_judged_against_the_region_before_it() -> No
     flip_near_ties([66, 70])
     judgement = judge_windows(scores(windowed, one_token), 4, 64, 0.8)
     assert judgement.past.argmax_agreement == 0.85 >= 0.8
-    assert judgement.failures == ["from slot 64: argmax agreement 15% below the 100% before slot 64 "
-                                  "(at most 10% allowed)"]
+    assert judgement.failures == [
+        "from slot 64: argmax agreement 15% below the 100% before slot 64 (at most 10% allowed)"
+    ]
 
 
 def test_bf16_sized_noise_passes_with_a_warning_about_near_ties() -> None:

@@ -14,10 +14,19 @@ from neuron_ssp.backends.neuron.env import NEURON_STACK, stack_warning
 ROOT = Path(__file__).resolve().parents[1]
 PINNING_FILES = [ROOT / "neuron_ssp" / "data" / "deploy-bootstrap.sh", ROOT / "deploy" / "sagemaker" / "Dockerfile"]
 FREEZE = [  # pip freeze of a Neuron venv, with both spellings pip may print
-    "torch==2.7.0", "torch-neuronx==2.7.0.2.9.9357", "torch_xla==2.7.0", "transformers==4.48.3",
-    "transformers-neuronx==0.13.1216", "neuronx-cc==2.20.9961.0", "libneuronxla==2.2.4410.0", "numpy==1.26.4",
-    "neuronx_distributed==0.14.0", "neuronx-distributed-inference==0.6.0",
-    "torchvision==0.22.0", "accelerate==1.6.0", "neuronx-distributed-training==1.5.0",
+    "torch==2.7.0",
+    "torch-neuronx==2.7.0.2.9.9357",
+    "torch_xla==2.7.0",
+    "transformers==4.48.3",
+    "transformers-neuronx==0.13.1216",
+    "neuronx-cc==2.20.9961.0",
+    "libneuronxla==2.2.4410.0",
+    "numpy==1.26.4",
+    "neuronx_distributed==0.14.0",
+    "neuronx-distributed-inference==0.6.0",
+    "torchvision==0.22.0",
+    "accelerate==1.6.0",
+    "neuronx-distributed-training==1.5.0",
 ]
 
 
@@ -28,8 +37,9 @@ def pin_pattern(path: Path) -> str:
 
 @pytest.mark.parametrize("path", PINNING_FILES, ids=lambda p: p.name)
 def test_the_constraints_are_exactly_the_neuron_stack(path: Path) -> None:
-    done = subprocess.run(["grep", "-iE", pin_pattern(path)], input="\n".join(FREEZE) + "\n", text=True,
-                          capture_output=True, check=False)
+    done = subprocess.run(
+        ["grep", "-iE", pin_pattern(path)], input="\n".join(FREEZE) + "\n", text=True, capture_output=True, check=False
+    )
     pinned = {line.split("==")[0].lower().replace("_", "-") for line in done.stdout.split()}
     assert pinned == set(NEURON_STACK)
 

@@ -27,8 +27,15 @@ ROWS = [(prompt(5, seed=1), 14), (prompt(11, seed=2), 9)]  # prompt lengths and 
 
 def config_at(dirs: dict[str, Path], target: Path, engine: str, batch: int, **sections: Any) -> Config:
     sizes = {"batch_size": batch}
-    return neuron_config(target, dirs["draft"], speculation={"engine": engine, "k": K}, target=sizes, draft=sizes,
-                         generation={"chat_template": False}, **sections)
+    return neuron_config(
+        target,
+        dirs["draft"],
+        speculation={"engine": engine, "k": K},
+        target=sizes,
+        draft=sizes,
+        generation={"chat_template": False},
+        **sections,
+    )
 
 
 def built(standin: ModuleType) -> dict[str, dict[str, Any]]:
@@ -70,8 +77,9 @@ def test_a_batch_of_two_rows_from_a_config_gives_each_row_its_batch_1_tokens(
 
 
 @pytest.mark.parametrize("engine", ["library", "fused"])
-def test_batch_1_builds_stay_as_they_were(neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path,
-                                          engine: str) -> None:
+def test_batch_1_builds_stay_as_they_were(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path, engine: str
+) -> None:
     """No right padding at batch 1: the models are what they were before batching (left, the library's default)."""
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
     load_pipeline(config_at(tiny_model_dirs, target, engine, 1))
@@ -115,5 +123,6 @@ def test_compiled_static_batch_models_are_kept_apart_and_reused(
     with pytest.warns(UserWarning, match="self-test skipped"):
         load_pipeline(config)
     assert [d["directory"] for _, call, d in neuronx.RUNTIME.events if call == "load"] == [
-        result.location for result in results]
+        result.location for result in results
+    ]
     assert "compile" not in neuronx.RUNTIME.calls()

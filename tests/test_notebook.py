@@ -18,10 +18,15 @@ NOTEBOOK = ROOT / "notebooks" / "walkthrough.ipynb"
 def test_committed_notebook_has_no_outputs() -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, cell in enumerate(nb.cells)
-             if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
-    assert not dirty, (f"cells {dirty} of {NOTEBOOK.name} have outputs: commit it stripped "
-                       "(python notebooks/render.py writes the executed copy elsewhere)")
+    dirty = [
+        i
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)
+    ]
+    assert not dirty, (
+        f"cells {dirty} of {NOTEBOOK.name} have outputs: commit it stripped "
+        "(python notebooks/render.py writes the executed copy elsewhere)"
+    )
 
 
 @pytest.mark.slow
@@ -35,6 +40,11 @@ def test_notebook_runs_top_to_bottom(use_embedded_cache: str, monkeypatch: pytes
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
-    figures = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
-               if "image/png" in out.get("data", {})]
+    figures = [
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.outputs
+        if "image/png" in out.get("data", {})
+    ]
     assert figures, "the notebook drew no figure"

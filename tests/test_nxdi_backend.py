@@ -85,8 +85,12 @@ def test_the_draft_scores_one_token_per_call(nxdi: Any, tiny_model_dirs: dict[st
 def test_greedy_speculative_output_equals_plain_greedy(
     nxdi: Any, tiny_model_dirs: dict[str, Path], policy: str
 ) -> None:
-    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
-                         speculation={"policy": policy, "k_min": 2}, neuron={"self_test": False})
+    config = nxdi_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        speculation={"policy": policy, "k_min": 2},
+        neuron={"self_test": False},
+    )
     target, draft = load(config)
     ids = prompt(7)
     plain = plain_generate(target, ids, 24, config.sampling)
@@ -112,14 +116,20 @@ def test_ngram_drafter_on_an_nxdi_target(nxdi: Any, tiny_model_dirs: dict[str, P
     assert ssp.tokens == plain_generate(target, ids, 20, config.sampling).tokens
 
 
-def test_compiles_once_per_k_and_loads_on_the_plans_ranks(nxdi: Any, tiny_model_dirs: dict[str, Path],
-                                                          tmp_path: Path) -> None:
+def test_compiles_once_per_k_and_loads_on_the_plans_ranks(
+    nxdi: Any, tiny_model_dirs: dict[str, Path], tmp_path: Path
+) -> None:
     store = str(tmp_path / "compiled")
-    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"],
-                         neuron={"compiled_dir": store, "self_test": False})
+    config = nxdi_config(
+        tiny_model_dirs["target"], tiny_model_dirs["draft"], neuron={"compiled_dir": store, "self_test": False}
+    )
     load(config)
     assert [(name, call) for name, call, _ in nxdi.DEVICE_CALLS] == [
-        ("tiny-target", "compile"), ("tiny-target", "load"), ("tiny-draft", "compile"), ("tiny-draft", "load")]
+        ("tiny-target", "compile"),
+        ("tiny-target", "load"),
+        ("tiny-draft", "compile"),
+        ("tiny-draft", "load"),
+    ]
     loads = [details for _, call, details in nxdi.DEVICE_CALLS if call == "load"]
     assert [(d["start_rank_id"], d["local_ranks_size"]) for d in loads] == [(0, 1), (0, 1)]
     nxdi.DEVICE_CALLS.clear()
@@ -128,7 +138,10 @@ def test_compiles_once_per_k_and_loads_on_the_plans_ranks(nxdi: Any, tiny_model_
     nxdi.DEVICE_CALLS.clear()
     load(config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": 5})}))
     assert [(name, call) for name, call, _ in nxdi.DEVICE_CALLS] == [
-        ("tiny-target", "compile"), ("tiny-target", "load"), ("tiny-draft", "load")]  # a new k: the target only
+        ("tiny-target", "compile"),
+        ("tiny-target", "load"),
+        ("tiny-draft", "load"),
+    ]  # a new k: the target only
     manifests = sorted(Path(store).rglob("neuron-ssp-artifact.json"))
     import json
 
@@ -163,8 +176,10 @@ def test_a_generation_without_room_for_the_last_k_wide_window_is_refused_up_fron
     target, _ = load(nxdi_config(tiny_model_dirs["target"], neuron={"self_test": False}))
     ids = prompt(8)
     config = nxdi_config(tiny_model_dirs["target"], neuron={"self_test": False})
-    for generate in (lambda n: plain_generate(target, ids, n, config.sampling),
-                     lambda n: speculative(config, target, None, GreedyAcceptor()).generate(ids, n)):
+    for generate in (
+        lambda n: plain_generate(target, ids, n, config.sampling),
+        lambda n: speculative(config, target, None, GreedyAcceptor()).generate(ids, n),
+    ):
         with pytest.raises(UsageError, match="at least 131"):
             generate(121)  # 8 + 121 - 2 + 4 = 131 slots > 128
         assert len(generate(118).tokens) <= 118  # 8 + 118 - 2 + 4 = 128: fits
@@ -181,27 +196,35 @@ def test_only_the_expected_stubs_ran(nxdi: Any, tiny_model_dirs: dict[str, Path]
     assert set(stubs.CALLS) <= {"torch_neuronx.get_platform_target", "neuronxcc.CollectivesConfig"}
 
 
-def test_a_draft_nxdi_cannot_place_is_refused_before_anything_loads(nxdi: Any, tiny_model_dirs: dict[str, Path]
-                                                                    ) -> None:
+def test_a_draft_nxdi_cannot_place_is_refused_before_anything_loads(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
     """Both models of a process load from the first visible core; NxDI's start_rank_id is a multi-node rank offset
     (inference_demo.py:795), so a draft on other cores would get another rank's weights, never other cores."""
-    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], draft={"first_core": 1},
-                         neuron={"self_test": False})
+    config = nxdi_config(
+        tiny_model_dirs["target"], tiny_model_dirs["draft"], draft={"first_core": 1}, neuron={"self_test": False}
+    )
     with pytest.raises(UsageError) as error:
         load(config)
     assert [p.field for p in error.value.problems] == ["draft.first_core"]
     assert nxdi.DEVICE_CALLS == []
 
 
-def test_prefill_runs_the_smallest_context_bucket_nxdi_builds_by_default(nxdi: Any, tiny_model_dirs: dict[str, Path]
-                                                                         ) -> None:
+def test_prefill_runs_the_smallest_context_bucket_nxdi_builds_by_default(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
     """Context encoding is bucketed as NxDI's own default would (autobucketing.generate_buckets(128, max context)):
     a 6-token prompt runs the 128 graph, not one padded to 256; decoding keeps one graph (n_positions)."""
     from neuronx_distributed_inference.modules.autobucketing import generate_buckets
 
     positions = {"n_positions": 256}
-    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], target=positions, draft=positions,
-                         neuron={"self_test": False})
+    config = nxdi_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        target=positions,
+        draft=positions,
+        neuron={"self_test": False},
+    )
     target, draft = load(config)
     for backend in (target, draft):
         assert backend.app.context_encoding_model.neuron_config.buckets == generate_buckets(128, 256) == [128, 256]
@@ -233,12 +256,21 @@ def test_our_bucket_defaults_and_graph_counts_are_nxdis(nxdi: Any, tiny_model_di
     assert all(default_buckets(128, n) == generate_buckets(128, n) for n in range(16, 5000, 7))
     positions = {"n_positions": 256}
     for engine in ("native", "fused"):
-        config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], target=positions, draft=positions,
-                             speculation={"engine": engine}, neuron={"nxdi": {"token_generation_buckets": [128, 256]}})
+        config = nxdi_config(
+            tiny_model_dirs["target"],
+            tiny_model_dirs["draft"],
+            target=positions,
+            draft=positions,
+            speculation={"engine": engine},
+            neuron={"nxdi": {"token_generation_buckets": [128, 256]}},
+        )
         plan = plan_deployment(config)
         models = NxdiModels(config, plan, prepare_nxdi(config, plan))
-        apps = ({"target": fused_application(models)[0]} if engine == "fused" else
-                {role: models.application(role, 4 if role == "target" else 0)[0] for role in ("target", "draft")})
+        apps = (
+            {"target": fused_application(models)[0]}
+            if engine == "fused"
+            else {role: models.application(role, 4 if role == "target" else 0)[0] for role in ("target", "draft")}
+        )
         for role, app in apps.items():
             assert sum(len(wrapper.neuron_config.buckets) for wrapper in app.models) == plan.models[role].graphs.total
         assert plan.models["target"].graphs.total == 4  # 2 context + 2 decoding buckets; fused: the draft inside
@@ -253,6 +285,7 @@ def test_nxdi_takes_every_argument_of_the_tutorial_config(nxdi: Any) -> None:
     api = load_nxdi("trn2")
     config = load_config(Path(__file__).parents[1] / "configs" / "nxdi-llama33-70b-trn2-tutorial.yaml")
     for role, k, fused in (("target", 7, True), ("draft", 0, False)):
-        built = api.neuron_config(api.neuron_config_kwargs(config, role, k, fused=fused, lnc=2),
-                                  {"do_sample": False, "top_k": 1})
+        built = api.neuron_config(
+            api.neuron_config_kwargs(config, role, k, fused=fused, lnc=2), {"do_sample": False, "top_k": 1}
+        )
         assert (built.mlp_kernel_enabled, built.cc_pipeline_tiling_factor, built.max_context_length) == (True, 1, 12288)

@@ -32,8 +32,14 @@ EOS_REQUEST = 2  # ends at an EOS: its batch-1 output's fifth token
 
 def fused_config(tiny_model_dirs: dict[str, Path], batch: int) -> Any:
     batches = {"batch_size": batch}
-    return nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], target=batches, draft=batches,
-                       speculation={"engine": "fused", "acceptor": "greedy", "k": K}, neuron={"self_test": False})
+    return nxdi_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"],
+        target=batches,
+        draft=batches,
+        speculation={"engine": "fused", "acceptor": "greedy", "k": K},
+        neuron={"self_test": False},
+    )
 
 
 def fused_target(tiny_model_dirs: dict[str, Path], batch: int) -> Any:
@@ -63,8 +69,9 @@ def serve(loop: NxdiFusedLoop, requests: list[RowRequest]) -> tuple[list[Row], l
 
 
 @pytest.mark.parametrize("batch", [2, 4])
-def test_rows_joining_and_leaving_decode_as_each_would_alone(nxdi: Any, tiny_model_dirs: dict[str, Path],
-                                                             batch: int) -> None:
+def test_rows_joining_and_leaving_decode_as_each_would_alone(
+    nxdi: Any, tiny_model_dirs: dict[str, Path], batch: int
+) -> None:
     alone = NxdiFusedEngine(fused_target(tiny_model_dirs, 1), K)
     prompts = [prompt(length, seed) for length, seed, _ in REQUESTS]
     full = [alone.generate(ids, 20).tokens for ids in prompts]  # batch 1; each budget's output is a prefix
@@ -77,8 +84,10 @@ def test_rows_joining_and_leaving_decode_as_each_would_alone(nxdi: Any, tiny_mod
     loop = NxdiFusedLoop(target, K)
     assert (loop.slots, loop.free_slots) == (batch, batch)
     streamed: list[list[int]] = [[] for _ in REQUESTS]
-    requests = [RowRequest(ids, budget, GREEDY, eos_token_ids=eos[i], on_tokens=streamed[i].extend)
-                for i, (ids, (_, _, budget)) in enumerate(zip(prompts, REQUESTS, strict=True))]
+    requests = [
+        RowRequest(ids, budget, GREEDY, eos_token_ids=eos[i], on_tokens=streamed[i].extend)
+        for i, (ids, (_, _, budget)) in enumerate(zip(prompts, REQUESTS, strict=True))
+    ]
     rows, joined_at, running = serve(loop, requests)
 
     assert [row.result().tokens for row in rows] == expected
@@ -98,8 +107,9 @@ def test_rows_joining_and_leaving_decode_as_each_would_alone(nxdi: Any, tiny_mod
     assert {len(c["seq_ids"]) for c in steps} >= {1, batch}  # NxDI padded the calls with fewer rows
 
 
-def test_a_failing_row_and_a_cancelled_row_leave_and_the_others_go_on(nxdi: Any, tiny_model_dirs: dict[str, Path]
-                                                                      ) -> None:
+def test_a_failing_row_and_a_cancelled_row_leave_and_the_others_go_on(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
     loop = NxdiFusedLoop(fused_target(tiny_model_dirs, 4), K)
     ids = [prompt(8, 11), prompt(6, 12), prompt(10, 13)]
     steps = 0
@@ -133,8 +143,9 @@ def fails_on_call(n: int) -> Any:
     return on_tokens
 
 
-def test_a_full_batch_refuses_another_row_and_a_sampled_request_is_refused(nxdi: Any, tiny_model_dirs: dict[str, Path]
-                                                                           ) -> None:
+def test_a_full_batch_refuses_another_row_and_a_sampled_request_is_refused(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
     target = fused_target(tiny_model_dirs, 2)
     calls = recorded_forward(target.model)
     loop = NxdiFusedLoop(target, K)
@@ -150,8 +161,9 @@ def test_a_full_batch_refuses_another_row_and_a_sampled_request_is_refused(nxdi:
         loop.join(RowRequest(prompt(6, 3), 8, GREEDY))
 
 
-def test_a_fused_target_over_several_rows_is_built_for_continuous_batching(nxdi: Any,
-                                                                          tiny_model_dirs: dict[str, Path]) -> None:
+def test_a_fused_target_over_several_rows_is_built_for_continuous_batching(
+    nxdi: Any, tiny_model_dirs: dict[str, Path]
+) -> None:
     """Prompts one at a time into their own cache line, decoding at the batch, for draft and target alike; batch 1
     builds what it built before (no continuous batching, so the compiled artifacts stay valid)."""
     from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
@@ -162,8 +174,12 @@ def test_a_fused_target_over_several_rows_is_built_for_continuous_batching(nxdi:
         app, spec = fused_application(NxdiModels(config, plan, prepare_nxdi(config, plan)))
         draft = app.config.fused_spec_config.draft_config.neuron_config
         for built in (app.neuron_config, draft):
-            assert (built.is_continuous_batching, built.ctx_batch_size, built.tkg_batch_size,
-                    built.kv_cache_batch_size) == (batch > 1, 1, batch, batch)
+            assert (
+                built.is_continuous_batching,
+                built.ctx_batch_size,
+                built.tkg_batch_size,
+                built.kv_cache_batch_size,
+            ) == (batch > 1, 1, batch, batch)
         assert app.context_encoding_model.neuron_config.batch_size == 1
         assert app.fused_spec_model.neuron_config.batch_size == batch
         assert ("is_continuous_batching" in spec.constructor) == (batch > 1)

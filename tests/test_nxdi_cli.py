@@ -29,15 +29,18 @@ def test_compile_keeps_the_draft_once_and_the_target_per_k(nxdi: Any, tiny_model
     out = tmp_path / "compiled"
     result = CliRunner().invoke(main, ["compile", str(path), "--k", "3,4", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output[result.output.index("{\n"):])
+    report = json.loads(result.output[result.output.index("{\n") :])
     rows = report["results"]
     assert report["estimate"] is None  # transformers-neuronx's bucket estimate does not apply to NxDI
     # one context-encoding bucket (128 positions) and one decoding graph each (topology/nxdi_graphs.py)
     assert report["graphs"] == {"target k=3": 2, "target k=4": 2, "draft (no speculation)": 2}
     assert [(r["role"], r["k"], r["reused"]) for r in rows] == [
-        ("target", [3], False), ("target", [4], False), ("draft", None, False)]
+        ("target", [3], False),
+        ("target", [4], False),
+        ("draft", None, False),
+    ]
     again = CliRunner().invoke(main, ["compile", str(path), "--k", "3,4", "--out", str(out), "--json"])
-    assert all(r["reused"] for r in json.loads(again.output[again.output.index("{\n"):])["results"])
+    assert all(r["reused"] for r in json.loads(again.output[again.output.index("{\n") :])["results"])
     compiles = [name for name, call, _ in nxdi.DEVICE_CALLS if call == "compile"]
     assert compiles == ["tiny-target", "tiny-target", "tiny-draft"]  # nothing compiled the second time
 
@@ -53,8 +56,10 @@ def test_doctor_self_test_on_nxdi(nxdi: Any, tiny_model_dirs, tmp_path) -> None:
 def test_doctor_reports_nxdi_its_sdk_and_dlami_venvs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     venv = tmp_path / "opt" / "aws_neuronx_venv_pytorch_2_9_nxd_inference"
     venv.mkdir(parents=True)
-    monkeypatch.setattr("neuron_ssp.backends.nxdi.env.NXDI_VENV_GLOB",
-                        str(tmp_path / "opt" / "aws_neuronx_venv_pytorch_*_nxd_inference"))
+    monkeypatch.setattr(
+        "neuron_ssp.backends.nxdi.env.NXDI_VENV_GLOB",
+        str(tmp_path / "opt" / "aws_neuronx_venv_pytorch_*_nxd_inference"),
+    )
     result = CliRunner().invoke(main, ["doctor", "--json", "--configs", str(tmp_path)])
     report = json.loads(result.output)["nxdi"]
     assert report["dlami_venvs"] == [str(venv)]
@@ -66,9 +71,16 @@ def test_doctor_reports_nxdi_its_sdk_and_dlami_venvs(tmp_path, monkeypatch: pyte
     assert f"DLAMI NxD Inference venv here: {venv}" in text
 
 
-@pytest.mark.parametrize(("version", "sdk", "trn1_inf2"), [
-    ("0.8.16251", "2.28", True), ("0.9.17334", "2.29", False), ("0.9.0+src", "2.29", False),
-    ("0.10.18399", "2.31", False), ("0.7.14366", None, None)])
+@pytest.mark.parametrize(
+    ("version", "sdk", "trn1_inf2"),
+    [
+        ("0.8.16251", "2.28", True),
+        ("0.9.17334", "2.29", False),
+        ("0.9.0+src", "2.29", False),
+        ("0.10.18399", "2.31", False),
+        ("0.7.14366", None, None),
+    ],
+)
 def test_sdk_of_each_nxdi_release(version: str, sdk: str | None, trn1_inf2: bool | None) -> None:
     from neuron_ssp.backends.nxdi.env import NxdiInstall
 

@@ -41,8 +41,9 @@ PARAMS = SamplingParams(SAMPLING.temperature, SAMPLING.top_k, SAMPLING.top_p)
 def load(tiny_model_dirs: dict[str, Path]) -> tuple[Any, Any]:
     from neuron_ssp.backends.nxdi.load import load_nxdi_backends
 
-    config = nxdi_config(tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"k": K},
-                         neuron={"self_test": False})
+    config = nxdi_config(
+        tiny_model_dirs["target"], tiny_model_dirs["draft"], speculation={"k": K}, neuron={"self_test": False}
+    )
     return load_nxdi_backends(config, plan_deployment(config))
 
 
@@ -58,8 +59,9 @@ def exact_pairs(target: Any, ids: torch.Tensor) -> torch.Tensor:
 
 def sampled_pairs(target: Any, draft: Any, ids: torch.Tensor, acceptor_cls: type) -> tuple[torch.Tensor, float]:
     rng = torch.Generator()
-    generator = SpeculativeGenerator(target, ModelDrafter(draft, PARAMS, rng), acceptor_cls(PARAMS, rng),
-                                     FixedPolicy(K), SAMPLING, K, rng)
+    generator = SpeculativeGenerator(
+        target, ModelDrafter(draft, PARAMS, rng), acceptor_cls(PARAMS, rng), FixedPolicy(K), SAMPLING, K, rng
+    )
     rows, accepted, drafted = [], 0, 0
     for seed in range(SAMPLES):
         generator.sampling = SAMPLING.model_copy(update={"seed": seed})
@@ -75,8 +77,10 @@ def p_values(target: Any, draft: Any, acceptor_cls: type) -> tuple[dict[str, flo
     tokens, acceptance = sampled_pairs(target, draft, ids, acceptor_cls)
     second = torch.bincount(tokens[:, 1], minlength=VOCAB).double()
     pair = torch.bincount(tokens[:, 0] * VOCAB + tokens[:, 1], minlength=VOCAB * VOCAB).double()
-    return {"token 2": chi_square_p_value(second, exact.sum(0)),
-            "tokens 1,2": chi_square_p_value(pair, exact.flatten())}, acceptance
+    return {
+        "token 2": chi_square_p_value(second, exact.sum(0)),
+        "tokens 1,2": chi_square_p_value(pair, exact.flatten()),
+    }, acceptance
 
 
 def test_speculative_sampling_on_nxdi_follows_the_target_distribution(

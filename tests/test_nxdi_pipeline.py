@@ -30,7 +30,7 @@ def hf_greedy(model_dir: Path, ids: torch.Tensor, n: int, eos: int | None = None
     with torch.inference_mode():
         while len(tokens) < ids.shape[0] + n and (eos is None or tokens[-1] != eos or len(tokens) == ids.shape[0]):
             tokens.append(int(model(input_ids=torch.tensor([tokens])).logits[0, -1].argmax()))
-    return tokens[ids.shape[0]:]
+    return tokens[ids.shape[0] :]
 
 
 def test_native_engine_through_the_pipeline_equals_plain_greedy(nxdi: Any, tiny_model_dirs, tmp_path) -> None:
@@ -44,12 +44,17 @@ def test_native_engine_through_the_pipeline_equals_plain_greedy(nxdi: Any, tiny_
 
 
 @pytest.mark.parametrize("draft_role", ["draft", "target"])
-def test_fused_speculation_runs_nxdis_graph_and_equals_plain_greedy(nxdi: Any, tiny_model_dirs, tmp_path,
-                                                                    draft_role: str) -> None:
+def test_fused_speculation_runs_nxdis_graph_and_equals_plain_greedy(
+    nxdi: Any, tiny_model_dirs, tmp_path, draft_role: str
+) -> None:
     """NxDI's NeuronFusedSpecModel on CPU: a different draft accepts little, the target as its own draft all."""
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = nxdi_config(target, tiny_model_dirs[draft_role], generation={"chat_template": False},
-                         speculation={"engine": "fused", "acceptor": "greedy"})
+    config = nxdi_config(
+        target,
+        tiny_model_dirs[draft_role],
+        generation={"chat_template": False},
+        speculation={"engine": "fused", "acceptor": "greedy"},
+    )
     from nxdi_support import stubs
 
     fused = load_pipeline(config)
@@ -77,8 +82,12 @@ def test_tune_k_loads_one_nxdi_target_per_k_and_prices_padded_windows(nxdi: Any,
     from neuron_ssp.tools.tune_k import tune_k
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = nxdi_config(target, tiny_model_dirs["draft"], generation={"chat_template": False, "max_new_tokens": 8},
-                         neuron={"compiled_dir": str(tmp_path / "compiled"), "self_test": False})
+    config = nxdi_config(
+        target,
+        tiny_model_dirs["draft"],
+        generation={"chat_template": False, "max_new_tokens": 8},
+        neuron={"compiled_dir": str(tmp_path / "compiled"), "self_test": False},
+    )
     result = tune_k(compiled_target_groups(config, [2, 3]), [BenchPrompt("copy", TEXT)], 8)
     assert [row.k for row in result.rows] == [2, 3]
     compiled = [name for name, call, _ in nxdi.DEVICE_CALLS if call == "compile"]
@@ -129,8 +138,9 @@ def test_a_window_that_scores_differently_fails_the_nxdi_self_test(nxdi: Any, ti
     assert "neuronx-distributed-inference" in problem.fix
 
 
-def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_loop(nxdi: Any, tiny_model_dirs,
-                                                                                     tmp_path) -> None:
+def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_loop(
+    nxdi: Any, tiny_model_dirs, tmp_path
+) -> None:
     """engine fused on NxDI at batch_size 2: the pipeline batches, its loop is the engine's own (two loops would
     share cache line 0), two requests run at once and each equals its run alone; logprobs are refused."""
     from neuron_ssp.config import SamplingConfig
@@ -138,9 +148,14 @@ def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_l
     from neuron_ssp.pipeline.build import RowCallbacks
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
-    config = nxdi_config(target, tiny_model_dirs["draft"], generation={"chat_template": False},
-                         speculation={"engine": "fused", "acceptor": "greedy"},
-                         target={"batch_size": 2}, draft={"batch_size": 2})
+    config = nxdi_config(
+        target,
+        tiny_model_dirs["draft"],
+        generation={"chat_template": False},
+        speculation={"engine": "fused", "acceptor": "greedy"},
+        target={"batch_size": 2},
+        draft={"batch_size": 2},
+    )
     pipeline = load_pipeline(config)
     assert pipeline.batches and not pipeline.scores_tokens
     loop = pipeline.batch_loop()

@@ -26,7 +26,7 @@ def docs_table() -> dict[str, list[str]]:
     lines = DOCS.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(TABLE_HEADER))
     rows = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = [cell.strip().strip("`") for cell in line.strip("|").split("|")]
@@ -35,8 +35,10 @@ def docs_table() -> dict[str, list[str]]:
 
 
 def test_the_docs_table_is_the_codes_table() -> None:
-    expected = {family: [r.sdk, r.nxdi, r.nxd, r.torch_neuronx, r.neuronx_cc, r.venv, r.dlc]
-                for family, r in NXDI_BY_FAMILY.items()}
+    expected = {
+        family: [r.sdk, r.nxdi, r.nxd, r.torch_neuronx, r.neuronx_cc, r.venv, r.dlc]
+        for family, r in NXDI_BY_FAMILY.items()
+    }
     assert docs_table() == expected
 
 

@@ -20,8 +20,12 @@ from neuron_ssp.topology.parallelism import heads_on_device, nxdi_heads_on_devic
 from neuron_ssp.topology.published_runs import TRN2_LLAMA_33_70B
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-NXDI_CONFIGS = ["nxdi-llama31-70b-8b-trn1-bf16.yaml", "nxdi-llama31-70b-8b-inf2-bf16.yaml",
-                "nxdi-llama33-70b-32-1b-trn2-bf16.yaml", "nxdi-llama33-70b-trn2-tutorial.yaml"]
+NXDI_CONFIGS = [
+    "nxdi-llama31-70b-8b-trn1-bf16.yaml",
+    "nxdi-llama31-70b-8b-inf2-bf16.yaml",
+    "nxdi-llama33-70b-32-1b-trn2-bf16.yaml",
+    "nxdi-llama33-70b-trn2-tutorial.yaml",
+]
 
 
 def nxdi_pair(**kwargs: object) -> dict:
@@ -42,8 +46,9 @@ def test_trn2_plan_has_64_logical_cores_and_tp_64() -> None:
     plan = plan_deployment(config)
     assert plan.instance.neuron_cores == 64 and plan.recommended_tp == 64
     assert plan.visible_cores == "0-63" and plan.library == "nxdi"
-    result = CliRunner().invoke(main, ["plan", str(CONFIGS / "nxdi-llama33-70b-32-1b-trn2-bf16.yaml")],
-                                env={"COLUMNS": "100"})
+    result = CliRunner().invoke(
+        main, ["plan", str(CONFIGS / "nxdi-llama33-70b-32-1b-trn2-bf16.yaml")], env={"COLUMNS": "100"}
+    )
     assert "64 logical NeuronCores (LNC=2)" in result.output and "as nxdi places them" in result.output
 
 
@@ -55,14 +60,17 @@ def test_all_instances_gains_trn2_with_nxdi_and_says_why_not_with_transformers_n
     assert "set neuron.library: nxdi" in tnx["trn2.48xlarge"].refusal
 
 
-@pytest.mark.parametrize(("heads", "kv", "tp", "nxdi", "tnx"), [
-    (64, 8, 32, (64, 32), (64, 32)),  # REPLICATE_TO_TP_DEGREE
-    (64, 8, 24, (72, 24), (72, 24)),  # 24 % 8 == 0: replicated to tp, query heads padded to 72
-    (9, 3, 4, (12, 12), (12, 4)),  # SmolLM2 at tp 4: 4 % 3 != 0, NxDI converts to MHA; transformers-neuronx pads
-    (64, 8, 12, (72, 72), (72, 72)),  # 12 % 8 != 0: CONVERT_TO_MHA
-    (64, 8, 4, (64, 8), (64, 8)),  # kv heads split over tp
-    (32, 32, 24, (48, 48), (48, 48)),  # MHA: padded alike
-])
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "nxdi", "tnx"),
+    [
+        (64, 8, 32, (64, 32), (64, 32)),  # REPLICATE_TO_TP_DEGREE
+        (64, 8, 24, (72, 24), (72, 24)),  # 24 % 8 == 0: replicated to tp, query heads padded to 72
+        (9, 3, 4, (12, 12), (12, 4)),  # SmolLM2 at tp 4: 4 % 3 != 0, NxDI converts to MHA; transformers-neuronx pads
+        (64, 8, 12, (72, 72), (72, 72)),  # 12 % 8 != 0: CONVERT_TO_MHA
+        (64, 8, 4, (64, 8), (64, 8)),  # kv heads split over tp
+        (32, 32, 24, (48, 48), (48, 48)),  # MHA: padded alike
+    ],
+)
 def test_nxdi_shards_gqa_heads_by_its_own_rule(heads: int, kv: int, tp: int, nxdi: tuple, tnx: tuple) -> None:
     assert nxdi_heads_on_device(heads, kv, tp) == nxdi
     assert heads_on_device(heads, kv, tp) == tnx
@@ -101,8 +109,12 @@ def test_engine_library_is_refused_on_nxdi() -> None:
 
 
 def test_nxdi_fused_refuses_what_its_graph_cannot_do() -> None:
-    data = merged(nxdi_pair(), speculation={"engine": "fused", "acceptor": "typical", "policy": "adaptive"},
-                  sampling={"temperature": 0.7}, draft={"tp_degree": 16, "first_core": 16})
+    data = merged(
+        nxdi_pair(),
+        speculation={"engine": "fused", "acceptor": "typical", "policy": "adaptive"},
+        sampling={"temperature": 0.7},
+        draft={"tp_degree": 16, "first_core": 16},
+    )
     fields = {p.field for p in validate_config(config_from_dict(data)).errors}
     assert {"speculation.acceptor", "speculation.policy", "sampling.temperature", "draft.first_core"} <= fields
     ok = merged(nxdi_pair(), speculation={"engine": "fused", "acceptor": "greedy", "k": 12}, draft={"tp_degree": 16})
@@ -132,8 +144,9 @@ def test_nxdi_loads_every_model_of_the_process_from_the_first_visible_core() -> 
 def test_nxdi_fused_needs_the_draft_at_the_targets_n_positions(draft_positions: int) -> None:
     """The draft's KV cache is sized by its own max length (kv_cache_manager.py:197) but fed the target's bucket
     mask (model_base.py:1832): any other n_positions breaks the fused graph."""
-    data = merged(nxdi_pair(), speculation={"engine": "fused", "acceptor": "greedy"},
-                  draft={"n_positions": draft_positions})
+    data = merged(
+        nxdi_pair(), speculation={"engine": "fused", "acceptor": "greedy"}, draft={"n_positions": draft_positions}
+    )
     errors = validate_config(config_from_dict(data)).errors
     assert [(p.field, p.value) for p in errors] == [("draft.n_positions", draft_positions)]
     assert errors[0].fix == "set draft.n_positions: 2048"
@@ -162,9 +175,18 @@ def test_our_trn2_config_says_where_it_differs_from_the_published_run() -> None:
     assert "measured by AWS for its setup, which this config is not: it differs in speculation.engine" in text
 
 
-@pytest.mark.parametrize(("largest", "buckets"), [
-    (64, [64]), (100, [100]), (128, [128]), (200, [128, 200]), (2048, [128, 256, 512, 1024, 2048]),
-    (2500, [128, 256, 512, 1024, 2500]), (3000, [128, 256, 512, 1024, 2048, 3000])])
+@pytest.mark.parametrize(
+    ("largest", "buckets"),
+    [
+        (64, [64]),
+        (100, [100]),
+        (128, [128]),
+        (200, [128, 200]),
+        (2048, [128, 256, 512, 1024, 2048]),
+        (2500, [128, 256, 512, 1024, 2500]),
+        (3000, [128, 256, 512, 1024, 2048, 3000]),
+    ],
+)
 def test_default_context_buckets_are_nxdis_generate_buckets(largest: int, buckets: list[int]) -> None:
     """autobucketing.generate_buckets(128, n) at 4bcdc54b (held against the real one in test_nxdi_backend.py)."""
     assert default_buckets(128, largest) == buckets
@@ -183,30 +205,39 @@ def test_plan_counts_the_graphs_nxdi_compiles() -> None:
 
 
 def test_nxdi_buckets_must_end_where_each_model_does() -> None:
-    data = merged(nxdi_pair(), neuron={"library": "nxdi", "nxdi": {"context_encoding_buckets": [512, 2048],
-                                                                    "token_generation_buckets": [1024, 4096]}})
+    data = merged(
+        nxdi_pair(),
+        neuron={
+            "library": "nxdi",
+            "nxdi": {"context_encoding_buckets": [512, 2048], "token_generation_buckets": [1024, 4096]},
+        },
+    )
     errors = {p.field: p for p in validate_config(config_from_dict(data)).errors}
     assert set(errors) == {"neuron.nxdi.context_encoding_buckets", "neuron.nxdi.token_generation_buckets"}
     assert "target 1024, draft 1024" in errors["neuron.nxdi.context_encoding_buckets"].rule
     assert errors["neuron.nxdi.context_encoding_buckets"].fix.startswith(
-        "set neuron.nxdi.context_encoding_buckets: [512, 1024]")
+        "set neuron.nxdi.context_encoding_buckets: [512, 1024]"
+    )
     assert errors["neuron.nxdi.token_generation_buckets"].fix.startswith(
-        "set neuron.nxdi.token_generation_buckets: [1024, 2048]")
+        "set neuron.nxdi.token_generation_buckets: [1024, 2048]"
+    )
 
 
 def test_nxdi_settings_are_refused_under_transformers_neuronx_and_misordered_buckets_in_the_schema() -> None:
     report = validate_config(config_from_dict(merged(neuron_pair(), neuron={"nxdi": {"fused_qkv": True}})))
     assert [(p.field, p.value) for p in report.errors] == [("neuron.nxdi", {"fused_qkv": True})]
     with pytest.raises(UsageError) as error:
-        config_from_dict(merged(nxdi_pair(), neuron={"library": "nxdi",
-                                                     "nxdi": {"context_encoding_buckets": [1024, 512]}}))
+        config_from_dict(
+            merged(nxdi_pair(), neuron={"library": "nxdi", "nxdi": {"context_encoding_buckets": [1024, 512]}})
+        )
     (problem,) = error.value.problems
     assert problem.field == "neuron.nxdi.context_encoding_buckets" and "[512, 1024]" in problem.fix
 
 
 def test_nxdi_kernels_with_short_buckets_warn_of_the_tutorials_known_issue() -> None:
-    data = merged(nxdi_pair(instance="trn2.48xlarge", tp=64),
-                  neuron={"library": "nxdi", "nxdi": {"attn_kernel_enabled": True}})
+    data = merged(
+        nxdi_pair(instance="trn2.48xlarge", tp=64), neuron={"library": "nxdi", "nxdi": {"attn_kernel_enabled": True}}
+    )
     (warning,) = [w for w in validate_config(config_from_dict(data)).warnings if w.field.startswith("neuron.nxdi")]
     assert warning.field == "neuron.nxdi.attn_kernel_enabled" and "128, 256, 512, 1024" in warning.rule
     assert not [w for w in validate_config(load_config(TUTORIAL)).warnings if w.field.startswith("neuron.nxdi")]

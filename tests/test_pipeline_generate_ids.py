@@ -64,8 +64,9 @@ def test_a_sampled_requests_seed_reproduces_it_whatever_earlier_requests_taught_
     """Which drafted tokens the cost policy keeps no longer decides which random numbers are drawn: a seeded
     request gives plain sampling's tokens whatever the counts say."""
     cheap_wide_calls = WidthCost({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15})  # not this machine's timing: deterministic
-    config = load_config(None, {"speculation.policy": "cost", "speculation.k": 4, "speculation.drafter": "model",
-                                "draft.path": "tiny"})  # a draft model proposes at every step
+    config = load_config(
+        None, {"speculation.policy": "cost", "speculation.k": 4, "speculation.drafter": "model", "draft.path": "tiny"}
+    )  # a draft model proposes at every step
     target, draft = backend(tiny_llama(0)), backend(tiny_llama(1))
     shared = Shared(cheap_wide_calls, build_drafter(config, target, draft, torch.Generator()))
     pipeline = Pipeline(config, None, target, draft, build_generator(config, target, draft, shared), set(), shared)
@@ -137,15 +138,16 @@ def test_on_logits_reports_the_target_rows_that_chose_each_committed_token():
     assert logits.shape[0] == len(tokens) == 15
     assert logits.argmax(-1).tolist() == tokens  # greedy: each token is its row's argmax
     plain = tiny_llama(0)(torch.cat([PROMPT, torch.tensor(tokens)]).view(1, -1)).logits[0]
-    expected = plain[len(PROMPT) - 1: len(PROMPT) - 1 + len(tokens)]
+    expected = plain[len(PROMPT) - 1 : len(PROMPT) - 1 + len(tokens)]
     assert torch.allclose(logits, expected, atol=1e-4)
 
 
 def test_origins_and_cancel_reach_the_caller():
     pipeline = tiny_pipeline()
     steps: list[tuple[list[int], int | None, int]] = []
-    result = pipeline.generate_ids(PROMPT, 30, on_commit=lambda t, a, d: steps.append((t, a, d)),
-                                   should_stop=lambda: len(steps) >= 3)
+    result = pipeline.generate_ids(
+        PROMPT, 30, on_commit=lambda t, a, d: steps.append((t, a, d)), should_stop=lambda: len(steps) >= 3
+    )
     assert len(steps) == 3 and [t for s in steps for t in s[0]] == result.tokens
 
 
@@ -157,8 +159,10 @@ def test_drafter_none_is_plain_decoding_through_the_same_loop(policy):
         result = pipeline.generate_ids(PROMPT, 16, sampling)
         assert result.tokens == plain_generate(pipeline.target, PROMPT, 16, sampling).tokens
         assert result.stats.draft_tokens == 0 and result.stats.target_calls == 15
-    assert pipeline.generator.generate(PROMPT, 16).tokens == plain_generate(pipeline.target, PROMPT, 16,
-                                                                              pipeline.config.sampling).tokens
+    assert (
+        pipeline.generator.generate(PROMPT, 16).tokens
+        == plain_generate(pipeline.target, PROMPT, 16, pipeline.config.sampling).tokens
+    )
 
 
 def test_a_seed_reproduces_its_text_while_the_suffix_history_grows():

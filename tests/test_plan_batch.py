@@ -41,8 +41,10 @@ def test_memory_per_batch_is_the_formula_by_hand() -> None:
     for row in plan.per_batch:
         b = row.batch
         assert row.kv_bytes_per_core == {"target": b * TARGET_KV_PER_ROW, "draft": b * DRAFT_KV_PER_ROW}
-        assert row.bytes_per_core == {"target": TARGET_WEIGHTS + b * TARGET_KV_PER_ROW,
-                                      "draft": DRAFT_WEIGHTS + b * DRAFT_KV_PER_ROW}
+        assert row.bytes_per_core == {
+            "target": TARGET_WEIGHTS + b * TARGET_KV_PER_ROW,
+            "draft": DRAFT_WEIGHTS + b * DRAFT_KV_PER_ROW,
+        }
         # draft and target share cores 0-31: the busiest core holds both
         assert row.busiest_core_bytes == TARGET_WEIGHTS + DRAFT_WEIGHTS + b * (TARGET_KV_PER_ROW + DRAFT_KV_PER_ROW)
         assert row.fits
@@ -94,8 +96,12 @@ def test_plan_prints_memory_and_tokens_per_batch() -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["plan", str(TNX_BATCH4), "--engine", "native"], env={"COLUMNS": "100"})
     assert result.exit_code == 0, result.output
-    for text in ("per batch (KV cache x batch; weights once)", "largest batch that fits at tp 32: 65",
-                 "projection per batch: engine native", "assumed: a decoding call is memory-bound"):
+    for text in (
+        "per batch (KV cache x batch; weights once)",
+        "largest batch that fits at tp 32: 65",
+        "projection per batch: engine native",
+        "assumed: a decoding call is memory-bound",
+    ):
         assert text in result.output
     result = runner.invoke(main, ["plan", str(TNX_BATCH4), "--batch-sizes", "8,1", "--engine", "native", "--json"])
     data = json.loads(result.output)

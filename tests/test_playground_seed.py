@@ -29,8 +29,9 @@ globalThis.document = {getElementById: (id) => elements[id] ??= {
 def run_page(seed: str, then: str) -> str:
     page = resources.files("neuron_ssp.serve").joinpath("static/playground.html").read_text()
     script = re.search(r"<script>(.*)</script>", page, re.S).group(1)
-    out = subprocess.run([NODE, "-e", STUB % json.dumps(seed) + script + then], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        [NODE, "-e", STUB % json.dumps(seed) + script + then], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -49,8 +50,9 @@ def test_no_seed_typed_sends_none_and_a_malformed_one_is_refused_before_sending(
 
 
 def test_the_seed_the_server_used_is_read_exactly_from_the_chunk():
-    chunk = json.dumps({"choices": [{"delta": {"content": '"seed": 1'}}],
-                        "speculative": {"tokens": [], "seed": 9223372036854775807}})
+    chunk = json.dumps(
+        {"choices": [{"delta": {"content": '"seed": 1'}}], "speculative": {"tokens": [], "seed": 9223372036854775807}}
+    )
     assert run_page("", f"console.log(seedUsed({json.dumps(chunk)}));") == "9223372036854775807"
     greedy = json.dumps({"speculative": {"tokens": [], "seed": None}})
     assert run_page("", f"console.log(seedUsed({json.dumps(greedy)}));") == "null"

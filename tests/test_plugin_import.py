@@ -15,7 +15,7 @@ from neuron_ssp.speculation.sampling import SamplingParams
 
 CLI = Path(sys.executable).parent / "neuron-ssp"  # the console script installed next to this Python
 
-PLUGIN = '''
+PLUGIN = """
 from pathlib import Path
 from neuron_ssp.speculation.acceptors import GreedyAcceptor
 
@@ -24,7 +24,7 @@ Path("imported.txt").write_text("my_acceptors imported")
 
 class StrictAcceptor(GreedyAcceptor):
     pass
-'''
+"""
 
 
 def test_console_script_imports_a_plugin_from_the_working_directory(tmp_path: Path) -> None:
@@ -36,8 +36,14 @@ def test_console_script_imports_a_plugin_from_the_working_directory(tmp_path: Pa
     (tmp_path / "c.yaml").write_text(f"target:\n  path: {tmp_path / 'missing-model'}\n")
     env = {**os.environ, "COLUMNS": "200"}
     env.pop("PYTHONSAFEPATH", None)
-    result = subprocess.run([str(CLI), "generate", "--config", "c.yaml", "--acceptor", "my_acceptors:StrictAcceptor",
-                             "hi"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [str(CLI), "generate", "--config", "c.yaml", "--acceptor", "my_acceptors:StrictAcceptor", "hi"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     output = result.stdout + result.stderr
     assert (tmp_path / "imported.txt").is_file(), output
     assert "speculation.acceptor" not in output, output

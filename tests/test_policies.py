@@ -218,7 +218,8 @@ def test_the_target_is_timed_per_width_a_batch_per_row_count_and_a_padded_target
     cost = target_cost(batch, 9, max_rows=40)
     assert {n for start, n in batch.calls if start > 0} == {1, 2, 4, 8, 9, 16, 32, 40}
     assert sorted(cost.ms)[-3:] == [16, 32, 40] and cost.at(20) == pytest.approx(
-        cost.at(16) + (cost.at(32) - cost.at(16)) / 4)  # row counts between the timed ones: on the line
+        cost.at(16) + (cost.at(32) - cost.at(16)) / 4
+    )  # row counts between the timed ones: on the line
     padded = PaddedTable(K)
     cost = target_cost(padded, K, max_rows=4 * K)
     assert set(padded.scored_widths) == {1, K} and cost.at(2) == cost.at(K)  # flat from 2 to the compiled k

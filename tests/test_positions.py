@@ -27,8 +27,15 @@ def generator(target, draft, k, policy=None, temperature=1.0):
     sampling = SamplingConfig(temperature=temperature, seed=3)
     rng = torch.Generator()
     params = sampling_params(sampling)
-    return SpeculativeGenerator(target, ModelDrafter(draft, params, rng), build_acceptor("probabilistic", params, rng),
-                                policy or FixedPolicy(k), sampling, k, rng)
+    return SpeculativeGenerator(
+        target,
+        ModelDrafter(draft, params, rng),
+        build_acceptor("probabilistic", params, rng),
+        policy or FixedPolicy(k),
+        sampling,
+        k,
+        rng,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 4, 7])
@@ -40,8 +47,11 @@ def test_the_highest_slot_written_is_p_plus_n_minus_2(k, new, policy):
     for noise in (0.3, 3.0):
         target = TableBackend(VOCAB, 0, sharpness=3.0, flat_share=0.3)
         draft = target.perturbed(noise, seed=1)
-        chosen = {"fixed": FixedPolicy(k), "adaptive": AdaptivePolicy(k, 2),
-                  "target-confidence": TargetConfidencePolicy(k, 0.5)}[policy]
+        chosen = {
+            "fixed": FixedPolicy(k),
+            "adaptive": AdaptivePolicy(k, 2),
+            "target-confidence": TargetConfidencePolicy(k, 0.5),
+        }[policy]
         result = generator(target, draft, k, chosen).generate(PROMPT, new)
         assert len(result.tokens) == new
         assert target.highest_slot == P + new - 2  # the prompt alone (P - 1) when new == 1
@@ -54,8 +64,7 @@ def test_exactly_the_needed_positions_are_enough_and_one_less_is_refused(new):
     needed = target_slots(P, new)
     result = generator(TableBackend(VOCAB, 0, n_positions=needed), TableBackend(VOCAB, 1), 4).generate(PROMPT, new)
     assert len(result.tokens) == new  # a TableBackend of `needed` slots fails on any write past them
-    assert len(plain_generate(TableBackend(VOCAB, 0, n_positions=needed), PROMPT, new,
-                              SamplingConfig()).tokens) == new
+    assert len(plain_generate(TableBackend(VOCAB, 0, n_positions=needed), PROMPT, new, SamplingConfig()).tokens) == new
     short = TableBackend(VOCAB, 0, n_positions=needed - 1)
     with pytest.raises(UsageError) as err:
         generator(short, TableBackend(VOCAB, 1), 4).generate(PROMPT, new)
@@ -77,12 +86,14 @@ def test_the_draft_models_room_is_checked_before_any_call():
 
 
 def _validate(target_positions: int, draft_positions: int, engine: str = "native") -> set[str]:
-    config = config_from_dict({
-        "target": {"path": "/models/t", "n_positions": target_positions},
-        "draft": {"path": "/models/d", "n_positions": draft_positions},
-        "speculation": {"k": 5, "drafter": "model", "engine": engine},
-        "generation": {"max_prompt_tokens": 100, "max_new_tokens": 50},
-    })
+    config = config_from_dict(
+        {
+            "target": {"path": "/models/t", "n_positions": target_positions},
+            "draft": {"path": "/models/d", "n_positions": draft_positions},
+            "speculation": {"k": 5, "drafter": "model", "engine": engine},
+            "generation": {"max_prompt_tokens": 100, "max_new_tokens": 50},
+        }
+    )
     return {p.field for p in validate_config(config).errors}
 
 

@@ -30,7 +30,7 @@ def test_products_match_float64_for_any_shape_and_row_count(out_features, in_fea
     for rows in (1, 2, 7, 8, 9, 17, 64):
         x = torch.randn(rows, in_features)
         exact = F.linear(x.double(), weight.double())
-        torch.testing.assert_close(KERNEL.linear(x, panels).double(), exact, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
+        torch.testing.assert_close(KERNEL.linear(x, panels).double(), exact, atol=1e-5 * in_features**0.5, rtol=1e-5)
 
 
 @needs_kernel
@@ -40,7 +40,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_thread_count
     panels = KERNEL.pack(weight)
     together = KERNEL.linear(x, panels)
     for row in (0, 7, 8, 15):
-        assert torch.equal(KERNEL.linear(x[row:row + 1], panels), together[row:row + 1])
+        assert torch.equal(KERNEL.linear(x[row : row + 1], panels), together[row : row + 1])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -50,22 +50,37 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it_or_the_thread_count
 
 
 @needs_kernel
-@pytest.mark.parametrize("model", [tiny_llama(0), rope_llama({"rope_type": "llama3", "factor": 8.0,
-                                                               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                               "original_max_position_embeddings": 64})],
-                         ids=["mha-head_dim-8", "gqa-llama3-rope"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        tiny_llama(0),
+        rope_llama(
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+    ],
+    ids=["mha-head_dim-8", "gqa-llama3-rope"],
+)
 @pytest.mark.parametrize("prompt_len", [12, 75])  # 75: the window's slots span several vectors of the softmax
 def test_the_layer_kernel_matches_hugging_face_and_a_wide_call_equals_one_token_calls(model, prompt_len):
     prompt = torch.tensor([1, 5, 7, 9, 5, 7, 11, 13, 5, 7, 3, 2] * 7)[:prompt_len]
-    ours, reference, stepwise = (TorchBackend(model, 512, pack=True), TorchBackend(model, 512, forward="hf"),
-                                 TorchBackend(model, 512, pack=True))
+    ours, reference, stepwise = (
+        TorchBackend(model, 512, pack=True),
+        TorchBackend(model, 512, forward="hf"),
+        TorchBackend(model, 512, pack=True),
+    )
     assert ours._forward.w.layout == "row kernel" and ours._forward._kernel is not None
     torch.testing.assert_close(ours.prefill(prompt), reference.prefill(prompt), atol=1e-4, rtol=1e-4)
     stepwise.prefill(prompt)
     window = torch.tensor([4, 8, 15, 16, 23, 42])
     wide = ours.score(window, len(prompt))
     torch.testing.assert_close(wide, reference.score(window, len(prompt)), atol=1e-4, rtol=1e-4)
-    one_by_one = torch.cat([stepwise.score(window[i:i + 1], len(prompt) + i) for i in range(len(window))])
+    one_by_one = torch.cat([stepwise.score(window[i : i + 1], len(prompt) + i) for i in range(len(window))])
     assert torch.equal(wide, one_by_one)
 
 
@@ -145,10 +160,12 @@ def test_positions_and_slots_past_the_cache_are_refused_before_the_c_code_could_
     matrices, norms, (keys, values) = forward._kernel_layers[0]
     one_row = torch.zeros(1, forward._shape.hidden)
     with pytest.raises(ValueError, match="dense"):  # keys whose rows are shorter than the cache
-        KERNEL.layer(one_row, Spans.of([(0, 0, 1)]), matrices, norms, (keys[..., :8], values), forward._rotary,
-                     forward._shape)
+        KERNEL.layer(
+            one_row, Spans.of([(0, 0, 1)]), matrices, norms, (keys[..., :8], values), forward._rotary, forward._shape
+        )
     with pytest.raises(IndexError, match="cache slot 2 is outside the cache's 2"):
         KERNEL.layer(one_row, Spans.of([(2, 0, 1)]), matrices, norms, (keys, values), forward._rotary, forward._shape)
     with pytest.raises(ValueError, match="1 rows for segments of 2"):
-        KERNEL.layer(one_row, Spans.of([(0, 0, 1), (1, 0, 1)]), matrices, norms, (keys, values), forward._rotary,
-                     forward._shape)
+        KERNEL.layer(
+            one_row, Spans.of([(0, 0, 1), (1, 0, 1)]), matrices, norms, (keys, values), forward._rotary, forward._shape
+        )

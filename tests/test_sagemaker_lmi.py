@@ -78,8 +78,19 @@ def test_render_lmi_serving_properties(config_path: Path) -> None:
 
 def test_render_env_form_and_model_root() -> None:
     result = CliRunner().invoke(
-        main, ["deploy", "endpoint", "render", str(NEURON_CONFIGS[0]), "--engine", "lmi", "--format", "env",
-               "--model-root", "/models"]
+        main,
+        [
+            "deploy",
+            "endpoint",
+            "render",
+            str(NEURON_CONFIGS[0]),
+            "--engine",
+            "lmi",
+            "--format",
+            "env",
+            "--model-root",
+            "/models",
+        ],
     )
     assert result.exit_code == 0, result.output
     env = dict(line.split("=", 1) for line in result.stdout.splitlines())  # notes go to stderr

@@ -67,10 +67,15 @@ def test_a_route_that_is_not_post_is_refused_before_anything_is_signed_or_sent()
     import pytest
 
     sent: list[httpx.Request] = []
-    session = boto3.session.Session(aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret",
-                                    region_name="us-east-1")
-    client = sagemaker_openai_client("my-endpoint", "us-east-1", session,
-                                     transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200)))
+    session = boto3.session.Session(
+        aws_access_key_id="AKIDEXAMPLE", aws_secret_access_key="secret", region_name="us-east-1"
+    )
+    client = sagemaker_openai_client(
+        "my-endpoint",
+        "us-east-1",
+        session,
+        transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200)),
+    )
     with pytest.raises(ValueError, match="GET /models: a SageMaker endpoint takes only POST"):
         client.models.list()
     assert sent == []

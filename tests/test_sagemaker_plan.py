@@ -194,11 +194,35 @@ def test_a_batch_four_config_scales_from_four_requests_at_once(no_aws: None) -> 
 
 def test_a_concurrency_target_the_container_cannot_hold_is_refused(no_aws: None) -> None:
     """Past serving batch + serve.max_queue requests the container answers 503: its concurrency never reaches 30."""
-    code, out = create(str(INF2_CONFIG), "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN, "--min", "1", "--max",
-                       "2", "--target-value", "30", "--dry-run")
+    code, out = create(
+        str(INF2_CONFIG),
+        "--model-s3",
+        MODEL_S3,
+        "--role-arn",
+        ROLE_ARN,
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--target-value",
+        "30",
+        "--dry-run",
+    )
     assert code == 2 and "--target-value" in out and "at most 17 requests" in out, out
-    code, out = create(str(INF2_CONFIG), "--model-s3", MODEL_S3, "--role-arn", ROLE_ARN, "--min", "1", "--max",
-                       "2", "--target-value", "3", "--dry-run")
+    code, out = create(
+        str(INF2_CONFIG),
+        "--model-s3",
+        MODEL_S3,
+        "--role-arn",
+        ROLE_ARN,
+        "--min",
+        "1",
+        "--max",
+        "2",
+        "--target-value",
+        "3",
+        "--dry-run",
+    )
     assert code == 0, out
 
 

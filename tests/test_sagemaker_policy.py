@@ -41,15 +41,23 @@ def test_every_create_request_is_allowed_on_its_resources_and_conditions() -> No
 
 
 def scaling_of(namespace: str, dimension: str) -> dict:
-    return {"ServiceNamespace": namespace, "ResourceId": "table/orders", "ScalableDimension": dimension,
-            "MinCapacity": 1, "MaxCapacity": 100}
+    return {
+        "ServiceNamespace": namespace,
+        "ResourceId": "table/orders",
+        "ScalableDimension": dimension,
+        "MinCapacity": 1,
+        "MaxCapacity": 100,
+    }
 
 
-@pytest.mark.parametrize("operation", ["RegisterScalableTarget", "DeregisterScalableTarget", "PutScalingPolicy",
-                                       "DeleteScalingPolicy"])
+@pytest.mark.parametrize(
+    "operation", ["RegisterScalableTarget", "DeregisterScalableTarget", "PutScalingPolicy", "DeleteScalingPolicy"]
+)
 def test_scaling_writes_are_refused_outside_sagemaker_variants(operation: str) -> None:
-    for params in (scaling_of("dynamodb", "dynamodb:table:WriteCapacityUnits"),
-                   scaling_of("sagemaker", "sagemaker:inference-component:DesiredCopyCount")):
+    for params in (
+        scaling_of("dynamodb", "dynamodb:table:WriteCapacityUnits"),
+        scaling_of("sagemaker", "sagemaker:inference-component:DesiredCopyCount"),
+    ):
         action, resource, context = authorizations("application-autoscaling", operation, params)[0]
         assert action == f"application-autoscaling:{operation}"
         assert not iam_policy.allows(OPERATOR, action, resource, context), (action, context)
@@ -64,23 +72,32 @@ def test_reads_of_scaling_stay_unconditioned() -> None:
 def test_creation_outside_the_tools_scope_is_refused() -> None:
     requests = {operation: params for _, operation, params in planned_requests()}
     untagged = {**requests["CreateModel"], "Tags": []}
-    other_type = {**requests["CreateEndpointConfig"],
-                  "ProductionVariants": [{**requests["CreateEndpointConfig"]["ProductionVariants"][0],
-                                          "InstanceType": "ml.p5.48xlarge"}]}
+    other_type = {
+        **requests["CreateEndpointConfig"],
+        "ProductionVariants": [
+            {**requests["CreateEndpointConfig"]["ProductionVariants"][0], "InstanceType": "ml.p5.48xlarge"}
+        ],
+    }
     other_role = {**requests["CreateModel"], "ExecutionRoleArn": f"arn:aws:iam::{ACCOUNT}:role/admin"}
-    for operation, params, refused in (("CreateModel", untagged, "sagemaker:CreateModel"),
-                                       ("CreateEndpointConfig", other_type, "sagemaker:CreateEndpointConfig"),
-                                       ("CreateModel", other_role, "iam:PassRole")):
-        denied = [a for a, r, c in authorizations("sagemaker", operation, params)
-                  if not iam_policy.allows(OPERATOR, a, r, c)]
+    for operation, params, refused in (
+        ("CreateModel", untagged, "sagemaker:CreateModel"),
+        ("CreateEndpointConfig", other_type, "sagemaker:CreateEndpointConfig"),
+        ("CreateModel", other_role, "iam:PassRole"),
+    ):
+        denied = [
+            a for a, r, c in authorizations("sagemaker", operation, params) if not iam_policy.allows(OPERATOR, a, r, c)
+        ]
         assert refused in denied, (operation, denied)
 
 
 @pytest.mark.parametrize(("project", "allowed"), [("neuron-ssp", True), ("billing-db", False)])
 def test_changing_an_endpoint_needs_the_tools_tag(project: str, allowed: bool) -> None:
     tags = {"Project": project}
-    for operation, params in (("DeleteEndpoint", {"EndpointName": "ep"}), ("DeleteModel", {"ModelName": "ep"}),
-                              ("UpdateEndpointWeightsAndCapacities", {"EndpointName": "ep"})):
+    for operation, params in (
+        ("DeleteEndpoint", {"EndpointName": "ep"}),
+        ("DeleteModel", {"ModelName": "ep"}),
+        ("UpdateEndpointWeightsAndCapacities", {"EndpointName": "ep"}),
+    ):
         for action, resource, context in authorizations("sagemaker", operation, params, resource_tags=tags):
             assert iam_policy.allows(OPERATOR, action, resource, context) is allowed, (operation, project)
 
@@ -96,22 +113,30 @@ def test_execution_role_reads_the_model_prefix_pulls_the_image_writes_logs_and_n
     allowed = [
         ("s3:GetObject", f"arn:aws:s3:::{bucket}/{prefix}/Llama-2-70b-hf/model-00001.safetensors", {}),
         ("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": f"{prefix}/Llama-2-70b-hf/"}),
-        ("kms:Decrypt", f"arn:aws:kms:{region}:{ACCOUNT}:key/REPLACE-WITH-MODEL-BUCKET-KMS-KEY-ID",
-         {"kms:ViaService": f"s3.{region}.amazonaws.com"}),
+        (
+            "kms:Decrypt",
+            f"arn:aws:kms:{region}:{ACCOUNT}:key/REPLACE-WITH-MODEL-BUCKET-KMS-KEY-ID",
+            {"kms:ViaService": f"s3.{region}.amazonaws.com"},
+        ),
         ("ecr:GetAuthorizationToken", "*", {}),
         ("ecr:BatchGetImage", f"arn:aws:ecr:{region}:{account}:repository/{repository}", {}),
         ("ecr:GetDownloadUrlForLayer", f"arn:aws:ecr:{region}:{account}:repository/{repository}", {}),
-        ("logs:PutLogEvents",
-         f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints/{plan.name}:log-stream:AllTraffic/i-1",
-         {}),
+        (
+            "logs:PutLogEvents",
+            f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/sagemaker/Endpoints/{plan.name}:log-stream:AllTraffic/i-1",
+            {},
+        ),
     ]
     refused = [
         ("s3:GetObject", f"arn:aws:s3:::{bucket}/other-prefix/secrets.txt", {}),
         ("s3:GetObject", "arn:aws:s3:::another-bucket/x", {}),
         ("s3:ListBucket", f"arn:aws:s3:::{bucket}", {"s3:prefix": "other-prefix/"}),
         ("s3:PutObject", f"arn:aws:s3:::{bucket}/{prefix}/x", {}),
-        ("kms:Decrypt", f"arn:aws:kms:{region}:{ACCOUNT}:key/REPLACE-WITH-MODEL-BUCKET-KMS-KEY-ID",
-         {"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"}),
+        (
+            "kms:Decrypt",
+            f"arn:aws:kms:{region}:{ACCOUNT}:key/REPLACE-WITH-MODEL-BUCKET-KMS-KEY-ID",
+            {"kms:ViaService": f"secretsmanager.{region}.amazonaws.com"},
+        ),
         ("ecr:BatchGetImage", f"arn:aws:ecr:{region}:{account}:repository/another-image", {}),
         ("logs:PutLogEvents", f"arn:aws:logs:{region}:{ACCOUNT}:log-group:/aws/lambda/x:log-stream:y", {}),
     ]

@@ -93,9 +93,7 @@ def test_model_has_network_isolation_and_s3_prefix_and_the_variant_long_timeouts
     )
     stubs.sagemaker.add_response("describe_endpoint", described("shape-trn1"), {"EndpointName": "shape-trn1"})
     clock = sagemaker_fixtures.FakeClock()
-    result = create.create_endpoint(
-        plan, stubs.clients, pacing=instant_pacing(clock), progress=Silent()
-    )
+    result = create.create_endpoint(plan, stubs.clients, pacing=instant_pacing(clock), progress=Silent())
     assert result["EndpointStatus"] == "InService" and clock.sleeps == [30]
     stubs.assert_done()
 
@@ -132,8 +130,12 @@ def test_the_checker_refuses_what_param_validator_lets_through(stubbed_sagemaker
         (clients.autoscaling, "PutScalingPolicy", policy, "'SageMakerVariantMadeUpMetric' is not one of"),
         (clients.sagemaker, "CreateEndpointConfig", config, "'ml.bogus.huge' is not one of"),
         (clients.sagemaker, "CreateEndpoint", {**plan.endpoint_request, "EndpointName": "bad_name"}, "pattern"),
-        (clients.sagemaker, "CreateEndpointConfig", {**plan.endpoint_config_request, "KmsKeyId": "k" * 2049},
-         "at most 2048"),
+        (
+            clients.sagemaker,
+            "CreateEndpointConfig",
+            {**plan.endpoint_config_request, "KmsKeyId": "k" * 2049},
+            "at most 2048",
+        ),
     ):
         model = client.meta.service_model.operation_model(operation)
         assert not ParamValidator().validate(params, model.input_shape).has_errors()
@@ -183,10 +185,17 @@ def test_scale_turns_autoscaling_on_with_the_target_of_the_tagged_serving_batch(
 
     stubs, name = stubbed_sagemaker, "batched"
     rid = variant_ids(name)
-    tags = [{"Key": "neuron-ssp:instance-type", "Value": "ml.trn1.32xlarge"},
-            {"Key": "neuron-ssp:serving-batch", "Value": "4"}]
-    target = {"MinCapacity": 1, "MaxCapacity": 3, "RoleARN": "arn:r", "CreationTime": described()["CreationTime"],
-              **rid}
+    tags = [
+        {"Key": "neuron-ssp:instance-type", "Value": "ml.trn1.32xlarge"},
+        {"Key": "neuron-ssp:serving-batch", "Value": "4"},
+    ]
+    target = {
+        "MinCapacity": 1,
+        "MaxCapacity": 3,
+        "RoleARN": "arn:r",
+        "CreationTime": described()["CreationTime"],
+        **rid,
+    }
     policy = {
         "PolicyName": f"{name}-target-tracking",
         "PolicyType": "TargetTrackingScaling",
@@ -207,8 +216,11 @@ def test_scale_turns_autoscaling_on_with_the_target_of_the_tagged_serving_batch(
         stubs.autoscaling.add_response(
             "describe_scalable_targets",
             {"ScalableTargets": [found_target] if found_target else []},
-            {"ServiceNamespace": "sagemaker", "ResourceIds": [rid["ResourceId"]],
-             "ScalableDimension": rid["ScalableDimension"]},
+            {
+                "ServiceNamespace": "sagemaker",
+                "ResourceIds": [rid["ResourceId"]],
+                "ScalableDimension": rid["ScalableDimension"],
+            },
         )
         if found_target:
             stubs.autoscaling.add_response("describe_scaling_policies", {"ScalingPolicies": policies}, rid)

@@ -21,7 +21,7 @@ JSON = {"content-type": "application/json"}
 
 
 def sse_events(text: str) -> list:
-    lines = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in text.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(line) for line in lines[:-1]]
 
@@ -35,14 +35,22 @@ def test_chat_non_stream_carries_usage_finish_reason_and_speculative_stats():
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "olleh"}
     assert body["choices"][0]["finish_reason"] == "stop"  # the fake ends with EOS
     assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
-    assert set(body["speculative"]) == {"acceptance_rate", "mean_accepted_length", "target_calls", "draft_tokens",
-                                        "accepted_tokens", "seed"}
+    assert set(body["speculative"]) == {
+        "acceptance_rate",
+        "mean_accepted_length",
+        "target_calls",
+        "draft_tokens",
+        "accepted_tokens",
+        "seed",
+    }
 
 
 def test_completion_stream_chunks_carry_token_origins_and_usage_when_asked():
     with running_server(FakePipeline(reply="abcdefg")) as url:
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 7, "stream": True,
-                                                      "stream_options": {"include_usage": True}})
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"prompt": "x", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True}},
+        )
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     tokens = [t for e in events if e["choices"] for t in e["speculative"]["tokens"]]
@@ -66,8 +74,9 @@ def test_chat_stream_opens_with_the_assistant_role_and_no_usage_unless_asked():
 def test_stop_string_is_never_sent_not_even_in_part():
     with running_server(FakePipeline(reply="one two STOP three")) as url:
         plain = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 30, "stop": ["STOP"]})
-        streamed = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 30, "stop": "STOP",
-                                                             "stream": True})
+        streamed = httpx.post(
+            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 30, "stop": "STOP", "stream": True}
+        )
     assert plain.json()["choices"][0] == {"index": 0, "finish_reason": "stop", "logprobs": None, "text": "one two "}
     assert "".join(e["choices"][0]["text"] for e in sse_events(streamed.text)) == "one two "
 
@@ -75,13 +84,19 @@ def test_stop_string_is_never_sent_not_even_in_part():
 def test_sampling_fields_reach_the_pipeline_and_defaults_come_from_the_config():
     pipeline = FakePipeline()
     with running_server(pipeline) as url:
-        httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.7, "top_p": 0.9, "top_k": 5,
-                                                        "seed": 3, "max_completion_tokens": 4})
+        httpx.post(
+            f"{url}/v1/chat/completions",
+            json={**CHAT, "temperature": 0.7, "top_p": 0.9, "top_k": 5, "seed": 3, "max_completion_tokens": 4},
+        )
         httpx.post(f"{url}/v1/chat/completions", json=CHAT)
     first, second = pipeline.calls
     assert first["max_new_tokens"] == 4
-    assert (first["sampling"].temperature, first["sampling"].top_p, first["sampling"].top_k,
-            first["sampling"].seed) == (0.7, 0.9, 5, 3)
+    assert (
+        first["sampling"].temperature,
+        first["sampling"].top_p,
+        first["sampling"].top_k,
+        first["sampling"].seed,
+    ) == (0.7, 0.9, 5, 3)
     assert second["sampling"] == pipeline.config.sampling
     assert second["max_new_tokens"] == pipeline.config.generation.max_new_tokens
 
@@ -100,25 +115,35 @@ def test_models_health_ping_and_playground_page():
 LONG = "x" * 300
 
 
-@pytest.mark.parametrize("path, body, status, param, words", [
-    ("/v1/chat/completions", b"{not json", 400, "body", ["not valid JSON", "line 1"]),
-    ("/v1/chat/completions", b"[1, 2]", 400, "body", ["must be a JSON object"]),
-    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", ["valid list"]),
-    ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, 400, "max_tokens", ["must be an integer"]),
-    ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, "temperature", ["must be >= 0", "Fix:"]),
-    ("/v1/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p", ["must be > 0", "nucleus sampling"]),
-    ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p", ["must be <= 1", "Fix: send a value <= 1"]),
-    ("/v1/chat/completions", {**CHAT, "n": 2}, 400, "n", ["must be <= 1", "one completion per request"]),
-    ("/v1/completions", {"prompt": LONG[:200], "max_tokens": 100}, 400, "max_tokens",
-     ["a prompt of 200 tokens and max_new_tokens 100 write 299 cache positions, more than the 256",
-      "send max_tokens <= 57"]),
-    ("/v1/completions", {"prompt": LONG, "max_tokens": 10}, 400, "prompt", ["shorten the prompt"]),
-    ("/v1/chat/completions", {**CHAT, "model": "gpt-4"}, 404, "model", ["no such model", "fake-model"]),
-    ("/v1/completions", {"prompt": " "}, 400, "prompt", ["not white space"]),
-    ("/invocations", {"something": 1}, 400, "body", ["inputs"]),
-    ("/invocations", {"inputs": "hi", "parameters": {"top_p": 2}}, 400, "parameters.top_p", ["must be <= 1"]),
-    ("/v1/nowhere", {}, 404, "path", ["not found"]),
-])
+@pytest.mark.parametrize(
+    "path, body, status, param, words",
+    [
+        ("/v1/chat/completions", b"{not json", 400, "body", ["not valid JSON", "line 1"]),
+        ("/v1/chat/completions", b"[1, 2]", 400, "body", ["must be a JSON object"]),
+        ("/v1/chat/completions", {"messages": "hi"}, 400, "messages", ["valid list"]),
+        ("/v1/chat/completions", {**CHAT, "max_tokens": "many"}, 400, "max_tokens", ["must be an integer"]),
+        ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, "temperature", ["must be >= 0", "Fix:"]),
+        ("/v1/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p", ["must be > 0", "nucleus sampling"]),
+        ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p", ["must be <= 1", "Fix: send a value <= 1"]),
+        ("/v1/chat/completions", {**CHAT, "n": 2}, 400, "n", ["must be <= 1", "one completion per request"]),
+        (
+            "/v1/completions",
+            {"prompt": LONG[:200], "max_tokens": 100},
+            400,
+            "max_tokens",
+            [
+                "a prompt of 200 tokens and max_new_tokens 100 write 299 cache positions, more than the 256",
+                "send max_tokens <= 57",
+            ],
+        ),
+        ("/v1/completions", {"prompt": LONG, "max_tokens": 10}, 400, "prompt", ["shorten the prompt"]),
+        ("/v1/chat/completions", {**CHAT, "model": "gpt-4"}, 404, "model", ["no such model", "fake-model"]),
+        ("/v1/completions", {"prompt": " "}, 400, "prompt", ["not white space"]),
+        ("/invocations", {"something": 1}, 400, "body", ["inputs"]),
+        ("/invocations", {"inputs": "hi", "parameters": {"top_p": 2}}, 400, "parameters.top_p", ["must be <= 1"]),
+        ("/v1/nowhere", {}, 404, "path", ["not found"]),
+    ],
+)
 def test_bad_requests_get_openai_error_bodies_that_name_field_value_rule_and_fix(path, body, status, param, words):
     with running_server(FakePipeline()) as url:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -189,8 +214,10 @@ def test_full_queue_answers_503_with_retry_after_and_nothing_hangs():
     pipeline = FakePipeline(reply="a" * 40, step_s=0.05)
     results: list[httpx.Response] = []
     with running_server(pipeline, max_queue=1) as url:
+
         def call() -> None:
             results.append(httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 40}, timeout=30))
+
         threads = [threading.Thread(target=call) for _ in range(5)]
         for t in threads:
             t.start()
@@ -220,8 +247,9 @@ def test_request_timeout_ends_cleanly_and_frees_the_slot():
 def test_client_disconnect_mid_stream_cancels_at_the_next_iteration():
     pipeline = FakePipeline(reply="a" * 400, step_s=0.05, n_positions=1024)
     with running_server(pipeline) as url:
-        with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 400,
-                                                                 "stream": True}) as r:
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 400, "stream": True}
+        ) as r:
             for _ in zip(range(3), r.iter_lines(), strict=False):
                 pass
         assert pipeline.cancelled.wait(2)
@@ -234,10 +262,12 @@ def test_client_disconnect_mid_stream_cancels_at_the_next_iteration():
 def test_lmi_bodies_on_invocations_plain_and_streamed():
     pipeline = FakePipeline(reply="abcdef")
     with running_server(pipeline) as url:
-        plain = httpx.post(f"{url}/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 6,
-                                                                                     "details": True}})
-        streamed = httpx.post(f"{url}/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 6},
-                                                          "stream": True})
+        plain = httpx.post(
+            f"{url}/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 6, "details": True}}
+        )
+        streamed = httpx.post(
+            f"{url}/invocations", json={"inputs": "x", "parameters": {"max_new_tokens": 6}, "stream": True}
+        )
         sampled = httpx.post(f"{url}/invocations", json={"inputs": "x", "parameters": {"do_sample": True}})
     assert plain.json()["generated_text"] == "abcdef"
     assert plain.json()["details"] == {"finish_reason": "length", "generated_tokens": 6, "inputs": "x"}
@@ -297,9 +327,11 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it():
 
 def test_one_request_id_header_per_response():
     with running_server(FakePipeline()) as url:
-        for r in (httpx.post(f"{url}/v1/chat/completions", json=CHAT),
-                  httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 2}),
-                  httpx.get(f"{url}/health", headers={"X-Request-Id": "mine-1"})):
+        for r in (
+            httpx.post(f"{url}/v1/chat/completions", json=CHAT),
+            httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 2}),
+            httpx.get(f"{url}/health", headers={"X-Request-Id": "mine-1"}),
+        ):
             assert len(r.headers.get_list("x-request-id")) == 1
     assert r.headers["x-request-id"] == "mine-1"
 
@@ -315,11 +347,19 @@ class FailingPipeline(FakePipeline):
         raise self.error
 
 
-@pytest.mark.parametrize("error, status", [
-    (UsageError(Problem("speculation.acceptor", "greedy", "greedy needs temperature 0", "send temperature 0")), 400),
-    (RuntimeProblem(Problem("target logits", "nan", "the target produced non-finite logits", "check the model")),
-     500),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (
+            UsageError(Problem("speculation.acceptor", "greedy", "greedy needs temperature 0", "send temperature 0")),
+            400,
+        ),
+        (
+            RuntimeProblem(Problem("target logits", "nan", "the target produced non-finite logits", "check the model")),
+            500,
+        ),
+    ],
+)
 def test_a_failed_generation_is_the_clients_fault_only_when_it_is_a_usage_error(error, status):
     with running_server(FailingPipeline(error)) as url:
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
@@ -340,13 +380,16 @@ def test_completion_tokens_and_the_token_counter_stop_at_the_stop_string():
     assert metrics["neuron_ssp_generation_tokens_total"] == 4
 
 
-@pytest.mark.parametrize("raw, param, words", [
-    (b'{"prompt": "x", "temperature": NaN}', "temperature", ["finite number"]),
-    (b'{"prompt": "x", "top_p": Infinity}', "top_p", ["finite number"]),
-    (b'{"prompt": "x", "seed": 99999999999999999999}', "seed", ["must be <= 9223372036854775807"]),
-    (b'{"messages": [{"role": "user", "content": "\\ud800 hi"}]}', "messages.0.content", ["lone surrogate"]),
-    (b'{"prompt": "x", "stop": ["\\udfff"]}', "stop.0", ["lone surrogate"]),
-])
+@pytest.mark.parametrize(
+    "raw, param, words",
+    [
+        (b'{"prompt": "x", "temperature": NaN}', "temperature", ["finite number"]),
+        (b'{"prompt": "x", "top_p": Infinity}', "top_p", ["finite number"]),
+        (b'{"prompt": "x", "seed": 99999999999999999999}', "seed", ["must be <= 9223372036854775807"]),
+        (b'{"messages": [{"role": "user", "content": "\\ud800 hi"}]}', "messages.0.content", ["lone surrogate"]),
+        (b'{"prompt": "x", "stop": ["\\udfff"]}', "stop.0", ["lone surrogate"]),
+    ],
+)
 def test_values_that_used_to_reach_the_model_and_crash_are_400(raw, param, words):
     path = "/v1/chat/completions" if b"messages" in raw else "/v1/completions"
     with running_server(FakePipeline()) as url:
@@ -361,8 +404,11 @@ def test_a_body_that_is_not_json_is_415(content_type):
     headers = {"content-type": content_type} if content_type else {}
     with running_server(FakePipeline()) as url:
         r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}', headers=headers)
-        ok = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "x"}',
-                        headers={"content-type": "application/json; charset=utf-8"})
+        ok = httpx.post(
+            f"{url}/v1/completions",
+            content=b'{"prompt": "x"}',
+            headers={"content-type": "application/json; charset=utf-8"},
+        )
     assert r.status_code == 415 and r.json()["error"]["param"] == "Content-Type"
     assert "application/json" in r.json()["error"]["message"]
     assert ok.status_code == 200
@@ -372,11 +418,13 @@ def test_every_error_body_has_the_same_shape_whoever_answers_it():
     """401 and 413 come from the middleware, 400/404/415 from the routes: one renderer for all."""
     with running_server(FakePipeline(), api_key="k") as url:
         key = {"Authorization": "Bearer k"}
-        answers = [httpx.post(f"{url}/v1/completions", json={"prompt": "x"}),  # 401
-                   httpx.post(f"{url}/v1/completions", content=b"x" * (2 << 20), headers={**JSON, **key}),  # 413
-                   httpx.post(f"{url}/v1/completions", json={"prompt": ""}, headers=key),  # 400
-                   httpx.post(f"{url}/v1/completions", content=b"{}", headers={**key, "content-type": "text/plain"}),
-                   httpx.get(f"{url}/nowhere")]
+        answers = [
+            httpx.post(f"{url}/v1/completions", json={"prompt": "x"}),  # 401
+            httpx.post(f"{url}/v1/completions", content=b"x" * (2 << 20), headers={**JSON, **key}),  # 413
+            httpx.post(f"{url}/v1/completions", json={"prompt": ""}, headers=key),  # 400
+            httpx.post(f"{url}/v1/completions", content=b"{}", headers={**key, "content-type": "text/plain"}),
+            httpx.get(f"{url}/nowhere"),
+        ]
     assert [r.status_code for r in answers] == [401, 413, 400, 415, 404]
     for r in answers:
         assert r.headers["content-type"] == "application/json"
@@ -400,16 +448,20 @@ def test_top_k_minus_one_means_off_and_stream_options_need_stream():
     assert lonely.status_code == 400 and lonely.json()["error"]["param"] == "stream_options"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("tool_choice", "auto"),
+        ("response_format", {"type": "json_object"}),
+    ],
+)
 def test_tools_and_structured_output_are_refused_not_ignored(field, value):
     with running_server(FakePipeline()) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, field: value})
-        harmless = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"},
-                                                                    "tool_choice": "none"})
+        harmless = httpx.post(
+            f"{url}/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}, "tool_choice": "none"}
+        )
     assert r.status_code == 400 and r.json()["error"]["param"] == field
     assert "not supported" in r.json()["error"]["message"]
     assert harmless.status_code == 200
@@ -418,8 +470,7 @@ def test_tools_and_structured_output_are_refused_not_ignored(field, value):
 def test_a_sampled_request_without_seed_gets_a_fresh_one_and_reports_it():
     pipeline = FakePipeline()
     with running_server(pipeline) as url:
-        bodies = [httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.8}).json()
-                  for _ in range(2)]
+        bodies = [httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.8}).json() for _ in range(2)]
         given = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 0.8, "seed": 42}).json()
     seeds = [b["speculative"]["seed"] for b in bodies]
     assert seeds[0] != seeds[1] and [c["sampling"].seed for c in pipeline.calls[:2]] == seeds
@@ -428,11 +479,13 @@ def test_a_sampled_request_without_seed_gets_a_fresh_one_and_reports_it():
 
 def test_chat_logprobs_with_top_alternatives_for_every_returned_token():
     with running_server(FakePipeline(reply="abcdef")) as url:
-        body = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True,
-                                                               "top_logprobs": 2}).json()
+        body = httpx.post(
+            f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True, "top_logprobs": 2}
+        ).json()
         plain = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6}).json()
-        streamed = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True,
-                                                                   "stream": True})
+        streamed = httpx.post(
+            f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 6, "logprobs": True, "stream": True}
+        )
     content = body["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == list("abcdef")
     assert all(e["top_logprobs"][0]["token"] == e["token"] and len(e["top_logprobs"]) == 2 for e in content)
@@ -444,19 +497,23 @@ def test_chat_logprobs_with_top_alternatives_for_every_returned_token():
 
 def test_completion_logprobs_stop_with_the_returned_text():
     with running_server(FakePipeline(reply="ab STOP cd")) as url:
-        body = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 10, "logprobs": 1,
-                                                         "stop": "STOP"}).json()
+        body = httpx.post(
+            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 10, "logprobs": 1, "stop": "STOP"}
+        ).json()
     logprobs = body["choices"][0]["logprobs"]
     assert body["choices"][0]["text"] == "ab "
     assert logprobs["tokens"] == ["a", "b", " "] and logprobs["text_offset"] == [0, 1, 2]
     assert [list(top) for top in logprobs["top_logprobs"]] == [["a"], ["b"], [" "]]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
-    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"prompt": "x", "logprobs": 50}, "logprobs"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({**CHAT, "top_logprobs": 3}, "top_logprobs"),
+        ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"prompt": "x", "logprobs": 50}, "logprobs"),
+    ],
+)
 def test_logprobs_limits(body, param):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     with running_server(FakePipeline()) as url:
@@ -467,8 +524,9 @@ def test_logprobs_limits(body, param):
 def test_an_engine_that_cannot_score_tokens_refuses_logprobs_before_queueing():
     pipeline = FakePipeline()
     pipeline.scores_tokens = False
-    pipeline.config = pipeline.config.model_copy(update={"speculation": pipeline.config.speculation.model_copy(
-        update={"engine": "library"})})
+    pipeline.config = pipeline.config.model_copy(
+        update={"speculation": pipeline.config.speculation.model_copy(update={"engine": "library"})}
+    )
     with running_server(pipeline) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "logprobs": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs" and not pipeline.calls
@@ -492,11 +550,14 @@ def test_a_job_that_cannot_prefill_before_its_deadline_is_not_started_so_the_nex
     pipeline = SlowPrefill(1.5 / 300, reply="ok", n_positions=1024)
     results: dict[str, httpx.Response] = {}
     with running_server(pipeline, request_timeout=2.4, max_queue=4) as url:
+
         def call(name: str, prompt: str) -> None:
             results[name] = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=10)
 
-        threads = [threading.Thread(target=call, args=args) for args in
-                   (("long1", "y" * 300), ("long2", "z" * 300), ("short", "Hi"))]
+        threads = [
+            threading.Thread(target=call, args=args)
+            for args in (("long1", "y" * 300), ("long2", "z" * 300), ("short", "Hi"))
+        ]
         for t in threads:
             t.start()
             time.sleep(0.05)
@@ -512,8 +573,15 @@ def test_openapi_describes_every_route_with_its_bodies():
         doc = httpx.get(f"{url}/openapi.json").json()
         page = httpx.get(f"{url}/docs")
     paths = doc["paths"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/invocations", "/v1/models", "/health", "/ping",
-                 "/metrics"):
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/invocations",
+        "/v1/models",
+        "/health",
+        "/ping",
+        "/metrics",
+    ):
         assert path in paths, path
     chat = paths["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionBody")

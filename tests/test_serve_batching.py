@@ -13,9 +13,14 @@ from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 
 PROMPTS = ["abcabcabd abcabc", "xyz xyz xyz", "tell me something", "a b c a b c a", "zzzz", "hello hello"]
-SAMPLING = [{"temperature": 0}, {"temperature": 0.9, "seed": 5}, {"temperature": 0},
-            {"temperature": 1.2, "top_p": 0.8, "seed": 77}, {"temperature": 0.7, "top_k": 5, "seed": 3},
-            {"temperature": 0}]
+SAMPLING = [
+    {"temperature": 0},
+    {"temperature": 0.9, "seed": 5},
+    {"temperature": 0},
+    {"temperature": 1.2, "top_p": 0.8, "seed": 77},
+    {"temperature": 0.7, "top_k": 5, "seed": 3},
+    {"temperature": 0},
+]
 
 
 def ask_at_once(url: str, bodies: list[dict]) -> list[str]:
@@ -40,16 +45,19 @@ def test_concurrent_requests_get_the_output_each_gets_alone():
     pipeline = pipeline_on(TorchBackend(tiny_llama(0), 512, slots=3), config)
     alone = []
     for prompt, sampling in zip(PROMPTS, SAMPLING, strict=True):
-        result = pipeline.generate_ids(pipeline.encode(prompt, chat_template=False), 20,
-                                       SamplingConfig(**sampling))
+        result = pipeline.generate_ids(pipeline.encode(prompt, chat_template=False), 20, SamplingConfig(**sampling))
         alone.append(pipeline.tokenizer.decode(result.tokens, skip_special_tokens=True))
     with running_server(pipeline, max_batch=3) as url:
-        answers = ask_at_once(url, [{"prompt": prompt, "max_tokens": 20, **sampling}
-                                    for prompt, sampling in zip(PROMPTS, SAMPLING, strict=True)])
+        answers = ask_at_once(
+            url,
+            [
+                {"prompt": prompt, "max_tokens": 20, **sampling}
+                for prompt, sampling in zip(PROMPTS, SAMPLING, strict=True)
+            ],
+        )
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
     assert answers == alone
-    steps_of_many = [line for line in metrics.splitlines()
-                     if line.startswith('neuron_ssp_batch_size_bucket{le="1.0"}')]
+    steps_of_many = [line for line in metrics.splitlines() if line.startswith('neuron_ssp_batch_size_bucket{le="1.0"}')]
     total = [line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")]
     assert float(steps_of_many[0].split()[-1]) < float(total[0].split()[-1])  # some steps ran several rows
 
@@ -62,8 +70,12 @@ def test_the_scheduler_runs_no_more_rows_than_the_serving_batch():
     with running_server(pipeline, max_batch=2) as url:
         ask_at_once(url, [{"prompt": p, "max_tokens": 12, "temperature": 0} for p in PROMPTS])
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
-    at_most = {line.split('le="')[1].split('"')[0]: float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith("neuron_ssp_batch_size_bucket")}
-    steps = float(next(line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count"))
-                  .split()[-1])
+    at_most = {
+        line.split('le="')[1].split('"')[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("neuron_ssp_batch_size_bucket")
+    }
+    steps = float(
+        next(line for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")).split()[-1]
+    )
     assert at_most["2.0"] == steps and at_most["1.0"] < steps  # rows shared steps, never more than two

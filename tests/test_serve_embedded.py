@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
 MODEL = "smollm2-135m-instruct"
-PROMPT = ("Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the engineer "
-          "Gustave Eiffel, whose company designed and built it from 1887 to 1889.")
+PROMPT = (
+    "Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the engineer "
+    "Gustave Eiffel, whose company designed and built it from 1887 to 1889."
+)
 TOKENS = 24
 CLI = [sys.executable, "-c", "from neuron_ssp.cli import main; main()"]
 
@@ -43,9 +45,25 @@ def cli_env(cache: str) -> dict[str, str]:
 def server(embedded_cache: str):
     port = free_port()
     with tempfile.TemporaryFile(mode="w+") as log:
-        proc = subprocess.Popen([*CLI, "serve", "--sagemaker", "--host", "127.0.0.1", "--port", str(port),
-                                 "--max-queue", "4", "--request-timeout", "900"],
-                                stdout=log, stderr=subprocess.STDOUT, text=True, env=cli_env(embedded_cache))
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "serve",
+                "--sagemaker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-queue",
+                "4",
+                "--request-timeout",
+                "900",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=cli_env(embedded_cache),
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 600
         while True:
@@ -76,7 +94,7 @@ def generate_json(cache: str, prompt: str, tmp_path: Path, chat_template: bool =
         data["generation"]["chat_template"] = False
         config = tmp_path / "raw.yaml"
         config.write_text(yaml.safe_dump(data))
-        args[args.index("generate") + 1:args.index("generate") + 1] = ["--config", str(config)]
+        args[args.index("generate") + 1 : args.index("generate") + 1] = ["--config", str(config)]
     out = subprocess.run(args, capture_output=True, text=True, env=cli_env(cache), timeout=900, check=True)
     return json.loads(out.stdout)
 
@@ -88,8 +106,16 @@ def test_chat_greedy_equals_generate_json_and_stream_equals_non_stream(client, e
     assert reply.choices[0].message.content == expected
     assert reply.usage.completion_tokens == TOKENS and reply.choices[0].finish_reason == "length"
     assert reply.model_extra["speculative"]["target_calls"] >= 1
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
     assert chunks[-1].usage.completion_tokens == TOKENS
 
@@ -99,26 +125,31 @@ def test_completions_greedy_equals_generate_json_without_template(client, embedd
     expected = generate_json(embedded_cache, prompt, tmp_path, chat_template=False)["text"]
     reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0)
     assert reply.choices[0].text == expected
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=MODEL, prompt=prompt, max_tokens=TOKENS, temperature=0, stream=True)
+    )
     assert streamed == expected
 
 
 def test_logprobs_come_from_the_target_and_sampled_requests_get_fresh_seeds(client):
     messages = [{"role": "user", "content": PROMPT}]
-    greedy = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
-                                            logprobs=True, top_logprobs=3)
+    greedy = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = greedy.choices[0].logprobs.content
     assert "".join(e.token for e in content) == greedy.choices[0].message.content
     for entry in content:  # greedy: every chosen token is the target's most likely one
         assert entry.top_logprobs[0].token == entry.token and entry.logprob == entry.top_logprobs[0].logprob
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
-    hot = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=1.0)
-           for _ in range(2)]
+    hot = [
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=1.0) for _ in range(2)
+    ]
     seeds = [r.model_extra["speculative"]["seed"] for r in hot]
     assert seeds[0] != seeds[1] and hot[0].choices[0].message.content != hot[1].choices[0].message.content
-    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=1.0,
-                                           seed=seeds[0])
+    again = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=1.0, seed=seeds[0]
+    )
     assert again.choices[0].message.content == hot[0].choices[0].message.content  # the reported seed reproduces it
 
 
@@ -128,28 +159,38 @@ def test_models_lists_the_served_name(client):
 
 def test_sagemaker_ping_and_invocations_with_both_body_styles(server):
     assert httpx.get(f"{server}/ping").status_code == 200
-    lmi = httpx.post(f"{server}/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 8}},
-                     timeout=900)
-    chat = httpx.post(f"{server}/invocations", json={"messages": [{"role": "user", "content": PROMPT}],
-                                                     "max_tokens": 8}, timeout=900)
+    lmi = httpx.post(f"{server}/invocations", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 8}}, timeout=900)
+    chat = httpx.post(
+        f"{server}/invocations", json={"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}, timeout=900
+    )
     assert lmi.status_code == chat.status_code == 200
     assert lmi.json()["generated_text"] and chat.json()["choices"][0]["message"]["content"]
-    with httpx.stream("POST", f"{server}/invocations", json={"inputs": PROMPT, "stream": True,
-                                                             "parameters": {"max_new_tokens": 8}}, timeout=900) as r:
+    with httpx.stream(
+        "POST",
+        f"{server}/invocations",
+        json={"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 8}},
+        timeout=900,
+    ) as r:
         lines = [json.loads(line) for line in r.iter_lines() if line]
     assert r.headers["content-type"].startswith("application/jsonlines")
     assert "".join(line["token"]["text"] for line in lines) == lmi.json()["generated_text"]
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}, 400, "temperature"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
-    ({"model": MODEL, "messages": "hi"}, 400, "messages"),
-    ({"model": "llama-2-70b", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "word " * 2100}], "max_tokens": 16}, 400,
-     "messages"),  # the prompt alone is over the context: no max_tokens fits it
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}, 400, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+        ({"model": MODEL, "messages": "hi"}, 400, "messages"),
+        ({"model": "llama-2-70b", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": "word " * 2100}], "max_tokens": 16},
+            400,
+            "messages",
+        ),  # the prompt alone is over the context: no max_tokens fits it
+    ],
+)
 def test_bad_requests_on_the_real_model(server, body, status, param):
     r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == status and r.json()["error"]["param"] == param, r.text
@@ -157,8 +198,9 @@ def test_bad_requests_on_the_real_model(server, body, status, param):
 
 
 def test_invalid_json_and_oversized_bodies(server):
-    bad = httpx.post(f"{server}/v1/completions", content=b'{"prompt": ', timeout=60,
-                     headers={"content-type": "application/json"})
+    bad = httpx.post(
+        f"{server}/v1/completions", content=b'{"prompt": ', timeout=60, headers={"content-type": "application/json"}
+    )
     huge = httpx.post(f"{server}/v1/completions", content=b"x" * (1 << 20 + 1), timeout=60)
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
     assert huge.status_code == 413
@@ -182,8 +224,9 @@ def metric_values(server: str) -> dict[str, float]:
 
 def test_disconnect_mid_stream_frees_the_worker(server):
     before = metric_values(server)
-    with httpx.stream("POST", f"{server}/v1/completions", timeout=900,
-                      json={"prompt": PROMPT, "max_tokens": 1000, "stream": True}) as r:
+    with httpx.stream(
+        "POST", f"{server}/v1/completions", timeout=900, json={"prompt": PROMPT, "max_tokens": 1000, "stream": True}
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
                 break  # one token arrived: the generation is running; now hang up
@@ -203,8 +246,12 @@ def test_metrics_counters_match_the_requests_sent(server):
     ok = '{endpoint="/v1/completions",status="200"}'
     bad = '{endpoint="/v1/completions",status="400"}'
     for _ in range(2):
-        assert httpx.post(f"{server}/v1/completions", json={"prompt": "Paris is", "max_tokens": 3},
-                          timeout=900).status_code == 200
+        assert (
+            httpx.post(
+                f"{server}/v1/completions", json={"prompt": "Paris is", "max_tokens": 3}, timeout=900
+            ).status_code
+            == 200
+        )
     httpx.post(f"{server}/v1/completions", json={"prompt": "Paris is", "n": 2})
     after = metric_values(server)
     delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
@@ -222,9 +269,17 @@ def chromium_driver(tmp_path: Path):
 
     options = webdriver.ChromeOptions()
     options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1200,900",
-                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1200,900",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(executable_path=driver), options=options)
 
@@ -234,8 +289,16 @@ def test_playground_in_headless_chromium_matches_the_api(server, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     tokens = 40
-    api = httpx.post(f"{server}/v1/chat/completions", timeout=900, json={
-        "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens, "temperature": 0})
+    api = httpx.post(
+        f"{server}/v1/chat/completions",
+        timeout=900,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": tokens,
+            "temperature": 0,
+        },
+    )
     expected = api.json()["choices"][0]["message"]["content"]
     driver = chromium_driver(tmp_path)
     try:
@@ -249,7 +312,8 @@ def test_playground_in_headless_chromium_matches_the_api(server, tmp_path):
             box.send_keys(str(value))
         driver.find_element(By.ID, "run").click()
         WebDriverWait(driver, 900, poll_frequency=0.5).until(
-            lambda d: d.find_element(By.ID, "status").text in ("done", "error"))
+            lambda d: d.find_element(By.ID, "status").text in ("done", "error")
+        )
         assert driver.find_element(By.ID, "error").text == ""
         page_text = driver.execute_script("return document.getElementById('output').textContent")
         drafted = driver.find_elements(By.CSS_SELECTOR, "#output span.tok-draft")
@@ -289,15 +353,26 @@ def test_playground_sends_and_shows_64_bit_seeds_exactly(server, tmp_path):
         box.send_keys(seed)
         driver.find_element(By.ID, "run").click()
         WebDriverWait(driver, 900, poll_frequency=0.5).until(
-            lambda d: d.find_element(By.ID, "status").text in ("done", "error"))
+            lambda d: d.find_element(By.ID, "status").text in ("done", "error")
+        )
         assert driver.find_element(By.ID, "error").text == ""
-        return (driver.execute_script("return document.getElementById('output').textContent"),
-                driver.find_element(By.ID, "seed_used").text)
+        return (
+            driver.execute_script("return document.getElementById('output').textContent"),
+            driver.find_element(By.ID, "seed_used").text,
+        )
 
     def api(seed: int) -> str:
-        return httpx.post(f"{server}/v1/chat/completions", timeout=900, json={
-            "model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "temperature": 0.8,
-            "seed": seed}).json()["choices"][0]["message"]["content"]
+        return httpx.post(
+            f"{server}/v1/chat/completions",
+            timeout=900,
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": 8,
+                "temperature": 0.8,
+                "seed": seed,
+            },
+        ).json()["choices"][0]["message"]["content"]
 
     driver = chromium_driver(tmp_path)
     try:

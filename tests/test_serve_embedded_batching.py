@@ -14,8 +14,10 @@ from neuron_ssp.tools.serve_load import chat_body, start_server
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = [json.loads(line)["prompt"] for line in
-           (Path(__file__).parents[1] / "benchmarks" / "serve_prompts_short.jsonl").read_text().splitlines()][:8]
+PROMPTS = [
+    json.loads(line)["prompt"]
+    for line in (Path(__file__).parents[1] / "benchmarks" / "serve_prompts_short.jsonl").read_text().splitlines()
+][:8]
 SAMPLING = [None, {"temperature": 0.8, "seed": 123}] * 4
 
 
@@ -33,8 +35,10 @@ def test_eight_clients_at_once_get_what_each_gets_alone(use_embedded_cache: str,
     try:
         alone = [ask(server.url, i) for i in range(len(PROMPTS))]
         together: dict[int, str] = {}
-        clients = [threading.Thread(target=lambda i=i: together.__setitem__(i, ask(server.url, i)))
-                   for i in range(len(PROMPTS))]
+        clients = [
+            threading.Thread(target=lambda i=i: together.__setitem__(i, ask(server.url, i)))
+            for i in range(len(PROMPTS))
+        ]
         for client in clients:
             client.start()
         for client in clients:
@@ -43,8 +47,8 @@ def test_eight_clients_at_once_get_what_each_gets_alone(use_embedded_cache: str,
     finally:
         assert server.stop() == 0
     assert [together[i] for i in range(len(PROMPTS))] == alone
-    many = max(float(line.split()[-1]) for line in metrics.splitlines()
-               if line.startswith("neuron_ssp_batch_size_sum"))
-    steps = max(float(line.split()[-1]) for line in metrics.splitlines()
-                if line.startswith("neuron_ssp_batch_size_count"))
+    many = max(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_sum"))
+    steps = max(
+        float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("neuron_ssp_batch_size_count")
+    )
     assert many / steps > 1.5  # the requests really ran together

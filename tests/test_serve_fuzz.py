@@ -46,12 +46,40 @@ def schemathesis(url: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess,
     """Run the CLI against `url`: its output, its JSON report, and one [phase, mode, method, path, status]
     per answer (tests/fuzz_hooks.py)."""
     report, tally = tmp_path / "report.json", tmp_path / "tally.jsonl"
-    env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks", "NEURON_SSP_FUZZ_TALLY": str(tally),
-           "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    args = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all",
-            "--exclude-checks", "positive_data_acceptance", "--max-examples", str(EXAMPLES), "--seed", str(SEED),
-            "--no-shrink", "--workers", "1", "--generation-database", "none", "--continue-on-failure",
-            "--request-timeout", "60", "--no-color", "--report", "json", "--report-json-path", str(report)]
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "fuzz_hooks",
+        "NEURON_SSP_FUZZ_TALLY": str(tally),
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        "positive_data_acceptance",
+        "--max-examples",
+        str(EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--no-shrink",
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--continue-on-failure",
+        "--request-timeout",
+        "60",
+        "--no-color",
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report),
+    ]
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=TIME_LIMIT_S, cwd=tmp_path)
     answers = [json.loads(line) for line in tally.read_text().splitlines()] if tally.exists() else []
     return out, json.loads(report.read_text()) if report.exists() else {}, answers
@@ -61,10 +89,13 @@ def test_schemathesis_with_every_check_finds_nothing_and_schema_valid_bodies_get
     started = time.monotonic()
     out, report, answers = schemathesis(server, tmp_path)
     seconds = time.monotonic() - started
-    statuses = collections.Counter((mode, "generation" if path in GENERATION else "other", status)
-                                   for _, mode, _, path, status in answers)
-    print(f"schemathesis: {report.get('test_cases')} in {seconds:.0f} s;",
-          ", ".join(f"{' '.join(map(str, k))}: {v}" for k, v in sorted(statuses.items(), key=str)))
+    statuses = collections.Counter(
+        (mode, "generation" if path in GENERATION else "other", status) for _, mode, _, path, status in answers
+    )
+    print(
+        f"schemathesis: {report.get('test_cases')} in {seconds:.0f} s;",
+        ", ".join(f"{' '.join(map(str, k))}: {v}" for k, v in sorted(statuses.items(), key=str)),
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert report["test_cases"]["with_failures"] == 0 and not report["errors"], report
     assert report["operations"]["tested"] == report["operations"]["total"] == 8, report["operations"]

@@ -40,10 +40,13 @@ GOOD = json.dumps({**CHAT, "max_tokens": 2}).encode()
 HEAD = b'{"messages": [{"role": "user", "content": "Hi"}], '
 
 
-@pytest.mark.parametrize("body, words", [
-    (HEAD + b'"max_tokens": 1' + b"0" * 5000 + b"}", [f"more than {sys.get_int_max_str_digits()} digits"]),
-    (HEAD + b'"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", ["nested more than", "levels"]),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (HEAD + b'"max_tokens": 1' + b"0" * 5000 + b"}", [f"more than {sys.get_int_max_str_digits()} digits"]),
+        (HEAD + b'"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", ["nested more than", "levels"]),
+    ],
+)
 def test_json_python_cannot_parse_is_a_400_and_the_connection_stays_usable(body, words):
     with running_server(FakePipeline()) as url:
         (status, error), (again, reply) = one_connection(url, [body, GOOD])
@@ -69,14 +72,17 @@ def test_an_unexpected_failure_is_a_500_and_the_connection_stays_usable():
     assert again == 200
 
 
-@pytest.mark.parametrize("field, value, no_op", [
-    ("logit_bias", {"7042": -100}, {}),
-    ("frequency_penalty", 1.5, 0),
-    ("presence_penalty", -0.5, 0.0),
-    ("echo", True, False),
-    ("suffix", " and so on", ""),
-    ("best_of", 3, 1),
-])
+@pytest.mark.parametrize(
+    "field, value, no_op",
+    [
+        ("logit_bias", {"7042": -100}, {}),
+        ("frequency_penalty", 1.5, 0),
+        ("presence_penalty", -0.5, 0.0),
+        ("echo", True, False),
+        ("suffix", " and so on", ""),
+        ("best_of", 3, 1),
+    ],
+)
 def test_fields_that_would_change_the_answer_are_refused_unless_they_ask_for_nothing(field, value, no_op):
     with running_server(FakePipeline()) as url:
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "x", field: value})
@@ -89,10 +95,18 @@ def test_fields_that_would_change_the_answer_are_refused_unless_they_ask_for_not
     assert default.status_code == absent.status_code == 200, (default.text, absent.text)
 
 
-@pytest.mark.parametrize("field, value", [
-    ("max_tokens", "3"), ("max_tokens", True), ("max_tokens", 3.5), ("n", "1"), ("n", True), ("seed", "7"),
-    ("top_k", False),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", "3"),
+        ("max_tokens", True),
+        ("max_tokens", 3.5),
+        ("n", "1"),
+        ("n", True),
+        ("seed", "7"),
+        ("top_k", False),
+    ],
+)
 def test_integers_are_strict(field, value):
     """JSON Schema's integers: 3.0 is one (as /openapi.json promises), "3" and true are not."""
     with running_server(FakePipeline()) as url:
@@ -103,15 +117,22 @@ def test_integers_are_strict(field, value):
     assert integral.status_code == 200, integral.text
 
 
-@pytest.mark.parametrize("body, param, sent, unsent", [
-    ({"prompt": "x" * 200}, "prompt", ["'200 tokens'", "send max_tokens <= 57"], ["max_tokens = 128"]),
-    ({"prompt": "x" * 300, "max_tokens": 10}, "prompt", ["'300 tokens'", "shorten the prompt"], ["max_tokens ="]),
-    ({"prompt": "x" * 200, "max_tokens": 100}, "max_tokens", ["max_tokens = 100", "send max_tokens <= 57"], []),
-    ({**CHAT, "messages": [{"role": "user", "content": "x" * 250}]}, "messages", ["'250 tokens'"], ["= 128"]),
-    ({**CHAT, "max_completion_tokens": 100, "messages": [{"role": "user", "content": "x" * 200}]},
-     "max_completion_tokens", ["max_completion_tokens = 100", "send max_completion_tokens <= 57"], []),
-    ({"inputs": "x" * 250}, "inputs", ["'250 tokens'", "parameters.max_new_tokens <= 7"], ["= 128"]),
-])
+@pytest.mark.parametrize(
+    "body, param, sent, unsent",
+    [
+        ({"prompt": "x" * 200}, "prompt", ["'200 tokens'", "send max_tokens <= 57"], ["max_tokens = 128"]),
+        ({"prompt": "x" * 300, "max_tokens": 10}, "prompt", ["'300 tokens'", "shorten the prompt"], ["max_tokens ="]),
+        ({"prompt": "x" * 200, "max_tokens": 100}, "max_tokens", ["max_tokens = 100", "send max_tokens <= 57"], []),
+        ({**CHAT, "messages": [{"role": "user", "content": "x" * 250}]}, "messages", ["'250 tokens'"], ["= 128"]),
+        (
+            {**CHAT, "max_completion_tokens": 100, "messages": [{"role": "user", "content": "x" * 200}]},
+            "max_completion_tokens",
+            ["max_completion_tokens = 100", "send max_completion_tokens <= 57"],
+            [],
+        ),
+        ({"inputs": "x" * 250}, "inputs", ["'250 tokens'", "parameters.max_new_tokens <= 7"], ["= 128"]),
+    ],
+)
 def test_a_prompt_over_the_context_names_the_field_the_client_sent_and_only_its_values(body, param, sent, unsent):
     path = "/invocations" if "inputs" in body else "/v1/chat/completions" if "messages" in body else "/v1/completions"
     with running_server(FakePipeline()) as url:
@@ -147,10 +168,15 @@ def test_response_ids_are_unique_and_the_clients_request_id_is_echoed():
     assert own.json()["id"] == f"cmpl-{own.headers['x-request-id']}"
 
 
-@pytest.mark.parametrize("method, path, allowed", [
-    ("GET", "/v1/chat/completions", "POST"), ("PUT", "/invocations", "POST"), ("POST", "/v1/models", "GET"),
-    ("DELETE", "/health", "GET"),
-])
+@pytest.mark.parametrize(
+    "method, path, allowed",
+    [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("PUT", "/invocations", "POST"),
+        ("POST", "/v1/models", "GET"),
+        ("DELETE", "/health", "GET"),
+    ],
+)
 def test_405_names_the_allowed_methods(method, path, allowed):
     with running_server(FakePipeline()) as url:
         r = httpx.request(method, f"{url}{path}")
@@ -171,15 +197,20 @@ def test_openapi_states_the_limits_the_server_enforces():
     pipeline = FakePipeline(n_positions=256)
     with running_server(pipeline) as url:
         doc = httpx.get(f"{url}/openapi.json").json()
-    chat, completion, lmi, parameters = (_schema(doc, n) for n in ("ChatCompletionBody", "CompletionBody",
-                                                                     "LmiBody", "LmiParameters"))
+    chat, completion, lmi, parameters = (
+        _schema(doc, n) for n in ("ChatCompletionBody", "CompletionBody", "LmiBody", "LmiParameters")
+    )
     assert chat["messages"]["minItems"] == 1
     assert _branch(chat["temperature"], "number")["minimum"] == 0
     top_p = _branch(chat["top_p"], "number")
     assert (top_p["exclusiveMinimum"], top_p["maximum"]) == (0, 1)
     assert chat["n"]["minimum"] == chat["n"]["maximum"] == 1
-    for prop in (chat["max_tokens"], chat["max_completion_tokens"], completion["max_tokens"],
-                 parameters["max_new_tokens"]):  # a 1-token prompt leaves 256 of 256 positions
+    for prop in (
+        chat["max_tokens"],
+        chat["max_completion_tokens"],
+        completion["max_tokens"],
+        parameters["max_new_tokens"],
+    ):  # a 1-token prompt leaves 256 of 256 positions
         assert (_branch(prop, "integer")["minimum"], _branch(prop, "integer")["maximum"]) == (1, 256)
     assert _branch(chat["top_logprobs"], "integer")["maximum"] == MAX_TOP_LOGPROBS
     assert _branch(completion["logprobs"], "integer")["maximum"] == MAX_TOP_LOGPROBS
@@ -190,7 +221,9 @@ def test_openapi_states_the_limits_the_server_enforces():
     assert chat["frequency_penalty"]["enum"] == [None, 0] and chat["echo"]["enum"] == [None, False]
     needs = doc["components"]["schemas"]["ChatCompletionBody"]["allOf"]
     assert {(r["if"]["required"][0], r["then"]["required"][0]) for r in needs} == {
-        ("stream_options", "stream"), ("top_logprobs", "logprobs")}
+        ("stream_options", "stream"),
+        ("top_logprobs", "logprobs"),
+    }
     ok = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(ok) == {"application/json", "text/event-stream"}
     assert "application/jsonlines" in doc["paths"]["/invocations"]["post"]["responses"]["200"]["content"]

@@ -33,8 +33,9 @@ run_server(config, FakePipeline(reply="a" * {reply}, step_s=0.05, n_positions=10
 
 def start(port: int, drain: float = 30, reply: int = 60) -> subprocess.Popen:
     script = SCRIPT.format(tests=str(TESTS), port=port, drain=drain, reply=reply)
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=os.environ.copy())
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
@@ -93,8 +94,11 @@ def test_while_draining_the_port_stays_open_and_ping_health_and_new_requests_ans
     try:
         wait_healthy(url, proc)
         results: dict[str, httpx.Response] = {}
-        running = threading.Thread(target=lambda: results.update(running=httpx.post(
-            f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 300}, timeout=30)))
+        running = threading.Thread(
+            target=lambda: results.update(
+                running=httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 300}, timeout=30)
+            )
+        )
         running.start()
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -129,8 +133,9 @@ def test_a_client_that_leaves_is_aborted_and_sigterm_past_drain_timeout_sends_a_
         deadline = time.monotonic() + 10
         while aborted not in (metrics := httpx.get(f"{url}/metrics").text) and time.monotonic() < deadline:
             time.sleep(0.1)
-        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
-                          json={"prompt": "x", "max_tokens": 900, "stream": True}) as r:
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", timeout=30, json={"prompt": "x", "max_tokens": 900, "stream": True}
+        ) as r:
             for line in r.iter_lines():
                 if not line:
                     continue
@@ -146,7 +151,7 @@ def test_a_client_that_leaves_is_aborted_and_sigterm_past_drain_timeout_sends_a_
     log = proc.stderr.read()
     assert aborted in metrics and 'status="500"' not in metrics and 'status="499"' in metrics, metrics
     assert "client disconnected" in log
-    events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: {")]
+    events = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: {")]
     assert code == 0, log
     assert lines[-1] == "data: [DONE]" and "error" in events[-1], lines[-3:]
     assert "drain_timeout" in events[-1]["error"]["message"] and events[-1]["error"]["code"] == 503

@@ -16,10 +16,18 @@ from neuron_ssp.serve.server import log_serving_batch, serving_batch
 aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
 
-def config(backend: str = "neuron", engine: str = "native", library: str = "transformers-neuronx",
-           batch_size: int = 1, **serve: Any) -> Config:
-    data: dict[str, Any] = {"target": {"path": "/models/Llama-2-70b-hf", "batch_size": batch_size},
-                            "speculation": {"engine": engine}, "serve": serve}
+def config(
+    backend: str = "neuron",
+    engine: str = "native",
+    library: str = "transformers-neuronx",
+    batch_size: int = 1,
+    **serve: Any,
+) -> Config:
+    data: dict[str, Any] = {
+        "target": {"path": "/models/Llama-2-70b-hf", "batch_size": batch_size},
+        "speculation": {"engine": engine},
+        "serve": serve,
+    }
     if backend == "neuron":
         data |= {"platform": {"backend": "neuron", "instance_type": "trn1.32xlarge"}, "neuron": {"library": library}}
     return Config.model_validate(data)
@@ -103,8 +111,9 @@ def test_every_request_of_a_batched_endpoint_passes_the_service_models(
 
     monkeypatch.setattr(capacity, "_serving_batch", lambda _config: (4, "target.batch_size 4"))
     plan = endpoint_plan(INF2_CONFIG, min_instances=1, max_instances=3, scaling_metric=metric)
-    session = boto3.session.Session(region_name="us-east-1", aws_access_key_id="testing",
-                                    aws_secret_access_key="testing")
+    session = boto3.session.Session(
+        region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
     sagemaker, scaling = session.client("sagemaker"), session.client("application-autoscaling")
     for client, operation, params in (
         (sagemaker, "CreateModel", plan.model_request),

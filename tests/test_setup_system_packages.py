@@ -22,12 +22,12 @@ STUBS = {
     "id": '[ "$1" = -u ] && echo "$STUB_UID"',
     # sudo -n: succeeds only where the test says sudo asks no password
     "sudo": 'echo "sudo $*" >>"$STUB_LOG"\n[ "$1" = -n ] && shift\n'
-            '[ "$STUB_SUDO" = nopasswd ] || { echo "sudo: a password is required" >&2; exit 1; }\n"$@"',
+    '[ "$STUB_SUDO" = nopasswd ] || { echo "sudo: a password is required" >&2; exit 1; }\n"$@"',
     "apt-get": 'echo "apt-get $*" >>"$STUB_LOG"\n'
-               '[ "$STUB_APT" != fails ] || exit 100\n[ "$STUB_APT" != installs-nothing ] || exit 0\n'
-               'for pkg in "$@"; do case "$pkg" in\n'
-               '  chromium) make_tool chromium ;; chromium-driver) make_tool chromedriver ;; gcc) make_tool cc ;;\n'
-               'esac; done',
+    '[ "$STUB_APT" != fails ] || exit 100\n[ "$STUB_APT" != installs-nothing ] || exit 0\n'
+    'for pkg in "$@"; do case "$pkg" in\n'
+    "  chromium) make_tool chromium ;; chromium-driver) make_tool chromedriver ;; gcc) make_tool cc ;;\n"
+    "esac; done",
 }
 PRELUDE = '#!{bash}\nmake_tool() {{ printf "#!{bash}\\n" >"$STUB_BIN/$1"; {chmod} +x "$STUB_BIN/$1"; }}\n'
 
@@ -50,10 +50,17 @@ def stub_bin(tmp_path: Path, *, apt: bool = True, have: tuple[str, ...] = ()) ->
 def run_setup(tmp_path: Path, folder: Path, *, uid: int = 0, sudo: str = "", apt: str = "works"):
     log = tmp_path / "calls.log"
     log.touch()
-    env = {"PATH": str(folder), "STUB_BIN": str(folder), "STUB_LOG": str(log), "STUB_UID": str(uid),
-           "STUB_SUDO": sudo, "STUB_APT": apt}
-    result = subprocess.run([BASH, str(ROOT / "setup.sh"), "system"], env=env, capture_output=True, text=True,
-                            timeout=60)
+    env = {
+        "PATH": str(folder),
+        "STUB_BIN": str(folder),
+        "STUB_LOG": str(log),
+        "STUB_UID": str(uid),
+        "STUB_SUDO": sudo,
+        "STUB_APT": apt,
+    }
+    result = subprocess.run(
+        [BASH, str(ROOT / "setup.sh"), "system"], env=env, capture_output=True, text=True, timeout=60
+    )
     return result, log.read_text().splitlines()
 
 
@@ -62,8 +69,7 @@ def test_root_installs_what_is_missing_with_apt_get(tmp_path: Path) -> None:
     result, calls = run_setup(tmp_path, folder)
     assert result.returncode == 0, result.stderr
     assert calls[0] == "apt-get update -qq"
-    assert calls[1].startswith("apt-get install -y") and calls[1].split()[-3:] == ["chromium", "chromium-driver",
-                                                                                   "gcc"]
+    assert calls[1].startswith("apt-get install -y") and calls[1].split()[-3:] == ["chromium", "chromium-driver", "gcc"]
     assert all((folder / tool).exists() for tool in ("chromium", "chromedriver", "cc"))
 
 
@@ -126,6 +132,7 @@ def test_the_stubs_are_all_the_script_can_reach(tmp_path: Path) -> None:
     """The guard the other tests rely on: with the stub folder as PATH, no real tool resolves."""
     folder = stub_bin(tmp_path)
     env = {**os.environ, "PATH": str(folder)}
-    found = subprocess.run([BASH, "-c", "command -v apt-get sudo id pip python3 chromium || true"], env=env,
-                           capture_output=True, text=True).stdout.split()
+    found = subprocess.run(
+        [BASH, "-c", "command -v apt-get sudo id pip python3 chromium || true"], env=env, capture_output=True, text=True
+    ).stdout.split()
     assert found == [str(folder / name) for name in ("apt-get", "sudo", "id")]

@@ -14,8 +14,9 @@ UNNAMED = re.compile(r"seed blog|the seed's|seed's |\bthe seed\b|DESIGN\.md|AWS'
 
 
 def test_plan_output_names_its_sources() -> None:
-    result = CliRunner().invoke(main, ["plan", str(ROOT / "configs" / "llama2-70b-7b-trn1-bf16.yaml")],
-                                env={"COLUMNS": "200"})
+    result = CliRunner().invoke(
+        main, ["plan", str(ROOT / "configs" / "llama2-70b-7b-trn1-bf16.yaml")], env={"COLUMNS": "200"}
+    )
     assert result.exit_code == 0, result.output
     assert not UNNAMED.search(result.output), result.output
     assert "AWS Machine Learning Blog" in result.output and "AWS Neuron docs" in result.output

@@ -60,16 +60,23 @@ def test_json_holds_each_figure_under_its_definition():
     stats = timed(stats_of([(4, 2, 3), (0, 0, 1)]), draft_s=0.5, target_s=1.25, wall_s=2.0)
     stats.new_tokens = 8
     assert stats.to_dict() == {
-        "k": 5, "new_tokens": 8,
+        "k": 5,
+        "new_tokens": 8,
         "acceptance_rate": 0.5,  # 2 kept of 4 drafted
         "mean_accepted_length": 2.0,  # τ: 4 committed / 2 calls
-        "target_calls": 2, "num_drafts": 1,
+        "target_calls": 2,
+        "num_drafts": 1,
         "vllm_mean_acceptance_length": 3.0,  # 1 + 2 kept / 1 drafting call
-        "draft_tokens": 4, "accepted_tokens": 2,
+        "draft_tokens": 4,
+        "accepted_tokens": 2,
         "per_position_acceptance": [1.0, 1.0, 0.0, 0.0],
         "vllm_per_position_acceptance": [1.0, 1.0, 0.0, 0.0],
-        "tokens_per_s": 4.0, "ms_per_token": 250.0,
-        "wall_s": 2.0, "time_draft_s": 0.5, "time_target_s": 1.25, "time_overhead_s": 0.25,
+        "tokens_per_s": 4.0,
+        "ms_per_token": 250.0,
+        "wall_s": 2.0,
+        "time_draft_s": 0.5,
+        "time_target_s": 1.25,
+        "time_overhead_s": 0.25,
         "tokens_after_eos": 0,  # work an engine did past an EOS it could not stop at
     }
 

@@ -37,13 +37,13 @@ def brute_counts(sequences: list[list[int]], context: list[int], depth: int) -> 
     counts: Counter = Counter()
     for seq in sequences:
         for start in range(len(seq) - n):
-            if n + 1 <= depth + 1 and seq[start: start + n] == context:
+            if n + 1 <= depth + 1 and seq[start : start + n] == context:
                 counts[seq[start + n]] += 1
     return counts
 
 
 def all_contexts(sequences: list[list[int]], depth: int) -> set[tuple[int, ...]]:
-    return {tuple(seq[i: i + n]) for seq in sequences for n in range(1, depth + 1) for i in range(len(seq) - n + 1)}
+    return {tuple(seq[i : i + n]) for seq in sequences for n in range(1, depth + 1) for i in range(len(seq) - n + 1)}
 
 
 def assert_tree_matches(tree: SuffixTree, sequences: list[list[int]]) -> None:
@@ -77,7 +77,7 @@ def test_growing_sequence_equals_one_built_at_once(seed):
     last, i = sequences[-1], 0
     while i < len(last):
         step = rng.randrange(1, 4)
-        tree.extend(sid, last[i: i + step])
+        tree.extend(sid, last[i : i + step])
         i += step
     assert_tree_matches(tree, sequences)
 
@@ -163,7 +163,7 @@ def test_eviction_keeps_the_history_under_cache_tokens():
         history.add(tokens)
         assert history.stored_tokens <= 100
     kept = history.tree.sequences()
-    assert kept == requests[len(requests) - len(kept):]  # the newest requests, oldest evicted first
+    assert kept == requests[len(requests) - len(kept) :]  # the newest requests, oldest evicted first
     nodes, leaves = history.tree.node_count()
     assert leaves <= 100 and nodes <= 100 * 7  # memory follows the stored tokens, not everything seen
     fresh = SuffixTree(6)
@@ -196,13 +196,16 @@ def test_load_evicts_to_cache_tokens_and_compacts_the_file(tmp_path):
     assert len(path.read_text().splitlines()) == 3  # header + the two kept requests
 
 
-@pytest.mark.parametrize("content, says", [
-    ("not json\n[1, 2]\n", "line 1"),
-    ('{"format": "neuron-ssp suffix history", "version": 1, "model": "m", "vocab_size": 64}\n[1, 2\n', "line 2"),
-    ('{"format": "neuron-ssp suffix history", "version": 1, "model": "m", "vocab_size": 64}\n[1, 999]\n', "line 2"),
-    ('{"format": "neuron-ssp suffix history", "version": 1, "model": "other", "vocab_size": 64}\n', "other"),
-    ("\x00\xff garbage", "line 1"),
-])
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("not json\n[1, 2]\n", "line 1"),
+        ('{"format": "neuron-ssp suffix history", "version": 1, "model": "m", "vocab_size": 64}\n[1, 2\n', "line 2"),
+        ('{"format": "neuron-ssp suffix history", "version": 1, "model": "m", "vocab_size": 64}\n[1, 999]\n', "line 2"),
+        ('{"format": "neuron-ssp suffix history", "version": 1, "model": "other", "vocab_size": 64}\n', "other"),
+        ("\x00\xff garbage", "line 1"),
+    ],
+)
 def test_a_corrupt_file_gives_a_clear_error_and_an_empty_start(tmp_path, caplog, content, says):
     path = tmp_path / "history.jsonl"
     path.write_text(content, errors="surrogateescape") if "\x00" not in content else path.write_bytes(b"\x00\xff")
@@ -242,8 +245,15 @@ def test_config_block_and_errors():
 
 def make(target, drafter, k, policy=None):
     rng = torch.Generator()
-    return SpeculativeGenerator(target, drafter, build_acceptor("greedy", sampling_params(GREEDY), rng),
-                                policy or FixedPolicy(k), GREEDY, k, rng)
+    return SpeculativeGenerator(
+        target,
+        drafter,
+        build_acceptor("greedy", sampling_params(GREEDY), rng),
+        policy or FixedPolicy(k),
+        GREEDY,
+        k,
+        rng,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 5, 8])
@@ -274,11 +284,16 @@ def test_greedy_ssp_with_suffix_equals_plain_on_the_embedded_model(use_embedded_
     from neuron_ssp.config import load_config
     from neuron_ssp.pipeline.load import load_pipeline
 
-    pipeline = load_pipeline(load_config(overrides={"speculation.drafter": "suffix", "generation.max_new_tokens": 48,
-                                                    "sampling.temperature": 0.0}))
-    prompts = ["Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the "
-               "engineer Gustave Eiffel, whose company designed and built it from 1887 to 1889.",
-               "Count from 1 to 30, separated by commas."]
+    pipeline = load_pipeline(
+        load_config(
+            overrides={"speculation.drafter": "suffix", "generation.max_new_tokens": 48, "sampling.temperature": 0.0}
+        )
+    )
+    prompts = [
+        "Summarize: The Eiffel Tower is a wrought-iron lattice tower in Paris. It is named after the "
+        "engineer Gustave Eiffel, whose company designed and built it from 1887 to 1889.",
+        "Count from 1 to 30, separated by commas.",
+    ]
     for prompt in prompts + prompts:  # the second round drafts from the first round's history
         assert pipeline.speculative(prompt).tokens == pipeline.plain(prompt).tokens
     assert pipeline.generator.drafter.history.stored_tokens > 0
@@ -332,7 +347,7 @@ def test_a_prefer_recent_tree_drafts_what_followed_the_latest_occurrence(seed):
         seq += step
         for n in range(1, 4):
             context = seq[-n:]
-            starts = [i for i in range(len(seq) - n) if seq[i: i + n] == context]
+            starts = [i for i in range(len(seq) - n) if seq[i : i + n] == context]
             path = tree.speculate(context, 1, max_spec_factor=4.0, min_token_prob=0.0)
             if starts and path.match_len == n:
                 assert path.tokens == [seq[starts[-1] + n]], (seq, context)

@@ -56,13 +56,15 @@ def test_doctor() -> None:
 def test_generation_commands(tiny_model: None, tmp_path: Path) -> None:
     prompts = str(write_prompts(tmp_path / "prompts.jsonl", PROMPT_ROWS))
     assert "same tokens" in run_at_80("compare", "--max-new-tokens", "6", "--warmup", "0", "abcabcabc")
-    assert "SSp ms/token" in run_at_80("latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0",
-                                       "--prompts", prompts)
+    assert "SSp ms/token" in run_at_80(
+        "latency", "--max-new-tokens", "6", "--nb-prompts", "1", "--warmup", "0", "--prompts", prompts
+    )
     assert "95% Wilson interval" in run_at_80("eval", "--nb-prompts", "2", "--answer-tokens", "3")
     bench = run_at_80("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6")
     assert "HF lookup" in bench and "SSp ÷ HF" in bench and "geomean" in bench
-    assert "report" in run_at_80("bench", "--prompts", prompts, "--prompts", prompts, "--half", "report",
-                                 "--max-new-tokens", "4")
+    assert "report" in run_at_80(
+        "bench", "--prompts", prompts, "--prompts", prompts, "--half", "report", "--max-new-tokens", "4"
+    )
 
 
 def header_fields(command: list[str]) -> list[str]:
@@ -79,8 +81,7 @@ HEADED_COMMANDS = {
     "eval": ["eval", "--nb-prompts", "2", "--answer-tokens", "3"],
     "eval-lossless": ["eval", "--lossless", "--samples", "20", "--max-new-tokens", "2", "--temperature", "1.0"],
     "bench": ["bench", "--nb-prompts", "1", "--max-new-tokens", "6", "--prompts"],
-    "bench-drafters": ["bench", "--nb-prompts", "1", "--max-new-tokens", "4", "--drafter", "ngram,suffix",
-                       "--prompts"],
+    "bench-drafters": ["bench", "--nb-prompts", "1", "--max-new-tokens", "4", "--drafter", "ngram,suffix", "--prompts"],
     "tune-k": ["tune-k", "--k", "2,3", "--nb-prompts", "1", "--max-new-tokens", "4", "--prompts"],
 }
 

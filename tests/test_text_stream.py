@@ -21,8 +21,9 @@ def tokenizer() -> PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     bpe.train_from_iterator(["hello world, the cat sat on the mat"] * 20, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
 
@@ -99,9 +100,11 @@ def test_equal_to_full_decoding_on_real_text_with_the_embedded_tokenizer(use_emb
     from neuron_ssp.embedded.models import resolve_model_path
 
     real = AutoTokenizer.from_pretrained(str(resolve_model_path("embedded:smollm2-135m-instruct", "target.path")))
-    prose = ("The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
-             "Il porte le nom de l'ingénieur Gustave Eiffel. 東京タワーは赤い。 Emoji: 🗼🇫🇷, maths: ∑ x² ≤ π.\n"
-             "def f(x):\n    return {'a': [1, 2]}  # code, too\n")
+    prose = (
+        "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "
+        "Il porte le nom de l'ingénieur Gustave Eiffel. 東京タワーは赤い。 Emoji: 🗼🇫🇷, maths: ∑ x² ≤ π.\n"
+        "def f(x):\n    return {'a': [1, 2]}  # code, too\n"
+    )
     ids = real(prose)["input_ids"] + [real.eos_token_id]
     assert "".join(deltas(real, ids)) == real.decode(ids, skip_special_tokens=True)
     chat = real.apply_chat_template([{"role": "user", "content": prose}], tokenize=False)

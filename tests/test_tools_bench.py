@@ -11,8 +11,18 @@ from neuron_ssp.errors import UsageError
 from neuron_ssp.tools.bench import ALL, run_bench
 from neuron_ssp.tools.prompt_set import BenchPrompt, balanced, by_category, load_prompts
 
-SUMMARY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "ssp_vs_hf_plain",
-                "hf_prompt_lookup_speedup", "mean_accepted_length", "acceptance_rate", "outputs_equal"}
+SUMMARY_KEYS = {
+    "prompts",
+    "plain_tok_s",
+    "ssp_tok_s",
+    "speedup",
+    "hf_plain_tok_s",
+    "ssp_vs_hf_plain",
+    "hf_prompt_lookup_speedup",
+    "mean_accepted_length",
+    "acceptance_rate",
+    "outputs_equal",
+}
 
 
 def test_prompt_file_errors_name_the_line(tmp_path):
@@ -86,8 +96,9 @@ def test_repeat_measures_each_prompt_again_and_rotates_the_order(monkeypatch):
     calls: list[str] = []
     real_plain, real_hf = bench.plain_generate, bench.hf_generate
     monkeypatch.setattr(bench, "plain_generate", lambda *a, **kw: calls.append("plain") or real_plain(*a, **kw))
-    monkeypatch.setattr(bench, "hf_generate",
-                        lambda *a, **kw: calls.append("hf_lookup" if kw else "hf_plain") or real_hf(*a, **kw))
+    monkeypatch.setattr(
+        bench, "hf_generate", lambda *a, **kw: calls.append("hf_lookup" if kw else "hf_plain") or real_hf(*a, **kw)
+    )
     prompts = {"copy": [BenchPrompt("copy", PROMPT_ROWS[0][1])]}
     result = run_bench(tiny_pipeline(), prompts, 6, hf_lookup_tokens=3, repeat=2)
     category = result.categories[0]

@@ -19,10 +19,28 @@ from neuron_ssp.config import Config
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, tiny_model_dirs
 
-ROW_KEYS = {"k", "alpha", "c", "mean_accepted_length", "speedup_measured", "speedup_predicted", "speedup_width_model",
-            "speedup_leviathan"}
-CATEGORY_KEYS = {"prompts", "plain_tok_s", "ssp_tok_s", "speedup", "hf_plain_tok_s", "ssp_vs_hf_plain",
-                 "hf_prompt_lookup_speedup", "mean_accepted_length", "acceptance_rate", "outputs_equal"}
+ROW_KEYS = {
+    "k",
+    "alpha",
+    "c",
+    "mean_accepted_length",
+    "speedup_measured",
+    "speedup_predicted",
+    "speedup_width_model",
+    "speedup_leviathan",
+}
+CATEGORY_KEYS = {
+    "prompts",
+    "plain_tok_s",
+    "ssp_tok_s",
+    "speedup",
+    "hf_plain_tok_s",
+    "ssp_vs_hf_plain",
+    "hf_prompt_lookup_speedup",
+    "mean_accepted_length",
+    "acceptance_rate",
+    "outputs_equal",
+}
 
 
 @pytest.fixture
@@ -47,8 +65,22 @@ def test_tune_k_json_plot_and_write(tiny_model, prompts, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("# keep me\nspeculation:\n  k: 4  # window\n")
     plot = tmp_path / "k.png"
-    result = run("tune-k", "--k", "2..3", "--prompts", prompts, "--nb-prompts", "2", "--max-new-tokens", "8",
-                 "--json", "--plot", str(plot), "--write", str(config))
+    result = run(
+        "tune-k",
+        "--k",
+        "2..3",
+        "--prompts",
+        prompts,
+        "--nb-prompts",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--plot",
+        str(plot),
+        "--write",
+        str(config),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert set(data) == {"recommended_k", "rows", "call_ms_by_width", "prefill_ms_mean"}
@@ -68,8 +100,22 @@ def test_tune_k_table(tiny_model, prompts):
 
 def test_bench_json_has_the_documented_shape(tiny_model, prompts, tmp_path):
     plot = tmp_path / "bench.png"
-    result = run("bench", "--prompts", prompts, "--categories", "copy,open", "--nb-prompts", "1",
-                 "--max-new-tokens", "8", "--hf-lookup-tokens", "3", "--json", "--plot", str(plot))
+    result = run(
+        "bench",
+        "--prompts",
+        prompts,
+        "--categories",
+        "copy,open",
+        "--nb-prompts",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--hf-lookup-tokens",
+        "3",
+        "--json",
+        "--plot",
+        str(plot),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert set(data) == {"machine", "categories"} and set(data["categories"]) == {"copy", "open"}
@@ -89,13 +135,20 @@ def test_eval_json(tiny_model):
     result = run("eval", "--nb-prompts", "3", "--answer-tokens", "4", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["problems"] == 3 and set(data["plain"]) == {"correct", "n", "accuracy", "wald_95", "wilson_95",
-                                                            "clopper_pearson_95"}
+    assert data["problems"] == 3 and set(data["plain"]) == {
+        "correct",
+        "n",
+        "accuracy",
+        "wald_95",
+        "wilson_95",
+        "clopper_pearson_95",
+    }
     assert data["z_test"]["differ"] is False and len(data["answers"]) == 3
 
 
-@pytest.mark.parametrize("interval, header", [(None, "Wilson"), ("clopper-pearson", "Clopper-Pearson"),
-                                              ("wald", "Wald")])
+@pytest.mark.parametrize(
+    "interval, header", [(None, "Wilson"), ("clopper-pearson", "Clopper-Pearson"), ("wald", "Wald")]
+)
 def test_eval_table_shows_the_chosen_interval(tiny_model, interval, header):
     """A tiny random model answers nothing right: 0/3, where Wald collapses to [0.000, 0.000]."""
     args = ["eval", "--nb-prompts", "3", "--answer-tokens", "4"] + (["--interval", interval] if interval else [])
@@ -113,17 +166,20 @@ def test_eval_lossless_json(tiny_model):
     assert 0.0 <= data["tv"] <= data["tv_upper_bound"] <= 1.0
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["tune-k", "--k", "1..3"], "--k"),
-    (["tune-k", "--k", "2,80"], "speculation.k"),
-    (["tune-k", "--plot", "out.txt"], "--plot"),
-    (["tune-k", "--write", "/no/such/dir/c.yaml"], "--write"),
-    (["tune-k", "--nb-prompts", "0"], "--nb-prompts"),
-    (["bench", "--categories", "poetry"], "--categories"),
-    (["bench", "--prompts", "/no/such/prompts.jsonl"], "--prompts"),
-    (["eval", "--nb-prompts", "0"], "--nb-prompts"),
-    (["eval", "--lossless", "--samples", "1"], "--samples"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["tune-k", "--k", "1..3"], "--k"),
+        (["tune-k", "--k", "2,80"], "speculation.k"),
+        (["tune-k", "--plot", "out.txt"], "--plot"),
+        (["tune-k", "--write", "/no/such/dir/c.yaml"], "--write"),
+        (["tune-k", "--nb-prompts", "0"], "--nb-prompts"),
+        (["bench", "--categories", "poetry"], "--categories"),
+        (["bench", "--prompts", "/no/such/prompts.jsonl"], "--prompts"),
+        (["eval", "--nb-prompts", "0"], "--nb-prompts"),
+        (["eval", "--lossless", "--samples", "1"], "--samples"),
+    ],
+)
 def test_bad_input_is_refused_with_the_field(tiny_model, args, field):
     result = run(*args)
     assert result.exit_code == 2, result.output
@@ -163,22 +219,66 @@ def test_tune_k_on_neuron_without_the_library_says_what_to_install(tiny_model_di
 
 def test_bench_compares_drafters_and_runs_the_repeated_workload(tiny_model, prompts, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
-    result = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
-                 "--drafter", "ngram,suffix", "--json")
+    result = run(
+        "bench",
+        "--prompts",
+        prompts,
+        "--nb-prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--no-hf",
+        "--drafter",
+        "ngram,suffix",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert set(data["drafters"]) == {"ngram", "suffix"}
     assert all(row["outputs_equal"] for d in data["drafters"].values() for row in d["categories"].values())
-    table = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6", "--no-hf",
-                "--drafter", "ngram", "--drafter", "suffix")
+    table = run(
+        "bench",
+        "--prompts",
+        prompts,
+        "--nb-prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--no-hf",
+        "--drafter",
+        "ngram",
+        "--drafter",
+        "suffix",
+    )
     assert table.exit_code == 0 and "geomean" in table.output, table.output
     assert "…" not in table.output and "suffix acc len" in table.output  # nothing cut at the runner's width
-    repeated = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6",
-                   "--drafter", "suffix", "--repeated-workload", "--json")
+    repeated = run(
+        "bench",
+        "--prompts",
+        prompts,
+        "--nb-prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--drafter",
+        "suffix",
+        "--repeated-workload",
+        "--json",
+    )
     assert repeated.exit_code == 0, repeated.output
     assert list(json.loads(repeated.output)["repeated"]) == ["first", "warm", "cold"]
-    both = run("bench", "--prompts", prompts, "--nb-prompts", "1", "--max-new-tokens", "6",
-               "--drafter", "ngram,suffix", "--repeated-workload")
+    both = run(
+        "bench",
+        "--prompts",
+        prompts,
+        "--nb-prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--drafter",
+        "ngram,suffix",
+        "--repeated-workload",
+    )
     assert both.exit_code == 0 and "drafter suffix" in both.output and "…" not in both.output, both.output
     bad = run("bench", "--prompts", prompts, "--drafter", "ngram,sufix")
     assert bad.exit_code == 2 and "speculation.drafter" in bad.output

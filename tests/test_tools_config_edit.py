@@ -73,12 +73,15 @@ def test_flow_style_is_kept_and_a_missing_file_created(tmp_path: Path) -> None:
     assert load_config(new).speculation.k == 3
 
 
-@pytest.mark.parametrize("text, rule", [
-    ("speculation: 4\n", "speculation is 4, not a section"),
-    ("speculation:\n  k: 4\nspeculation:\n  k: 5\n", "the YAML cannot be edited"),  # PyYAML keeps the last
-    ("- a list\n", "the top level must be a mapping"),
-    ("speculation: [k\n", "YAML does not parse"),
-])
+@pytest.mark.parametrize(
+    "text, rule",
+    [
+        ("speculation: 4\n", "speculation is 4, not a section"),
+        ("speculation:\n  k: 4\nspeculation:\n  k: 5\n", "the YAML cannot be edited"),  # PyYAML keeps the last
+        ("- a list\n", "the top level must be a mapping"),
+        ("speculation: [k\n", "YAML does not parse"),
+    ],
+)
 def test_a_file_that_cannot_take_k_is_refused_with_the_reason(tmp_path: Path, text: str, rule: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)

@@ -26,8 +26,10 @@ def loaded(embedded_cache: str) -> Pipeline:
 @pytest.fixture
 def embedded(loaded: Pipeline, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each command gets a pipeline for its own config around the one loaded model."""
-    monkeypatch.setattr("neuron_ssp.cli.tools.load_with_status",
-                        lambda config: pipeline_on(loaded.target, config, loaded.tokenizer, loaded.eos_token_ids))
+    monkeypatch.setattr(
+        "neuron_ssp.cli.tools.load_with_status",
+        lambda config: pipeline_on(loaded.target, config, loaded.tokenizer, loaded.eos_token_ids),
+    )
 
 
 def invoke(*args: str) -> dict:

@@ -22,16 +22,19 @@ def test_problems_are_reproducible_and_in_range():
     assert MathProblem(12, 34).answer == 408 and "12 times 34" in MathProblem(12, 34).prompt
 
 
-@pytest.mark.parametrize(("text", "number"), [
-    ("408", 408),
-    (" The answer is 1,234.", 1234),
-    ("12 x 34 = 408", 12),  # the first integer, as dust-tt/llama2-ssp scores it
-    ("-5 degrees", -5),
-    ("3,45", 3),
-    ("9801!", 9801),
-    ("no digits here", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("408", 408),
+        (" The answer is 1,234.", 1234),
+        ("12 x 34 = 408", 12),  # the first integer, as dust-tt/llama2-ssp scores it
+        ("-5 degrees", -5),
+        ("3,45", 3),
+        ("9801!", 9801),
+        ("no digits here", None),
+        ("", None),
+    ],
+)
 def test_first_integer(text, number):
     assert first_integer(text) == number
 

@@ -14,8 +14,11 @@ import neuron_ssp.cli.tools as cli_tools
 from neuron_ssp.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRA = {"matplotlib": ("matplotlib", "matplotlib.figure"), "scipy": ("scipy", "scipy.stats"),
-         "ruamel.yaml": ("ruamel", "ruamel.yaml", "ruamel.yaml.util")}
+EXTRA = {
+    "matplotlib": ("matplotlib", "matplotlib.figure"),
+    "scipy": ("scipy", "scipy.stats"),
+    "ruamel.yaml": ("ruamel", "ruamel.yaml", "ruamel.yaml.util"),
+}
 INSTALL = "pip install 'neuron-ssp[tools]'"
 
 
@@ -33,13 +36,17 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli_tools, "load_with_status", refuse)
 
 
-@pytest.mark.parametrize("package, args", [
-    ("scipy", ["eval", "--nb-prompts", "2"]),
-    ("scipy", ["eval", "--lossless", "--samples", "10"]),
-    ("matplotlib", ["tune-k", "--k", "2,3", "--plot", "{tmp}/k.png"]),
-    ("matplotlib", ["bench", "--nb-prompts", "1", "--plot", "{tmp}/bench.png"]),
-    ("ruamel.yaml", ["tune-k", "--k", "2,3", "--write", "{tmp}/tuned.yaml"]),
-], ids=["eval", "eval-lossless", "tune-k-plot", "bench-plot", "tune-k-write"])
+@pytest.mark.parametrize(
+    "package, args",
+    [
+        ("scipy", ["eval", "--nb-prompts", "2"]),
+        ("scipy", ["eval", "--lossless", "--samples", "10"]),
+        ("matplotlib", ["tune-k", "--k", "2,3", "--plot", "{tmp}/k.png"]),
+        ("matplotlib", ["bench", "--nb-prompts", "1", "--plot", "{tmp}/bench.png"]),
+        ("ruamel.yaml", ["tune-k", "--k", "2,3", "--write", "{tmp}/tuned.yaml"]),
+    ],
+    ids=["eval", "eval-lossless", "tune-k-plot", "bench-plot", "tune-k-write"],
+)
 def test_a_command_without_its_package_says_what_to_install(monkeypatch, no_model, tmp_path, package, args):
     (tmp_path / "tuned.yaml").write_text("speculation:\n  k: 4\n")
     without(monkeypatch, package)
@@ -49,14 +56,15 @@ def test_a_command_without_its_package_says_what_to_install(monkeypatch, no_mode
     assert "Traceback" not in result.output and not isinstance(result.exception, AssertionError)
 
 
-BLOCK_EXTRA = ("import sys\n"
-               f"for name in {[m for modules in EXTRA.values() for m in modules]!r}:\n"
-               "    sys.modules[name] = None\n")
+BLOCK_EXTRA = (
+    f"import sys\nfor name in {[m for modules in EXTRA.values() for m in modules]!r}:\n    sys.modules[name] = None\n"
+)
 
 
 def test_the_cli_and_validate_run_without_the_extra() -> None:
-    script = BLOCK_EXTRA + ("from neuron_ssp.cli import main\n"
-                            "main(['validate', 'configs/llama2-70b-7b-trn1-bf16.yaml'])\n")
+    script = BLOCK_EXTRA + (
+        "from neuron_ssp.cli import main\nmain(['validate', 'configs/llama2-70b-7b-trn1-bf16.yaml'])\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert ": valid" in result.stdout

@@ -14,12 +14,15 @@ from neuron_ssp.tools.leviathan import (
 )
 
 
-@pytest.mark.parametrize(("alpha", "drafted", "tokens"), [
-    (0.5, 3, 1.875),  # 1 + .5 + .25 + .125
-    (0.0, 5, 1.0),  # nothing accepted: the target's own token only
-    (1.0, 4, 5.0),  # everything accepted: all drafts plus the bonus
-    (0.8, 0, 1.0),  # no draft: a plain step
-])
+@pytest.mark.parametrize(
+    ("alpha", "drafted", "tokens"),
+    [
+        (0.5, 3, 1.875),  # 1 + .5 + .25 + .125
+        (0.0, 5, 1.0),  # nothing accepted: the target's own token only
+        (1.0, 4, 5.0),  # everything accepted: all drafts plus the bonus
+        (0.8, 0, 1.0),  # no draft: a plain step
+    ],
+)
 def test_expected_tokens_per_call(alpha, drafted, tokens):
     assert expected_tokens_per_call(alpha, drafted) == pytest.approx(tokens)
 

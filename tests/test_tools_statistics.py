@@ -69,7 +69,9 @@ def test_wilson_and_clopper_pearson_known_values():
 
 
 def test_the_z_test_is_signed_and_symmetric():
-    up, down = two_proportion_z_test(Proportion(60, 100), Proportion(50, 100)), \
-        two_proportion_z_test(Proportion(50, 100), Proportion(60, 100))
+    up, down = (
+        two_proportion_z_test(Proportion(60, 100), Proportion(50, 100)),
+        two_proportion_z_test(Proportion(50, 100), Proportion(60, 100)),
+    )
     assert up.z == pytest.approx(-down.z) and up.p_value == pytest.approx(down.p_value)
     assert two_proportion_z_test(Proportion(0, 10), Proportion(0, 10)).p_value == 1.0

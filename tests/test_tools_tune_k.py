@@ -25,13 +25,15 @@ def record_measured_runs(monkeypatch: pytest.MonkeyPatch, group: KGroup) -> list
     """(window, stats) of every measured run in call order, window 0 for plain decoding."""
     runs: list[tuple[int, GenerationStats]] = []
 
-    def recording(key: int, generate: Callable[..., GenerationResult],
-                  budget_at: int) -> Callable[..., GenerationResult]:
+    def recording(
+        key: int, generate: Callable[..., GenerationResult], budget_at: int
+    ) -> Callable[..., GenerationResult]:
         def run(*args: Any) -> GenerationResult:
             result = generate(*args)
             if args[budget_at] == MEASURED_TOKENS:
                 runs.append((key, result.stats))
             return result
+
         return run
 
     # plain_generate(target, ids, max_new_tokens, ...); generator.generate(ids, max_new_tokens, eos)
@@ -56,11 +58,17 @@ def test_each_row_is_the_ratio_of_sums_over_that_windows_measured_runs(monkeypat
         drafted, accepted = sum(s.draft_tokens for s in ssp), sum(s.accepted_tokens for s in ssp)
         assert drafted > 0  # the repetitive prompts draft: otherwise the figures below would prove little
         assert row.alpha == pytest.approx(accepted / drafted)
-        assert row.mean_accepted_length == pytest.approx(sum(s.loop_tokens for s in ssp)
-                                                         / sum(s.target_calls for s in ssp))
-        assert row.per_position_acceptance == pytest.approx([
-            sum(s.accepted_at[i] for s in ssp) / sum(s.proposed_at[i] for s in ssp)
-            if sum(s.proposed_at[i] for s in ssp) else None for i in range(row.k - 1)])
+        assert row.mean_accepted_length == pytest.approx(
+            sum(s.loop_tokens for s in ssp) / sum(s.target_calls for s in ssp)
+        )
+        assert row.per_position_acceptance == pytest.approx(
+            [
+                sum(s.accepted_at[i] for s in ssp) / sum(s.proposed_at[i] for s in ssp)
+                if sum(s.proposed_at[i] for s in ssp)
+                else None
+                for i in range(row.k - 1)
+            ]
+        )
         ssp_tok_s = sum(s.new_tokens for s in ssp) / sum(s.wall_s for s in ssp)
         assert row.speedup_measured == pytest.approx(ssp_tok_s / plain_tok_s)
         assert row.ms_per_token == pytest.approx(1000.0 / ssp_tok_s)
@@ -145,8 +153,9 @@ def test_the_default_table_fits_80_columns():
     from neuron_ssp.cli.tools_report import tune_k_table
     from neuron_ssp.speculation.call_cost import WidthCost
 
-    result = TuneKResult([_row(k, 1.0 + k / 10) for k in range(2, 11)], 4, 128,
-                         WidthCost({w: 30.0 + w for w in range(1, 11)}))
+    result = TuneKResult(
+        [_row(k, 1.0 + k / 10) for k in range(2, 11)], 4, 128, WidthCost({w: 30.0 + w for w in range(1, 11)})
+    )
     console = Console(width=80, record=True)
     console.print(tune_k_table(result, "tune-k over 4 prompts", show_setup=False))
     lines = console.export_text().splitlines()

@@ -84,8 +84,15 @@ def test_validate_reports_schema_and_yaml_problems_as_invalid(tmp_path: Path) ->
 def test_plan_trn1_bf16_prints_memory_order_and_cost() -> None:
     result = _run("plan", TRN1_BF16)
     assert result.exit_code == 0, result.output
-    for text in ("llama-2-70b", "10.8", "load order: target -> draft", "NEURON_RT_VISIBLE_CORES=0-31",
-                 "$21.50/h", "$123.03 per million generated tokens at 20.6 ms/token", "fits"):
+    for text in (
+        "llama-2-70b",
+        "10.8",
+        "load order: target -> draft",
+        "NEURON_RT_VISIBLE_CORES=0-31",
+        "$21.50/h",
+        "$123.03 per million generated tokens at 20.6 ms/token",
+        "fits",
+    ):
         assert text in result.output, text
 
 

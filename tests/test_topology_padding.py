@@ -113,8 +113,9 @@ def test_inf2_24xlarge_does_not_host_llama2_70b_with_7b_in_bf16() -> None:
 
 def test_every_refused_instance_says_why() -> None:
     plans = {p.instance.name: p for p in plan_all_instances(config_from_dict(neuron_pair()))}
-    assert plans["trn2.48xlarge"].refusal.startswith("transformers-neuronx does not support trn2 (NxD Inference does: "
-                                                      "set neuron.library: nxdi")
+    assert plans["trn2.48xlarge"].refusal.startswith(
+        "transformers-neuronx does not support trn2 (NxD Inference does: set neuron.library: nxdi"
+    )
     assert "it has 2 cores" in plans["inf2.xlarge"].refusal
     refused = [p for p in plans.values() if p.recommended_tp is None]
     assert refused and all(p.refusal for p in refused)

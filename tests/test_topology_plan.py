@@ -75,8 +75,7 @@ def test_cost_defaults_to_the_published_latency() -> None:
     assert plan.cost_per_million_tokens == pytest.approx(21.50 * 20.6 / 3.6)
     given = plan_deployment(config_from_dict(neuron_pair()), ms_per_token=10.0)
     assert given.cost_per_million_tokens == pytest.approx(21.50 * 10 / 3.6)
-    unknown = plan_deployment(config_from_dict(neuron_pair(target=LLAMA3_70B, draft="/m/llama-3-8b")),
-                              "inf2.48xlarge")
+    unknown = plan_deployment(config_from_dict(neuron_pair(target=LLAMA3_70B, draft="/m/llama-3-8b")), "inf2.48xlarge")
     assert unknown.cost_per_million_tokens is None and "--ms-per-token" in unknown.ms_per_token_source
 
 
@@ -145,37 +144,49 @@ def test_placement_relations_order_and_visible_cores() -> None:
 
 def test_instance_catalog_matches_design() -> None:
     assert {n: (i.neuron_cores, i.hbm_per_core_gib) for n, i in INSTANCES.items()} == {
-        "inf2.xlarge": (2, 16), "inf2.8xlarge": (2, 16), "inf2.24xlarge": (12, 16),
-        "inf2.48xlarge": (24, 16), "trn1.2xlarge": (2, 16), "trn1.32xlarge": (32, 16),
-        "trn1n.32xlarge": (32, 16), "trn2.48xlarge": (64, 24),
+        "inf2.xlarge": (2, 16),
+        "inf2.8xlarge": (2, 16),
+        "inf2.24xlarge": (12, 16),
+        "inf2.48xlarge": (24, 16),
+        "trn1.2xlarge": (2, 16),
+        "trn1.32xlarge": (32, 16),
+        "trn1n.32xlarge": (32, 16),
+        "trn2.48xlarge": (64, 24),
     }
     assert INSTANCES["trn1.32xlarge"].hbm_per_core_bytes == 16 * GIB
-    assert {n for n, i in INSTANCES.items() if i.price_source == PRICE_FROM_NEURON_DOCS} == {"inf2.48xlarge",
-                                                                                         "trn1.32xlarge"}
+    assert {n for n, i in INSTANCES.items() if i.price_source == PRICE_FROM_NEURON_DOCS} == {
+        "inf2.48xlarge",
+        "trn1.32xlarge",
+    }
     assert hourly_price_usd("TRN1.32xlarge") == 21.50 and hourly_price_usd("p5.48xlarge") is None
     assert cost_per_million_tokens(3.6, 1.0) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("path", "name"), [
-    ("/opt/models/Llama-2-70b-hf", "llama-2-70b"),
-    ("/opt/models/Llama-2-7b-chat-hf/", "llama-2-7b"),
-    ("/opt/models/llama2_13b", "llama-2-13b"),
-    ("/opt/models/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
-    ("/opt/models/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b"),
-    ("/opt/models/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
-    ("/opt/models/Llama-3.2-1B-Instruct", "llama-3.2-1b"),
-    ("/opt/models/Llama-3.4-70B", None),
-    ("/opt/models/llama-2-70bx", None),
-    ("/opt/models/mistral-7b", None),
-])
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/opt/models/Llama-2-70b-hf", "llama-2-70b"),
+        ("/opt/models/Llama-2-7b-chat-hf/", "llama-2-7b"),
+        ("/opt/models/llama2_13b", "llama-2-13b"),
+        ("/opt/models/Meta-Llama-3-8B-Instruct", "llama-3-8b"),
+        ("/opt/models/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b"),
+        ("/opt/models/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+        ("/opt/models/Llama-3.2-1B-Instruct", "llama-3.2-1b"),
+        ("/opt/models/Llama-3.4-70B", None),
+        ("/opt/models/llama-2-70bx", None),
+        ("/opt/models/mistral-7b", None),
+    ],
+)
 def test_directory_names_map_to_the_catalog(path: str, name: str | None) -> None:
     found = architecture_for_name(path)
     assert (found.name if found else None) == name
 
 
 def test_catalog_shapes_match_design() -> None:
-    shapes = {n: (a.layers, a.hidden, a.heads, a.kv_heads, a.vocab, round(a.params / 1e9, 2))
-              for n, a in ARCHITECTURES.items()}
+    shapes = {
+        n: (a.layers, a.hidden, a.heads, a.kv_heads, a.vocab, round(a.params / 1e9, 2))
+        for n, a in ARCHITECTURES.items()
+    }
     assert shapes["llama-2-70b"] == (80, 8192, 64, 8, 32000, 68.98)
     assert shapes["llama-2-7b"] == (32, 4096, 32, 32, 32000, 6.74)
     assert shapes["llama-3-8b"] == (32, 4096, 32, 8, 128256, 8.03)
@@ -193,11 +204,19 @@ def test_embedded_default_uses_catalog_numbers_without_loading() -> None:
 def test_config_json_parameter_count_matches_catalog(tmp_path: Any, name: str) -> None:
     known = ARCHITECTURES[name]
     intermediate = {"llama-2-7b": 11008, "llama-3-70b": 28672, "smollm2-135m-instruct": 1536}[name]
-    (tmp_path / "config.json").write_text(json.dumps({
-        "num_hidden_layers": known.layers, "hidden_size": known.hidden, "num_attention_heads": known.heads,
-        "num_key_value_heads": known.kv_heads, "vocab_size": known.vocab, "intermediate_size": intermediate,
-        "tie_word_embeddings": name.startswith("smollm2"),
-    }))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": known.layers,
+                "hidden_size": known.hidden,
+                "num_attention_heads": known.heads,
+                "num_key_value_heads": known.kv_heads,
+                "vocab_size": known.vocab,
+                "intermediate_size": intermediate,
+                "tie_word_embeddings": name.startswith("smollm2"),
+            }
+        )
+    )
     read = resolve_architecture(ModelConfig(path=str(tmp_path)), "target")
     assert (read.params, read.head_dim, read.vocab) == (known.params, known.head_dim, known.vocab)
     assert read.source.endswith("config.json")
@@ -206,9 +225,17 @@ def test_config_json_parameter_count_matches_catalog(tmp_path: Any, name: str) -
 def test_config_json_named_like_a_catalog_entry_keeps_the_catalog_name(tmp_path: Any) -> None:
     model_dir = tmp_path / "Llama-2-7b-hf"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps({
-        "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32001,
-        "intermediate_size": 11008}))
+    (model_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "vocab_size": 32001,
+                "intermediate_size": 11008,
+            }
+        )
+    )
     read = resolve_architecture(ModelConfig(path=str(model_dir)), "draft")
     assert read.name == "llama-2-7b" and read.vocab == 32001  # the file wins over the name
 

@@ -32,8 +32,9 @@ def test_unknown_latencies_say_what_to_pass() -> None:
 
 
 def test_plan_cli_prints_the_projection_in_json() -> None:
-    result = CliRunner().invoke(main, ["plan", "configs/llama2-70b-7b-trn1-bf16.yaml", "--engine", "fused",
-                                       "--alpha", "0.7", "--json"])
+    result = CliRunner().invoke(
+        main, ["plan", "configs/llama2-70b-7b-trn1-bf16.yaml", "--engine", "fused", "--alpha", "0.7", "--json"]
+    )
     data = json.loads(result.output)
     figures = {f["name"]: f for f in data["projection"]["figures"]}
     assert data["projection"]["engine"] == "fused" and figures["α"]["value"] == 0.7

@@ -25,10 +25,17 @@ def _llama_dir(tmp_path: Any, text: str) -> str:
     return str(model_dir)
 
 
-LLAMA2_7B_CONFIG_JSON = json.dumps({
-    "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
-    "vocab_size": 32000, "intermediate_size": 11008, "tie_word_embeddings": False,
-})
+LLAMA2_7B_CONFIG_JSON = json.dumps(
+    {
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "intermediate_size": 11008,
+        "tie_word_embeddings": False,
+    }
+)
 
 # (id, config dict, error fields, warning fields); fields compared as sets.
 CASES: list[tuple[str, dict[str, Any], set[str], set[str]]] = [
@@ -38,68 +45,136 @@ CASES: list[tuple[str, dict[str, Any], set[str], set[str]]] = [
     ("trn1-fp32-70b-7b-tp32", neuron_pair(dtype="fp32"), set(), set()),
     ("trn1-bf16-tp16-is-enough", neuron_pair(tp=16), set(), set()),
     ("trn1n-bf16", neuron_pair(instance="trn1n.32xlarge"), set(), set()),
-    ("inf2-bf16-tp24-pads-heads", neuron_pair(instance="inf2.48xlarge", tp=24), set(),
-     {"target.tp_degree", "draft.tp_degree"}),
-    ("inf2-tp16-untested", neuron_pair(instance="inf2.48xlarge", tp=16), set(),
-     {"target.tp_degree", "draft.tp_degree"}),
-    ("llama3-trn1-bf16", neuron_pair(target=LLAMA3_70B, draft="/opt/models/Meta-Llama-3-8B-Instruct"),
-     set(), set()),
-    ("upper-half-of-trn1", merged(neuron_pair(tp=16), target={"first_core": 16}, draft={"first_core": 16}),
-     set(), set()),
-    ("ngram-draft-ignores-draft-section", merged(neuron_pair(instance="trn1.2xlarge", tp=2, target=LLAMA2_7B),
-                                                 **ONLY_TARGET), set(), set()),
-    ("architecture-hint", merged(TRN1, target={"path": "/opt/models/prod", "architecture": "llama-2-70b"}),
-     set(), set()),
-    ("torch-skips-hardware-rules", merged(TRN1, platform={"backend": "torch", "instance_type": None},
-                                          target={"tp_degree": 3}, draft={"tp_degree": 5}), set(), set()),
+    (
+        "inf2-bf16-tp24-pads-heads",
+        neuron_pair(instance="inf2.48xlarge", tp=24),
+        set(),
+        {"target.tp_degree", "draft.tp_degree"},
+    ),
+    (
+        "inf2-tp16-untested",
+        neuron_pair(instance="inf2.48xlarge", tp=16),
+        set(),
+        {"target.tp_degree", "draft.tp_degree"},
+    ),
+    ("llama3-trn1-bf16", neuron_pair(target=LLAMA3_70B, draft="/opt/models/Meta-Llama-3-8B-Instruct"), set(), set()),
+    (
+        "upper-half-of-trn1",
+        merged(neuron_pair(tp=16), target={"first_core": 16}, draft={"first_core": 16}),
+        set(),
+        set(),
+    ),
+    (
+        "ngram-draft-ignores-draft-section",
+        merged(neuron_pair(instance="trn1.2xlarge", tp=2, target=LLAMA2_7B), **ONLY_TARGET),
+        set(),
+        set(),
+    ),
+    (
+        "architecture-hint",
+        merged(TRN1, target={"path": "/opt/models/prod", "architecture": "llama-2-70b"}),
+        set(),
+        set(),
+    ),
+    (
+        "torch-skips-hardware-rules",
+        merged(
+            TRN1, platform={"backend": "torch", "instance_type": None}, target={"tp_degree": 3}, draft={"tp_degree": 5}
+        ),
+        set(),
+        set(),
+    ),
     ("torch-unknown-local-model", {"target": {"path": "/nowhere/tiny-model"}}, set(), set()),
     # ---- invalid: instance
-    ("neuron-needs-instance", merged(TRN1, platform={"instance_type": None}),
-     {"platform.instance_type"}, set()),
-    ("unknown-instance", merged(TRN1, platform={"instance_type": "trn1.32xl"}),
-     {"platform.instance_type"}, set()),
-    ("trn2-not-transformers-neuronx", merged(TRN1, platform={"instance_type": "trn2.48xlarge"}),
-     {"platform.instance_type"}, set()),
+    ("neuron-needs-instance", merged(TRN1, platform={"instance_type": None}), {"platform.instance_type"}, set()),
+    ("unknown-instance", merged(TRN1, platform={"instance_type": "trn1.32xl"}), {"platform.instance_type"}, set()),
+    (
+        "trn2-not-transformers-neuronx",
+        merged(TRN1, platform={"instance_type": "trn2.48xlarge"}),
+        {"platform.instance_type"},
+        set(),
+    ),
     # ---- invalid: tp degree
-    ("trn1-tp4-not-allowed", merged(neuron_pair(tp=4, target=LLAMA2_7B), **ONLY_TARGET),
-     {"target.tp_degree"}, set()),
-    ("inf2-odd-tp", merged(neuron_pair(instance="inf2.48xlarge", tp=3, target=LLAMA2_7B), **ONLY_TARGET),
-     {"target.tp_degree"}, set()),
+    ("trn1-tp4-not-allowed", merged(neuron_pair(tp=4, target=LLAMA2_7B), **ONLY_TARGET), {"target.tp_degree"}, set()),
+    (
+        "inf2-odd-tp",
+        merged(neuron_pair(instance="inf2.48xlarge", tp=3, target=LLAMA2_7B), **ONLY_TARGET),
+        {"target.tp_degree"},
+        set(),
+    ),
     ("tp-above-instance-cores", neuron_pair(tp=64), {"target.tp_degree", "draft.tp_degree"}, set()),
     # ---- invalid: placement
-    ("fp32-draft-on-fewer-cores", merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}),
-     {"draft.tp_degree"}, set()),
+    (
+        "fp32-draft-on-fewer-cores",
+        merged(neuron_pair(dtype="fp32"), draft={"tp_degree": 16}),
+        {"draft.tp_degree"},
+        set(),
+    ),
     ("partial-overlap", merged(neuron_pair(tp=16), draft={"first_core": 8}), {"draft.first_core"}, set()),
-    ("disjoint-needs-two-processes", merged(neuron_pair(tp=16), draft={"first_core": 16}),
-     {"draft.first_core"}, set()),
-    ("cores-past-instance", merged(TRN1, target={"first_core": 8}, draft={"first_core": 8}),
-     {"target.first_core", "draft.first_core"}, set()),
+    ("disjoint-needs-two-processes", merged(neuron_pair(tp=16), draft={"first_core": 16}), {"draft.first_core"}, set()),
+    (
+        "cores-past-instance",
+        merged(TRN1, target={"first_core": 8}, draft={"first_core": 8}),
+        {"target.first_core", "draft.first_core"},
+        set(),
+    ),
     # ---- invalid: memory
     ("fp32-70b-on-16-cores", neuron_pair(dtype="fp32", tp=16), {"target.tp_degree"}, set()),
-    ("fp32-on-inf2-fits-nowhere", neuron_pair(instance="inf2.48xlarge", dtype="fp32", tp=24),
-     {"target.tp_degree"}, {"target.tp_degree", "draft.tp_degree"}),
-    ("shared-cores-overflow", merged(neuron_pair(tp=16), target={"n_positions": 65536},
-                                     draft={"n_positions": 65536}), {"target.tp_degree"}, set()),
+    (
+        "fp32-on-inf2-fits-nowhere",
+        neuron_pair(instance="inf2.48xlarge", dtype="fp32", tp=24),
+        {"target.tp_degree"},
+        {"target.tp_degree", "draft.tp_degree"},
+    ),
+    (
+        "shared-cores-overflow",
+        merged(neuron_pair(tp=16), target={"n_positions": 65536}, draft={"n_positions": 65536}),
+        {"target.tp_degree"},
+        set(),
+    ),
     # ---- invalid: batch, positions, window, vocabulary
     ("batch-2-target-only", merged(TRN1, target={"batch_size": 2}), {"draft.batch_size"}, set()),
-    ("batch-2-on-nxdi-native", merged(TRN1, neuron={"library": "nxdi"}, target={"batch_size": 2},
-                                      draft={"batch_size": 2}), {"target.batch_size", "draft.batch_size"},
-     {"neuron.library"}),
-    ("positions-too-few", merged(TRN1, generation={"max_prompt_tokens": 2000}),
-     {"target.n_positions", "draft.n_positions"}, set()),
-    ("draft-positions-below-k", {"target": {"path": EMBEDDED_DEFAULT},
-                                 "draft": {"path": EMBEDDED_DEFAULT, "n_positions": 16},
-                                 "speculation": {"drafter": "model", "k": 32}},
-     {"speculation.k", "draft.n_positions"}, set()),
+    (
+        "batch-2-on-nxdi-native",
+        merged(TRN1, neuron={"library": "nxdi"}, target={"batch_size": 2}, draft={"batch_size": 2}),
+        {"target.batch_size", "draft.batch_size"},
+        {"neuron.library"},
+    ),
+    (
+        "positions-too-few",
+        merged(TRN1, generation={"max_prompt_tokens": 2000}),
+        {"target.n_positions", "draft.n_positions"},
+        set(),
+    ),
+    (
+        "draft-positions-below-k",
+        {
+            "target": {"path": EMBEDDED_DEFAULT},
+            "draft": {"path": EMBEDDED_DEFAULT, "n_positions": 16},
+            "speculation": {"drafter": "model", "k": 32},
+        },
+        {"speculation.k", "draft.n_positions"},
+        set(),
+    ),
     ("vocabulary-mismatch", neuron_pair(target=LLAMA3_70B, draft=LLAMA2_7B), {"draft.path"}, set()),
-    ("vocabulary-mismatch-on-torch", {"target": {"path": EMBEDDED_DEFAULT},
-                                      "draft": {"path": "/opt/models/Llama-2-7b-hf"},
-                                      "speculation": {"drafter": "model"}}, {"draft.path"}, set()),
+    (
+        "vocabulary-mismatch-on-torch",
+        {
+            "target": {"path": EMBEDDED_DEFAULT},
+            "draft": {"path": "/opt/models/Llama-2-7b-hf"},
+            "speculation": {"drafter": "model"},
+        },
+        {"draft.path"},
+        set(),
+    ),
     # ---- invalid: architecture, schema
-    ("unknown-architecture-on-neuron", merged(TRN1, target={"path": "/opt/models/prod-model"}),
-     {"target.path"}, set()),
-    ("bad-architecture-hint", {"target": {"path": EMBEDDED_DEFAULT, "architecture": "llama-9-1b"}},
-     {"target.architecture"}, set()),
+    ("unknown-architecture-on-neuron", merged(TRN1, target={"path": "/opt/models/prod-model"}), {"target.path"}, set()),
+    (
+        "bad-architecture-hint",
+        {"target": {"path": EMBEDDED_DEFAULT, "architecture": "llama-9-1b"}},
+        {"target.architecture"},
+        set(),
+    ),
     ("dtype-fp8", merged(TRN1, target={"dtype": "fp8"}), {"target.dtype"}, set()),
     ("k-below-2", merged(TRN1, speculation={"k": 1}), {"speculation.k"}, set()),
 ]
@@ -146,20 +221,28 @@ def test_disallowed_tp_suggests_neighbours() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    data = merged(neuron_pair(dtype="fp32", tp=16), target={"batch_size": 2},
-                  draft={"tp_degree": 8, "path": "/opt/models/Meta-Llama-3-8B"},
-                  generation={"max_prompt_tokens": 4000})
+    data = merged(
+        neuron_pair(dtype="fp32", tp=16),
+        target={"batch_size": 2},
+        draft={"tp_degree": 8, "path": "/opt/models/Meta-Llama-3-8B"},
+        generation={"max_prompt_tokens": 4000},
+    )
     errors, _ = problems(data)
-    assert {"draft.batch_size", "draft.tp_degree", "draft.path", "target.n_positions",
-            "draft.n_positions", "target.tp_degree"} <= {p.field for p in errors}
+    assert {
+        "draft.batch_size",
+        "draft.tp_degree",
+        "draft.path",
+        "target.n_positions",
+        "draft.n_positions",
+        "target.tp_degree",
+    } <= {p.field for p in errors}
     draft_tp = next(p for p in errors if p.field == "draft.tp_degree")
     assert "once the target's is fixed" in draft_tp.fix  # the target's 16 is itself wrong in fp32
 
 
 def test_config_json_is_read_when_the_directory_exists(tmp_path: Any) -> None:
     path = _llama_dir(tmp_path, LLAMA2_7B_CONFIG_JSON)
-    errors, _ = problems(merged(neuron_pair(instance="trn1.2xlarge", tp=2), target={"path": path},
-                                **ONLY_TARGET))
+    errors, _ = problems(merged(neuron_pair(instance="trn1.2xlarge", tp=2), target={"path": path}, **ONLY_TARGET))
     assert errors == []
 
 

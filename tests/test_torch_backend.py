@@ -35,9 +35,16 @@ WINDOW = 6
 def tiny_sliding(seed: int, noise: float = 0.0) -> MistralForCausalLM:
     """A Llama-shaped model whose every layer attends to the last WINDOW tokens only."""
     torch.manual_seed(0)
-    config = MistralConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                           sliding_window=WINDOW)
+    config = MistralConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=WINDOW,
+    )
     model = MistralForCausalLM(config).eval()
     if noise:
         gen = torch.Generator().manual_seed(seed)
@@ -50,8 +57,15 @@ def tiny_sliding(seed: int, noise: float = 0.0) -> MistralForCausalLM:
 def speculative(target, draft, k: int, sampling: SamplingConfig = GREEDY) -> SpeculativeGenerator:
     rng = torch.Generator(device=getattr(target, "device", "cpu"))
     params = sampling_params(sampling)
-    return SpeculativeGenerator(target, ModelDrafter(draft, params, rng), build_acceptor("probabilistic", params, rng),
-                                FixedPolicy(k), sampling, k, rng)
+    return SpeculativeGenerator(
+        target,
+        ModelDrafter(draft, params, rng),
+        build_acceptor("probabilistic", params, rng),
+        FixedPolicy(k),
+        sampling,
+        k,
+        rng,
+    )
 
 
 @pytest.mark.parametrize("k", [2, 4, 7])
@@ -62,8 +76,9 @@ def test_sliding_window_models_roll_back_rejected_drafts(k):
     # window-sized layers where this transformers rolls them back (5.18+), full-length ones before
     assert any(getattr(layer, "is_sliding", False) for layer in layers) == hf_forward.SLIDING_LAYERS_ROLL_BACK
     plain = plain_generate(backend(target_model), PROMPT, 40, GREEDY).tokens
-    hf = target_model.generate(PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40,
-                               pad_token_id=0)[0, len(PROMPT):].tolist()
+    hf = target_model.generate(
+        PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40, pad_token_id=0
+    )[0, len(PROMPT) :].tolist()
     assert plain == hf  # our backend decodes the sliding-window model as Hugging Face does
     result = speculative(backend(target_model), backend(draft_model), k).generate(PROMPT, 40)
     assert result.tokens == plain
@@ -81,8 +96,9 @@ def test_full_length_layers_stand_in_for_sliding_ones_that_cannot_roll_back(monk
     layers = target._forward._new_cache().layers
     assert layers and not any(getattr(layer, "is_sliding", False) for layer in layers)
     assert target._forward._recording is False
-    hf = target_model.generate(PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40,
-                               pad_token_id=0)[0, len(PROMPT):].tolist()
+    hf = target_model.generate(
+        PROMPT.view(1, -1), max_new_tokens=40, do_sample=False, min_new_tokens=40, pad_token_id=0
+    )[0, len(PROMPT) :].tolist()
     assert plain_generate(target, PROMPT, 40, GREEDY).tokens == hf  # the window still applies
     result = speculative(target, backend(draft_model), k).generate(PROMPT, 40)
     assert result.tokens == hf and 0 < result.stats.acceptance_rate < 1
@@ -126,8 +142,10 @@ def test_results_are_unchanged_on_cpu(temperature):
     ours = speculative(backend(target), backend(draft), 4, sampling).generate(PROMPT, 30).tokens
     reference = speculative(HostLogits(backend(target)), HostLogits(backend(draft)), 4, sampling)
     assert ours == reference.generate(PROMPT, 30).tokens
-    assert plain_generate(backend(target), PROMPT, 30, sampling).tokens == \
-        plain_generate(HostLogits(backend(target)), PROMPT, 30, sampling).tokens
+    assert (
+        plain_generate(backend(target), PROMPT, 30, sampling).tokens
+        == plain_generate(HostLogits(backend(target)), PROMPT, 30, sampling).tokens
+    )
 
 
 class LogitsOnDevice(TorchFunctionMode):
@@ -141,8 +159,20 @@ class LogitsOnDevice(TorchFunctionMode):
     off a logits tensor (`.to(p.device)`) or one of `devices` (the backends'), the same device on a GPU;
     any other destination (a name, `torch.device("cpu")`, a tensor of ids) is a crossing."""
 
-    READS = {"cpu", "item", "tolist", "numpy", "__array__", "__float__", "__int__", "__index__", "__bool__",
-             "__complex__", "__repr__", "__format__"}
+    READS = {
+        "cpu",
+        "item",
+        "tolist",
+        "numpy",
+        "__array__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "__bool__",
+        "__complex__",
+        "__repr__",
+        "__format__",
+    }
 
     def __init__(self, vocab_size: int, devices: list[torch.device]):
         super().__init__()
@@ -175,10 +205,16 @@ class LogitsOnDevice(TorchFunctionMode):
         if source and name in self.READS:
             self.crossings.append(f"{name}() of a {tuple(args[0].shape)} {args[0].dtype} from the logits")
         elif source and name == "to":
-            destinations = [x for x in (*args[1:], kwargs.get("device"), kwargs.get("other"))
-                            if x is not None and not isinstance(x, (torch.dtype, bool))]
-            self.crossings += [f"to({d!r}) of a {tuple(args[0].shape)} tensor from the logits"
-                               for d in destinations if not self._on_device(d)]
+            destinations = [
+                x
+                for x in (*args[1:], kwargs.get("device"), kwargs.get("other"))
+                if x is not None and not isinstance(x, (torch.dtype, bool))
+            ]
+            self.crossings += [
+                f"to({d!r}) of a {tuple(args[0].shape)} tensor from the logits"
+                for d in destinations
+                if not self._on_device(d)
+            ]
         elif name == "copy_" and self.tainted(args[1]) and not self.tainted(args[0]):
             self.crossings.append(f"copy_ of a {tuple(args[1].shape)} tensor from the logits into another")
         result = func(*args, **kwargs)
@@ -197,8 +233,10 @@ class LogitsOnDevice(TorchFunctionMode):
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_logits_never_leave_the_models_device(forward, temperature):
     """scoring.py: logits stay on the model's device, the sampler draws there, only token ids cross."""
-    target, draft = (TorchBackend(tiny_llama(0), 512, forward=forward),
-                     TorchBackend(tiny_llama(1, layers=1), 512, forward=forward))
+    target, draft = (
+        TorchBackend(tiny_llama(0), 512, forward=forward),
+        TorchBackend(tiny_llama(1, layers=1), 512, forward=forward),
+    )
     plain_target = TorchBackend(tiny_llama(0), 512, forward=forward)
     sampling = SamplingConfig(temperature=temperature, seed=3)
     watch = LogitsOnDevice(TINY_VOCAB, [target.device, draft.device, plain_target.device])

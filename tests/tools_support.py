@@ -35,8 +35,11 @@ class CharTokenizer:
 
 
 def tiny_config(**sections: Any) -> Config:
-    data: dict[str, Any] = {"target": {"path": "unused-in-these-tests", "n_positions": 512},
-                            "speculation": {"k": 4, "drafter": "ngram"}, "generation": {"max_new_tokens": 12}}
+    data: dict[str, Any] = {
+        "target": {"path": "unused-in-these-tests", "n_positions": 512},
+        "speculation": {"k": 4, "drafter": "ngram"},
+        "generation": {"max_new_tokens": 12},
+    }
     for name, values in sections.items():
         data[name] = {**data.get(name, {}), **values}
     return config_from_dict(data)
@@ -45,8 +48,15 @@ def tiny_config(**sections: Any) -> Config:
 def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos: set[int] | None = None) -> Pipeline:
     """What load_pipeline would build, around an already loaded target (the draft is the ngram drafter)."""
     shared = share(config, target, None)
-    return Pipeline(config, tokenizer or CharTokenizer(), target, None, build_generator(config, target, None, shared),
-                    eos or {EOS}, shared)
+    return Pipeline(
+        config,
+        tokenizer or CharTokenizer(),
+        target,
+        None,
+        build_generator(config, target, None, shared),
+        eos or {EOS},
+        shared,
+    )
 
 
 def tiny_pipeline(config: Config | None = None) -> Pipeline:
@@ -60,5 +70,9 @@ def write_prompts(path: Path, rows: list[tuple[str, str]]) -> Path:
 
 # A repetitive text: prompt lookup finds matches in it, so the drafter proposes.
 REPETITIVE = "abcabcabd abcabcabd abcabc " * 3
-PROMPT_ROWS = [("copy", REPETITIVE), ("copy", "xyz xyz xyz xyz"), ("open", "tell me something new"),
-               ("open", "a quick question")]
+PROMPT_ROWS = [
+    ("copy", REPETITIVE),
+    ("copy", "xyz xyz xyz xyz"),
+    ("open", "tell me something new"),
+    ("open", "a quick question"),
+]

@@ -15,8 +15,9 @@ LLAMA3_70B = "/opt/models/Meta-Llama-3-70B-Instruct"
 LLAMA3_8B = "/opt/models/Meta-Llama-3-8B-Instruct"
 
 
-def neuron_pair(instance: str = "trn1.32xlarge", dtype: str = "bf16", tp: int = 32,
-                target: str = LLAMA2_70B, draft: str = LLAMA2_7B) -> dict[str, Any]:
+def neuron_pair(
+    instance: str = "trn1.32xlarge", dtype: str = "bf16", tp: int = 32, target: str = LLAMA2_70B, draft: str = LLAMA2_7B
+) -> dict[str, Any]:
     """Target + draft in one process on the same cores, as transformers-neuronx needs."""
     model = {"dtype": dtype, "tp_degree": tp, "n_positions": 2048, "batch_size": 1}
     return {

@@ -43,7 +43,7 @@ def turn_end_id(tokenizer: Any, eos_ids: Collection[int]) -> int | None:
         return None
     if not isinstance(text, str) or TURN_MARKER not in text:
         return None
-    after = text[text.index(TURN_MARKER) + len(TURN_MARKER):]
+    after = text[text.index(TURN_MARKER) + len(TURN_MARKER) :]
     return next((i for i in tokenizer(after, add_special_tokens=False)["input_ids"] if i in eos_ids), None)
 
 

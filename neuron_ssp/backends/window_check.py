@@ -145,11 +145,18 @@ class WindowJudgement:
         return "; ".join(_describe(region) for region in (self.before, self.past))
 
     def to_dict(self) -> dict[str, Any]:
-        thresholds = {"min_agreement": self.min_agreement, "max_mean_kl": MAX_MEAN_KL,
-                      "max_agreement_drop": MAX_AGREEMENT_DROP, "min_past_edge": MIN_PAST_EDGE}
-        return {**{name: getattr(self, name) for name in ("k", "edge", "passed", "failures")},
-                "thresholds": thresholds, "regions": [region.__dict__ for region in (self.before, self.past)],
-                "positions": [row.__dict__ for row in self.rows]}
+        thresholds = {
+            "min_agreement": self.min_agreement,
+            "max_mean_kl": MAX_MEAN_KL,
+            "max_agreement_drop": MAX_AGREEMENT_DROP,
+            "min_past_edge": MIN_PAST_EDGE,
+        }
+        return {
+            **{name: getattr(self, name) for name in ("k", "edge", "passed", "failures")},
+            "thresholds": thresholds,
+            "regions": [region.__dict__ for region in (self.before, self.past)],
+            "positions": [row.__dict__ for row in self.rows],
+        }
 
 
 def judge_windows(scores: WindowScores, k: int, edge: int, min_agreement: float) -> WindowJudgement:
@@ -168,8 +175,10 @@ def judge_windows(scores: WindowScores, k: int, edge: int, min_agreement: float)
     if before.argmax_agreement is not None and past.argmax_agreement is not None:
         drop = before.argmax_agreement - past.argmax_agreement
         if drop > MAX_AGREEMENT_DROP:
-            failures.append(f"{past.name}: argmax agreement {drop:.0%} below the {before.argmax_agreement:.0%} "
-                            f"{before.name} (at most {MAX_AGREEMENT_DROP:.0%} allowed)")
+            failures.append(
+                f"{past.name}: argmax agreement {drop:.0%} below the {before.argmax_agreement:.0%} "
+                f"{before.name} (at most {MAX_AGREEMENT_DROP:.0%} allowed)"
+            )
     return WindowJudgement(k, edge, min_agreement, rows, failures)
 
 
@@ -188,12 +197,19 @@ def _position_checks(scores: WindowScores) -> list[PositionCheck]:
 def _region(name: str, rows: Sequence[PositionCheck]) -> RegionCheck:
     if not rows:
         return RegionCheck(name, 0, None, None, None)
-    return RegionCheck(name, len(rows), sum(r.argmax_agrees for r in rows) / len(rows),
-                       sum(r.kl for r in rows) / len(rows), max(r.relative_diff for r in rows))
+    return RegionCheck(
+        name,
+        len(rows),
+        sum(r.argmax_agrees for r in rows) / len(rows),
+        sum(r.kl for r in rows) / len(rows),
+        max(r.relative_diff for r in rows),
+    )
 
 
 def _describe(region: RegionCheck) -> str:
     if region.argmax_agreement is None:
         return f"{region.name}: not reached"
-    return (f"{region.name}: {region.positions} positions, argmax agreement {region.argmax_agreement:.0%}, "
-            f"mean KL {region.mean_kl:.3g} nats, max |logit diff| {region.max_relative_diff:.3g} x the logits' std")
+    return (
+        f"{region.name}: {region.positions} positions, argmax agreement {region.argmax_agreement:.0%}, "
+        f"mean KL {region.mean_kl:.3g} nats, max |logit diff| {region.max_relative_diff:.3g} x the logits' std"
+    )

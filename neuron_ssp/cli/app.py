@@ -36,8 +36,9 @@ def report_error(exc: NeuronSSPError, as_json: bool = False) -> None:
         f"[bold]{escape(p.field)}[/bold] = {escape(repr(p.value))}\n  rule: {escape(p.rule)}\n  fix:  {escape(p.fix)}"
         for p in exc.problems
     )
-    err_console.print(Panel(body, title=f"neuron-ssp: {title} ({len(exc.problems)} problem(s))",
-                            border_style="red", expand=False))
+    err_console.print(
+        Panel(body, title=f"neuron-ssp: {title} ({len(exc.problems)} problem(s))", border_style="red", expand=False)
+    )
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

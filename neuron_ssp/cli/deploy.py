@@ -36,6 +36,7 @@ from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 PACING = Pacing()  # tests replace this with a no-sleep pacing
 
+
 @click.group("deploy")
 def deploy() -> None:
     """Launch neuron-ssp on inf2.48xlarge / trn1.32xlarge, run commands there, tear it down.
@@ -368,7 +369,13 @@ def status(name: str, region: str | None, as_json: bool) -> None:
 
 def _bootstrap_state(clients: AwsClients, deployment: Deployment, progress: ConsoleProgress) -> str:
     result = run_snippet(
-        clients.ssm, clients.s3, deployment, STATUS_SNIPPET, output=None, pacing=PACING, progress=progress,
+        clients.ssm,
+        clients.s3,
+        deployment,
+        STATUS_SNIPPET,
+        output=None,
+        pacing=PACING,
+        progress=progress,
         what="status",
     )
     return result.stdout.strip() or result.status
@@ -440,8 +447,10 @@ def list_(region: str | None, as_json: bool) -> None:
     if not deployments:
         out.print(f"no neuron-ssp deployments in {clients.region}")
         return
-    table = Table(title=f"neuron-ssp deployments in {clients.region}",  # six narrow columns: 80 characters
-                  caption="expires: when the TTL terminates the instance (UTC)")
+    table = Table(
+        title=f"neuron-ssp deployments in {clients.region}",  # six narrow columns: 80 characters
+        caption="expires: when the TTL terminates the instance (UTC)",
+    )
     table.add_column("deployment", overflow="fold", min_width=min(24, max(len(d.name) for d in deployments)))
     for column in ("instance", "up", "$/h", "so far", "expires"):
         table.add_column(column, justify="left" if column == "instance" else "right")

@@ -42,6 +42,7 @@ from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 PACING = Pacing(interval_s=30)  # tests replace this with a no-sleep pacing
 DRY_RUN_IDENTITY = Identity("123456789012", "arn:aws:iam::123456789012:user/dry-run")
 
+
 @click.group("endpoint")
 def endpoint() -> None:
     """SageMaker real-time endpoints (ml.inf2.48xlarge, ml.trn1.32xlarge) with autoscaling.

@@ -35,9 +35,13 @@ def _pin(config_path: Path | None) -> DlamiPin | None:
 
 
 config_option = click.option(
-    "--config", "config_path", type=click.Path(path_type=Path), default=None,
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
     help="The config the image serves: an NxD Inference config (neuron.library: nxdi) builds FROM the NxDI DLC "
-    "of its SDK (2.28 for inf2/trn1, 2.31 for trn2) and tags the image ...-nxdi-sdkX.")
+    "of its SDK (2.28 for inf2/trn1, 2.31 for trn2) and tags the image ...-nxdi-sdkX.",
+)
 
 
 @image_group.command("build")

@@ -22,8 +22,11 @@ DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts_dev
 def require_prompt(prompt: str) -> None:
     """Checked before any model loads: an empty prompt should cost nothing."""
     if not prompt.strip():
-        raise UsageError(Problem("prompt", prompt, "the prompt is empty", "pass some text, e.g. "
-                                 "neuron-ssp generate \"Summarize: ...\""))
+        raise UsageError(
+            Problem(
+                "prompt", prompt, "the prompt is empty", 'pass some text, e.g. neuron-ssp generate "Summarize: ..."'
+            )
+        )
 
 
 def load_with_status(config: Config, max_batch: int = 1) -> Pipeline:
@@ -45,8 +48,7 @@ def generate(config: Config, prompt: str, threads: int | None, as_json: bool) ->
         echo_json({"text": out.text, "tokens": out.tokens, "stats": out.result.stats.to_dict()})
         return
     console.print(f"[dim]{fit_fields(describe(config))}[/dim]")
-    out = pipeline.speculative(prompt, on_text=lambda text: console.print(text, end="", markup=False,
-                                                                           highlight=False))
+    out = pipeline.speculative(prompt, on_text=lambda text: console.print(text, end="", markup=False, highlight=False))
     console.print()
     console.print(stats_table(out.result.stats))
 
@@ -69,9 +71,14 @@ def compare(config: Config, prompt: str, warmup: int, threads: int | None, as_js
     p, s = plain.result.stats, ssp.result.stats
     speedup = s.tokens_per_s / p.tokens_per_s if p.tokens_per_s else 0.0
     if as_json:
-        echo_json({"plain": {"text": plain.text, "stats": p.to_dict()},
-                   "speculative": {"text": ssp.text, "stats": s.to_dict()},
-                   "speedup": speedup, "outputs_equal": plain.tokens == ssp.tokens})
+        echo_json(
+            {
+                "plain": {"text": plain.text, "stats": p.to_dict()},
+                "speculative": {"text": ssp.text, "stats": s.to_dict()},
+                "speedup": speedup,
+                "outputs_equal": plain.tokens == ssp.tokens,
+            }
+        )
         return
     table = titled_table(describe(config))
     table.add_column("")
@@ -95,12 +102,18 @@ def compare(config: Config, prompt: str, warmup: int, threads: int | None, as_js
 @click.command()
 @click.option("--nb-prompts", type=int, default=4, show_default=True, help="Prompts from the benchmark set.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed warm-up prompts.")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, path_type=Path), default=DEFAULT_PROMPTS,
-              help="JSONL with a 'prompt' field per line.")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, path_type=Path),
+    default=DEFAULT_PROMPTS,
+    help="JSONL with a 'prompt' field per line.",
+)
 @threads_option
 @with_config
-def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, threads: int | None,
-            as_json: bool) -> None:
+def latency(
+    config: Config, nb_prompts: int, warmup: int, prompts_file: Path, threads: int | None, as_json: bool
+) -> None:
     """ms/token of plain and speculative decoding over N prompts, after warm-up."""
     set_threads(threads)
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
@@ -113,8 +126,14 @@ def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, th
         task = progress.add_task("latency", total=min(nb_prompts, len(prompts)))
         for prompt in prompts[:nb_prompts]:
             p, s = pipeline.plain(prompt).result.stats, pipeline.speculative(prompt).result.stats
-            rows.append({"plain_ms_per_token": p.ms_per_token, "ssp_ms_per_token": s.ms_per_token,
-                         "acceptance_rate": s.acceptance_rate, "mean_accepted_length": s.mean_accepted_length})
+            rows.append(
+                {
+                    "plain_ms_per_token": p.ms_per_token,
+                    "ssp_ms_per_token": s.ms_per_token,
+                    "acceptance_rate": s.acceptance_rate,
+                    "mean_accepted_length": s.mean_accepted_length,
+                }
+            )
             progress.advance(task)
     summary = {key: mean(r[key] for r in rows) for key in rows[0]}
     summary["speedup"] = summary["plain_ms_per_token"] / summary["ssp_ms_per_token"]
@@ -125,10 +144,21 @@ def latency(config: Config, nb_prompts: int, warmup: int, prompts_file: Path, th
     for name in ("prompt", "plain ms/token", "SSp ms/token", "speedup", "acceptance", "accepted len"):
         table.add_column(name, justify="right")
     for i, r in enumerate(rows, 1):
-        table.add_row(str(i), f"{r['plain_ms_per_token']:.1f}", f"{r['ssp_ms_per_token']:.1f}",
-                      f"{r['plain_ms_per_token'] / r['ssp_ms_per_token']:.2f}x", f"{r['acceptance_rate']:.3f}",
-                      f"{r['mean_accepted_length']:.2f}")
-    table.add_row("mean", f"{summary['plain_ms_per_token']:.1f}", f"{summary['ssp_ms_per_token']:.1f}",
-                  f"[bold]{summary['speedup']:.2f}x[/bold]", f"{summary['acceptance_rate']:.3f}",
-                  f"{summary['mean_accepted_length']:.2f}", style="bold")
+        table.add_row(
+            str(i),
+            f"{r['plain_ms_per_token']:.1f}",
+            f"{r['ssp_ms_per_token']:.1f}",
+            f"{r['plain_ms_per_token'] / r['ssp_ms_per_token']:.2f}x",
+            f"{r['acceptance_rate']:.3f}",
+            f"{r['mean_accepted_length']:.2f}",
+        )
+    table.add_row(
+        "mean",
+        f"{summary['plain_ms_per_token']:.1f}",
+        f"{summary['ssp_ms_per_token']:.1f}",
+        f"[bold]{summary['speedup']:.2f}x[/bold]",
+        f"{summary['acceptance_rate']:.3f}",
+        f"{summary['mean_accepted_length']:.2f}",
+        style="bold",
+    )
     console.print(table)

@@ -53,12 +53,18 @@ NEEDS_NEURON = {"compile"}  # commands that need a Neuron device; `generate` etc
 )
 @click.option("--out", help="Where to keep them: a directory or s3://bucket/prefix (default: neuron.compiled_dir).")
 @click.option("--force", is_flag=True, help="Compile again even where matching artifacts exist.")
-@click.option("--compile-process-gib", type=click.FloatRange(min=0, min_open=True), default=PROCESS_BYTES / GIB,
-              show_default=True, help="Host memory of one neuronx-cc process (an assumption until measured): "
-              "bounds how many run at once beside the checkpoint in the host's free memory.")
+@click.option(
+    "--compile-process-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=PROCESS_BYTES / GIB,
+    show_default=True,
+    help="Host memory of one neuronx-cc process (an assumption until measured): "
+    "bounds how many run at once beside the checkpoint in the host's free memory.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def compile_command(config_path: Path, ks_text: str | None, out: str | None, force: bool,
-                    compile_process_gib: float, as_json: bool) -> None:
+def compile_command(
+    config_path: Path, ks_text: str | None, out: str | None, force: bool, compile_process_gib: float, as_json: bool
+) -> None:
     """Compile CONFIG's draft once and its target for every k, and keep each for reuse at load.
 
     transformers-neuronx: one target holds every k. NxD Inference (neuron.library: nxdi): one target per k
@@ -75,8 +81,11 @@ def compile_command(config_path: Path, ks_text: str | None, out: str | None, for
     ks = parse_ks(ks_text, config.speculation.k)
     widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
     nxdi = config.neuron.library == "nxdi"
-    compiler = (NxdiCompiler(widest, plan_deployment(widest), ks, force) if nxdi
-                else Compiler(widest, plan_deployment(widest), ks, force, int(compile_process_gib * GIB)))
+    compiler = (
+        NxdiCompiler(widest, plan_deployment(widest), ks, force)
+        if nxdi
+        else Compiler(widest, plan_deployment(widest), ks, force, int(compile_process_gib * GIB))
+    )
     # transformers-neuronx: its networks, processes and host memory; NxDI: the graphs of its buckets
     estimate = None if isinstance(compiler, NxdiCompiler) else compiler.estimate
     console = Console(stderr=as_json)
@@ -158,12 +167,23 @@ def parse_ks(text: str | None, default: int) -> list[int]:
     "above 64); exit 1 when they disagree. Needs a Neuron device.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--check-model", "check_models", multiple=True, metavar="PATH",
-              help="Also run the known-answer check on this model (a local HF directory or embedded:NAME): "
-              "loads it on CPU and checks its loss on a reference sentence. Exit 1 if it fails.")
+@click.option(
+    "--check-model",
+    "check_models",
+    multiple=True,
+    metavar="PATH",
+    help="Also run the known-answer check on this model (a local HF directory or embedded:NAME): "
+    "loads it on CPU and checks its loss on a reference sentence. Exit 1 if it fails.",
+)
 @click.pass_context
-def doctor(ctx: click.Context, instance_type: str | None, configs_dir: Path, self_test_config: Path | None,
-           as_json: bool, check_models: tuple[str, ...]) -> None:
+def doctor(
+    ctx: click.Context,
+    instance_type: str | None,
+    configs_dir: Path,
+    self_test_config: Path | None,
+    as_json: bool,
+    check_models: tuple[str, ...],
+) -> None:
     """What this machine offers for Neuron: devices, packages, venv, compile cache, configs that fit."""
     if self_test_config is not None:
         ctx.exit(run_doctor_self_test(self_test_config, as_json))
@@ -192,10 +212,13 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
 
     config = load_config(config_path)
     if static_batch_self_test_skip(config) is not None:  # the library's static build cannot score one row
-        click.echo(f"note: engine {config.speculation.engine} at target.batch_size {config.target.batch_size}: this "
-                   "checks our loop's build of the target at that batch (continuous batching), not the static-batch "
-                   "build the engine loads; for that one, run the self-test with target.batch_size: 1 and "
-                   "draft.batch_size: 1", err=True)
+        click.echo(
+            f"note: engine {config.speculation.engine} at target.batch_size {config.target.batch_size}: this "
+            "checks our loop's build of the target at that batch (continuous batching), not the static-batch "
+            "build the engine loads; for that one, run the self-test with target.batch_size: 1 and "
+            "draft.batch_size: 1",
+            err=True,
+        )
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
@@ -207,16 +230,22 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     else:
         console = Console()
         verdict = "[green]passed[/green]" if judgement.passed else "[bold red]FAILED[/bold red]"
-        console.print(f"self-test, {library_label(result.library_version)}, k={judgement.k}, "
-                      f"{escape(result.text)}: {verdict}")
+        console.print(
+            f"self-test, {library_label(result.library_version)}, k={judgement.k}, {escape(result.text)}: {verdict}"
+        )
         console.print(f"  {escape(judgement.summary())}")
         for failure in judgement.failures:
             console.print(f"  [red]{escape(failure)}[/red]")
-        table = Table("slot", "KL (nats)", "max |Δlogit| / std", "argmax", title="per cache position",
-                      title_justify="left")
+        table = Table(
+            "slot", "KL (nats)", "max |Δlogit| / std", "argmax", title="per cache position", title_justify="left"
+        )
         for row in judgement.rows:
-            table.add_row(str(row.position), f"{row.kl:.3g}", f"{row.relative_diff:.3g}",
-                          "same" if row.argmax_agrees else "[red]differs")
+            table.add_row(
+                str(row.position),
+                f"{row.kl:.3g}",
+                f"{row.relative_diff:.3g}",
+                "same" if row.argmax_agrees else "[red]differs",
+            )
         console.print(table)
     check_self_test(result)
     return 0
@@ -282,16 +311,25 @@ def _nxdi_status(instance_type: str | None) -> dict[str, Any]:
     instance = find_instance(instance_type or "")
     family = instance.generation if instance else None
     needed = release_for(family) if family else None
-    status: dict[str, Any] = {"version": install.version, "sdk": install.sdk, "dlami_venvs": install.venvs,
-                              "runs_trn1_inf2": install.runs_trn1_inf2, "last_trn1_inf2_sdk": LAST_TRN1_INF2_SDK,
-                              "family": family, "release_needed": needed.nxdi if needed else None,
-                              "release_fits": None if needed is None or install.sdk is None
-                              else install.sdk == needed.sdk}
+    status: dict[str, Any] = {
+        "version": install.version,
+        "sdk": install.sdk,
+        "dlami_venvs": install.venvs,
+        "runs_trn1_inf2": install.runs_trn1_inf2,
+        "last_trn1_inf2_sdk": LAST_TRN1_INF2_SDK,
+        "family": family,
+        "release_needed": needed.nxdi if needed else None,
+        "release_fits": None if needed is None or install.sdk is None else install.sdk == needed.sdk,
+    }
     if status["release_fits"] is False:
         status["release_advice"] = install_advice(family)
     if install.version is None:
-        return {**status, "usable": False, "problem": "neuronx-distributed-inference is not installed",
-                "fix": f"{install_advice(family)}. Without Neuron hardware use platform.backend: torch"}
+        return {
+            **status,
+            "usable": False,
+            "problem": "neuronx-distributed-inference is not installed",
+            "fix": f"{install_advice(family)}. Without Neuron hardware use platform.backend: torch",
+        }
     from neuron_ssp.backends.nxdi.api import load_nxdi
 
     try:
@@ -332,8 +370,10 @@ def _fit(config: Config, instance_type: str | None, kv_rule: str) -> dict[str, s
     report = validate_config(config.model_copy(update={"platform": platform}), kv_rule)
     elsewhere = made_for is not None and made_for != instance_type
     if report.ok:
-        return {"status": "fits", "detail": f"valid on {instance_type}"
-                + (f" (made for {made_for})" if elsewhere else "")}
+        return {
+            "status": "fits",
+            "detail": f"valid on {instance_type}" + (f" (made for {made_for})" if elsewhere else ""),
+        }
     if elsewhere:
         return {"status": f"made for {made_for}", "detail": f"this is {instance_type}"}
     return {"status": "not valid here", "detail": f"on {instance_type}: {report.errors[0]}"}
@@ -341,6 +381,7 @@ def _fit(config: Config, instance_type: str | None, kv_rule: str) -> dict[str, s
 
 def _sibling_hint(config: Config, loaded: dict[str, Config], instance_type: str | None) -> str:
     """The config of the same models and dtype made for this instance, if one is in the directory."""
+
     def models(c: Config) -> tuple[Any, ...]:
         return (c.target.path, c.target.dtype, c.draft.path if c.draft else None)
 
@@ -373,8 +414,9 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
     instance = report["instance_type"]
     console.print(f"instance type: {instance + ' (from ' + report['instance_source'] + ')' if instance else 'unknown'}")
 
-    table = Table(title="versions in use (pinned when neuron-ssp is installed into a Neuron venv)",
-                  title_justify="left")
+    table = Table(
+        title="versions in use (pinned when neuron-ssp is installed into a Neuron venv)", title_justify="left"
+    )
     table.add_column("package")
     table.add_column("version")
     for name, version in report["packages"].items():
@@ -430,16 +472,17 @@ def print_nxdi(console: Console, nxdi: dict[str, Any]) -> None:
     """NxD Inference: version and SDK, whether it runs Trn1/Inf2 models, the DLAMI venvs to activate."""
     if nxdi["usable"]:
         sdk = f"Neuron SDK {nxdi['sdk']}" if nxdi["sdk"] else "SDK unknown"
-        where = {True: "Trn1, Inf2 and Trn2", False: f"Trn2 only (Trn1/Inf2: SDK {nxdi['last_trn1_inf2_sdk']})",
-                 None: "instance support unknown"}[nxdi["runs_trn1_inf2"]]
+        where = {
+            True: "Trn1, Inf2 and Trn2",
+            False: f"Trn2 only (Trn1/Inf2: SDK {nxdi['last_trn1_inf2_sdk']})",
+            None: "instance support unknown",
+        }[nxdi["runs_trn1_inf2"]]
         console.print(f"NxD Inference {nxdi['version']} usable ({sdk}; models on {where}): neuron.library: nxdi")
     else:
         console.print(f"NxD Inference: [yellow]{escape(nxdi['problem'])}[/yellow]")
         console.print(f"  fix: {nxdi['fix']}", soft_wrap=True, markup=False, highlight=False)
     if nxdi["release_fits"] is False:
         needed = f"this {nxdi['family']} instance needs NxD Inference {nxdi['release_needed']}"
-        console.print(f"  [yellow]{needed}[/yellow]: {escape(nxdi['release_advice'])}", soft_wrap=True,
-                      highlight=False)
+        console.print(f"  [yellow]{needed}[/yellow]: {escape(nxdi['release_advice'])}", soft_wrap=True, highlight=False)
     for venv in nxdi["dlami_venvs"]:
         console.print(f"  DLAMI NxD Inference venv here: {venv} (source {venv}/bin/activate)")
-

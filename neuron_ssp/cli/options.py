@@ -31,13 +31,24 @@ OVERRIDES = {
 def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--config plus one override flag per tunable field, and --json."""
     options = [
-        click.option("--config", "config_path", type=click.Path(path_type=Path),
-                     help="YAML config (default: the embedded SmolLM2 default, configs/default.yaml)."),
-        click.option("--k", type=int, help="Window: the draft proposes k-1 tokens, the target scores k "
-                     "positions per call (gamma = k-1). Must be >= 2."),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(path_type=Path),
+            help="YAML config (default: the embedded SmolLM2 default, configs/default.yaml).",
+        ),
+        click.option(
+            "--k",
+            type=int,
+            help="Window: the draft proposes k-1 tokens, the target scores k "
+            "positions per call (gamma = k-1). Must be >= 2.",
+        ),
         click.option("--acceptor", help="probabilistic (lossless), greedy, typical (lossy) or module:Class."),
-        click.option("--drafter", help="ngram (prompt lookup), suffix (learns across requests; both model-free) "
-                     "or model (needs a draft: section)."),
+        click.option(
+            "--drafter",
+            help="ngram (prompt lookup), suffix (learns across requests; both model-free) "
+            "or model (needs a draft: section).",
+        ),
         click.option("--policy", help="fixed, adaptive, draft-confidence, target-confidence or cost."),
         click.option("--temperature", type=float, help="0 = greedy."),
         click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
@@ -76,9 +87,12 @@ def with_config(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def threads_option(func: Callable[..., Any]) -> Callable[..., Any]:
     """--threads for every command that prints timings."""
-    return click.option("--threads", type=click.IntRange(min=1),
-                        help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
-                        "threads spinning against other jobs.")(func)
+    return click.option(
+        "--threads",
+        type=click.IntRange(min=1),
+        help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
+        "threads spinning against other jobs.",
+    )(func)
 
 
 def set_threads(threads: int | None) -> None:

@@ -28,16 +28,24 @@ def stats_table(stats: GenerationStats, title: str = "speculative sampling") -> 
         ("ms/token", f"{stats.ms_per_token:.1f}"),
         ("acceptance rate", f"{stats.acceptance_rate:.3f}  ({stats.accepted_tokens}/{stats.draft_tokens} drafted)"),
         ("mean accepted length τ", f"{stats.mean_accepted_length:.2f} tokens per target call (Spec-Bench)"),
-        ("vLLM mean accept. length", f"{stats.vllm_mean_acceptance_length:.2f} (1 + accepted / {stats.num_drafts} "
-                                     "drafts)"),
+        (
+            "vLLM mean accept. length",
+            f"{stats.vllm_mean_acceptance_length:.2f} (1 + accepted / {stats.num_drafts} drafts)",
+        ),
         ("target calls", f"{stats.target_calls} (+1 prefill)"),
         ("acceptance per position", per_position or "-"),
-        ("time draft / target / overhead",
-         f"{stats.time_draft_s:.3f} / {stats.time_target_s:.3f} / {stats.time_overhead_s:.3f} s"),
+        (
+            "time draft / target / overhead",
+            f"{stats.time_draft_s:.3f} / {stats.time_target_s:.3f} / {stats.time_overhead_s:.3f} s",
+        ),
     ]
     if stats.tokens_after_eos:
-        rows.append(("generated past EOS", f"{stats.tokens_after_eos} tokens, cut on the host: included in the "
-                                           "time and acceptance figures above"))
+        rows.append(
+            (
+                "generated past EOS",
+                f"{stats.tokens_after_eos} tokens, cut on the host: included in the time and acceptance figures above",
+            )
+        )
     for name, value in rows:
         table.add_row(name, value)
     return table
@@ -46,9 +54,16 @@ def stats_table(stats: GenerationStats, title: str = "speculative sampling") -> 
 def describe(config: Config) -> str:
     """The config's settings as "name value" fields joined by " | ", on one line (see `fit_fields`)."""
     s = config.speculation
-    return SEPARATOR.join((str(config.target.path), f"drafter {s.drafter}", f"k={s.k} (draft {s.k - 1})",
-                           f"acceptor {s.acceptor}", f"policy {s.policy}",
-                           f"temperature {config.sampling.temperature}"))
+    return SEPARATOR.join(
+        (
+            str(config.target.path),
+            f"drafter {s.drafter}",
+            f"k={s.k} (draft {s.k - 1})",
+            f"acceptor {s.acceptor}",
+            f"policy {s.policy}",
+            f"temperature {config.sampling.temperature}",
+        )
+    )
 
 
 def pack_fields(fields: Sequence[str], width: int) -> list[str]:

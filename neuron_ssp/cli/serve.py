@@ -21,22 +21,45 @@ if TYPE_CHECKING:
     from neuron_ssp.tools.serve_sweep import SweepResult
 
 # flag -> serve.* field it overrides
-SERVE_OVERRIDES = ("host", "port", "sagemaker", "max_queue", "max_batch", "request_timeout", "api_key_env",
-                   "served_model_name")
+SERVE_OVERRIDES = (
+    "host",
+    "port",
+    "sagemaker",
+    "max_queue",
+    "max_batch",
+    "request_timeout",
+    "api_key_env",
+    "served_model_name",
+)
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.Path(path_type=Path),
-              help="YAML config (default: the embedded SmolLM2 default); its `serve:` section sets the fields below.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    help="YAML config (default: the embedded SmolLM2 default); its `serve:` section sets the fields below.",
+)
 @click.option("--host", help="Interface to listen on (default 127.0.0.1; 0.0.0.0 with --sagemaker).")
 @click.option("--port", type=int, help="Port (default 8000; 8080 with --sagemaker).")
-@click.option("--sagemaker", is_flag=True, default=None,
-              help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).")
+@click.option(
+    "--sagemaker",
+    is_flag=True,
+    default=None,
+    help="SageMaker's container contract: 0.0.0.0:8080 (an explicit --host/--port still wins).",
+)
 @click.option("--max-queue", type=int, help="Requests that may wait behind the running ones; more get 503.")
-@click.option("--max-batch", type=int, help="Requests generated together (continuous batching; default 8; "
-              "on Neuron at most the compiled target.batch_size; docs/serving.md).")
-@click.option("--request-timeout", type=float,
-              help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).")
+@click.option(
+    "--max-batch",
+    type=int,
+    help="Requests generated together (continuous batching; default 8; "
+    "on Neuron at most the compiled target.batch_size; docs/serving.md).",
+)
+@click.option(
+    "--request-timeout",
+    type=float,
+    help="Seconds a request may take, queue wait included (default 300; 55 with --sagemaker).",
+)
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
 @click.option("--served-model-name", help="The `model` name clients send (default: the target's name).")
 @threads_option
@@ -49,8 +72,14 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     try:
         from neuron_ssp.serve.server import listen_address, read_api_key, run_server, serving_batch
     except ImportError as exc:
-        raise RuntimeProblem(Problem("serve", exc.name, "the server's packages are not installed",
-                                     "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)")) from None
+        raise RuntimeProblem(
+            Problem(
+                "serve",
+                exc.name,
+                "the server's packages are not installed",
+                "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)",
+            )
+        ) from None
     config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     read_api_key(config.serve)  # a missing key is refused before the models load
@@ -65,29 +94,68 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
 @click.option("--clients", type=click.IntRange(min=1), default=8, show_default=True, help="Concurrent clients.")
 @click.option("--requests", type=click.IntRange(min=1), default=4, show_default=True, help="Requests per client.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per request.")
-@click.option("--pairs", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Direct vs HTTP pairs for the overhead target.")
-@click.option("--overflow-queue", type=click.IntRange(min=1), default=2, show_default=True,
-              help="max_queue of the overflow server.")
+@click.option(
+    "--pairs",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Direct vs HTTP pairs for the overhead target.",
+)
+@click.option(
+    "--overflow-queue",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="max_queue of the overflow server.",
+)
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout (s).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads here and in the servers.")
-@click.option("--prompts", "prompts_file", type=click.Path(exists=True, path_type=Path), default=DEFAULT_PROMPTS,
-              help="JSONL with a 'prompt' field per line.")
-@click.option("--repeated", is_flag=True,
-              help="Instead: the suffix drafter's repeated-workload gain through the server, the prompts twice, "
-              "greedy clients and clients sending temperature + seed side by side.")
-@click.option("--sweep", is_flag=True,
-              help="Instead: concurrency sweep of three servers side by side (batch-1 speculation, continuous "
-              "batching without and with speculation): tokens/s, TTFT and time per output token per level.")
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(exists=True, path_type=Path),
+    default=DEFAULT_PROMPTS,
+    help="JSONL with a 'prompt' field per line.",
+)
+@click.option(
+    "--repeated",
+    is_flag=True,
+    help="Instead: the suffix drafter's repeated-workload gain through the server, the prompts twice, "
+    "greedy clients and clients sending temperature + seed side by side.",
+)
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Instead: concurrency sweep of three servers side by side (batch-1 speculation, continuous "
+    "batching without and with speculation): tokens/s, TTFT and time per output token per level.",
+)
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="--sweep: client counts, comma-separated.")
-@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True,
-              help="--sweep: serve.max_batch of the batching servers.")
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="--sweep: serve.max_batch of the batching servers.",
+)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="--sweep: save the sweep as a PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def bench_serve(config_path: Path | None, clients: int, requests: int, max_tokens: int, pairs: int,
-                overflow_queue: int, timeout_s: float, threads: int | None, prompts_file: Path,
-                repeated: bool, sweep: bool, concurrency: str, max_batch: int, plot_path: Path | None,
-                as_json: bool) -> None:
+def bench_serve(
+    config_path: Path | None,
+    clients: int,
+    requests: int,
+    max_tokens: int,
+    pairs: int,
+    overflow_queue: int,
+    timeout_s: float,
+    threads: int | None,
+    prompts_file: Path,
+    repeated: bool,
+    sweep: bool,
+    concurrency: str,
+    max_batch: int,
+    plot_path: Path | None,
+    as_json: bool,
+) -> None:
     """Load-test `neuron-ssp serve` on loopback: HTTP overhead, N clients x M requests, queue overflow."""
     import tempfile
 
@@ -99,14 +167,16 @@ def bench_serve(config_path: Path | None, clients: int, requests: int, max_token
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
     if sweep:
         levels = parse_levels(concurrency)
-        run_sweep_command(config, prompts, levels, requests, max_tokens, max_batch, threads, timeout_s, plot_path,
-                          as_json)
+        run_sweep_command(
+            config, prompts, levels, requests, max_tokens, max_batch, threads, timeout_s, plot_path, as_json
+        )
         return
     if repeated:
         with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
             task = progress.add_task("bench-serve --repeated", total=4 * len(prompts))
-            report = run_repeated_through_server(config, prompts, max_tokens, threads, timeout_s, Path(logs),
-                                                 lambda _: progress.advance(task))
+            report = run_repeated_through_server(
+                config, prompts, max_tokens, threads, timeout_s, Path(logs), lambda _: progress.advance(task)
+            )
         if as_json:
             echo_json(report)
         else:
@@ -115,8 +185,21 @@ def bench_serve(config_path: Path | None, clients: int, requests: int, max_token
     pipeline = load_with_status(config)
     with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
         task = progress.add_task("bench-serve", total=total_steps(clients, requests, pairs))
-        result = run_serve_bench(config, config_path, pipeline, prompts, clients, requests, max_tokens, pairs,
-                                 overflow_queue, threads, timeout_s, Path(logs), lambda _: progress.advance(task))
+        result = run_serve_bench(
+            config,
+            config_path,
+            pipeline,
+            prompts,
+            clients,
+            requests,
+            max_tokens,
+            pairs,
+            overflow_queue,
+            threads,
+            timeout_s,
+            Path(logs),
+            lambda _: progress.advance(task),
+        )
     if as_json:
         echo_json(result.to_dict())
         return
@@ -129,14 +212,29 @@ def parse_levels(text: str) -> tuple[int, ...]:
     except ValueError:
         levels = ()
     if not levels or levels[0] < 1:
-        raise UsageError(Problem("--concurrency", text, "must be positive client counts separated by commas",
-                                 "pass e.g. --concurrency 1,2,4,8,16"))
+        raise UsageError(
+            Problem(
+                "--concurrency",
+                text,
+                "must be positive client counts separated by commas",
+                "pass e.g. --concurrency 1,2,4,8,16",
+            )
+        )
     return levels
 
 
-def run_sweep_command(config: Config, prompts: list[str], levels: tuple[int, ...], requests: int, max_tokens: int,
-                      max_batch: int, threads: int | None, timeout_s: float, plot_path: Path | None,
-                      as_json: bool) -> None:
+def run_sweep_command(
+    config: Config,
+    prompts: list[str],
+    levels: tuple[int, ...],
+    requests: int,
+    max_tokens: int,
+    max_batch: int,
+    threads: int | None,
+    timeout_s: float,
+    plot_path: Path | None,
+    as_json: bool,
+) -> None:
     import tempfile
 
     from rich.progress import Progress
@@ -149,13 +247,27 @@ def run_sweep_command(config: Config, prompts: list[str], levels: tuple[int, ...
         figure_class()  # matplotlib missing: say so before the run, not after
     with tempfile.TemporaryDirectory() as logs, Progress(console=status_console, transient=True) as progress:
         task = progress.add_task("bench-serve --sweep", total=serve_sweep.total_steps(levels, requests))
-        result = serve_sweep.run_sweep(config, prompts, levels, requests, max_tokens, max_batch, threads, timeout_s,
-                                       Path(logs), lambda _: progress.advance(task))
+        result = serve_sweep.run_sweep(
+            config,
+            prompts,
+            levels,
+            requests,
+            max_tokens,
+            max_batch,
+            threads,
+            timeout_s,
+            Path(logs),
+            lambda _: progress.advance(task),
+        )
     if plot_path is not None:
         from neuron_ssp.tools.plots import plot_sweep
 
-        plot_sweep(result, plot_path, f"bench-serve --sweep: {config.name}, drafter {config.speculation.drafter}, "
-                   f"max_batch {max_batch}, {max_tokens} tokens, {requests} requests per client")
+        plot_sweep(
+            result,
+            plot_path,
+            f"bench-serve --sweep: {config.name}, drafter {config.speculation.drafter}, "
+            f"max_batch {max_batch}, {max_tokens} tokens, {requests} requests per client",
+        )
     if as_json:
         echo_json({**result.to_dict(), "targets": serve_sweep.targets(result)})
         return
@@ -171,9 +283,14 @@ def sweep_tables(result: SweepResult) -> Group:
         load.add_column(name, justify="right" if name != "mode" else "left")
     for mode in serve_sweep.MODES:
         for c, m in sorted(result.runs[mode].items()):
-            load.add_row(mode, str(c), f"{m['output_tokens_per_s']:.1f}",
-                         f"{m['ttft_p50_s']:.2f}/{m['ttft_p95_s']:.2f}",
-                         f"{m['tpot_p50_s'] * 1000:.0f}/{m['tpot_p95_s'] * 1000:.0f} ms", str(m["errors"]))
+            load.add_row(
+                mode,
+                str(c),
+                f"{m['output_tokens_per_s']:.1f}",
+                f"{m['ttft_p50_s']:.2f}/{m['ttft_p95_s']:.2f}",
+                f"{m['tpot_p50_s'] * 1000:.0f}/{m['tpot_p95_s'] * 1000:.0f} ms",
+                str(m["errors"]),
+            )
     goals = Table(title="targets", title_justify="left")
     for name in ("target", "measured", "goal", "met"):
         goals.add_column(name)
@@ -189,15 +306,30 @@ def serve_bench_tables(r: dict[str, Any]) -> Group:
     for name in ("target", "measured", "goal", "met"):
         targets.add_column(name)
     rows = [
-        ("HTTP+queue vs direct", f"{o['ratio']:.3f}x ({o['same_text']}/{o['pairs']} same)", "<= 1.05x",
-         o["ratio"] <= 1.05),
-        (f"{r['settings']['clients']} clients tok/s vs 1", f"{c['throughput_ratio']:.3f}x", ">= 0.95x",
-         c["throughput_ratio"] >= 0.95),
-        ("errors / lost / differing", f"{c['concurrent']['errors']} / {c['lost']} / {c['outputs_differing']}",
-         "0 / 0 / 0", c["concurrent"]["errors"] == c["lost"] == c["outputs_differing"] == 0),
-        (f"overflow (queue {r['settings']['overflow_queue']})",
-         f"{f['ok']} x 200, {f['http_503']} x 503, {f['errors']} other", "200/503 only",
-         f["all_200_or_503_in_time"] and f["healthy_after"]),
+        (
+            "HTTP+queue vs direct",
+            f"{o['ratio']:.3f}x ({o['same_text']}/{o['pairs']} same)",
+            "<= 1.05x",
+            o["ratio"] <= 1.05,
+        ),
+        (
+            f"{r['settings']['clients']} clients tok/s vs 1",
+            f"{c['throughput_ratio']:.3f}x",
+            ">= 0.95x",
+            c["throughput_ratio"] >= 0.95,
+        ),
+        (
+            "errors / lost / differing",
+            f"{c['concurrent']['errors']} / {c['lost']} / {c['outputs_differing']}",
+            "0 / 0 / 0",
+            c["concurrent"]["errors"] == c["lost"] == c["outputs_differing"] == 0,
+        ),
+        (
+            f"overflow (queue {r['settings']['overflow_queue']})",
+            f"{f['ok']} x 200, {f['http_503']} x 503, {f['errors']} other",
+            "200/503 only",
+            f["all_200_or_503_in_time"] and f["healthy_after"],
+        ),
     ]
     for name, measured, goal, met in rows:
         targets.add_row(name, measured, goal, "yes" if met else "[red]no[/red]")
@@ -205,22 +337,36 @@ def serve_bench_tables(r: dict[str, Any]) -> Group:
     for name in ("run", "req/s", "tok/s", "TTFT p50/p95/p99", "e2e p50/p95/p99", "err", "503"):
         load.add_column(name, justify="right")
     for name, s in (("sequential", c["sequential"]), ("concurrent", c["concurrent"]), ("overflow", f)):
-        load.add_row(name, f"{s['requests_per_s']:.2f}", f"{s['output_tokens_per_s']:.1f}",
-                     f"{s['ttft_p50_s']:.2f}/{s['ttft_p95_s']:.2f}/{s['ttft_p99_s']:.2f}",
-                     f"{s['e2e_p50_s']:.1f}/{s['e2e_p95_s']:.1f}/{s['e2e_p99_s']:.1f}", str(s["errors"]),
-                     str(s["http_503"]))
+        load.add_row(
+            name,
+            f"{s['requests_per_s']:.2f}",
+            f"{s['output_tokens_per_s']:.1f}",
+            f"{s['ttft_p50_s']:.2f}/{s['ttft_p95_s']:.2f}/{s['ttft_p99_s']:.2f}",
+            f"{s['e2e_p50_s']:.1f}/{s['e2e_p95_s']:.1f}/{s['e2e_p99_s']:.1f}",
+            str(s["errors"]),
+            str(s["http_503"]),
+        )
     return Group(targets, load)
 
 
 def repeated_table(r: dict[str, Any]) -> Table:
     """First and second pass per kind of client, and the second pass's gain, side by side."""
-    table = Table(title=f"repeated workload through the server, drafter suffix ({r['settings']['prompts']} prompts "
-                  f"x 2 passes, {r['settings']['max_tokens']} tokens)", title_justify="left")
+    table = Table(
+        title=f"repeated workload through the server, drafter suffix ({r['settings']['prompts']} prompts "
+        f"x 2 passes, {r['settings']['max_tokens']} tokens)",
+        title_justify="left",
+    )
     for name in ("clients", "tok/s 1", "tok/s 2", "gain", "tok/call 1", "tok/call 2", "err"):
         table.add_column(name, justify="right")
     for kind, k in r["kinds"].items():
         first, second = k["first"], k["second"]
-        table.add_row(kind, f"{first['tokens_per_s']:.2f}", f"{second['tokens_per_s']:.2f}", f"{k['gain']:.3f}x",
-                      f"{first['tokens_per_call']:.2f}", f"{second['tokens_per_call']:.2f}",
-                      str(first["errors"] + second["errors"]))
+        table.add_row(
+            kind,
+            f"{first['tokens_per_s']:.2f}",
+            f"{second['tokens_per_s']:.2f}",
+            f"{k['gain']:.3f}x",
+            f"{first['tokens_per_call']:.2f}",
+            f"{second['tokens_per_call']:.2f}",
+            str(first["errors"] + second["errors"]),
+        )
     return table

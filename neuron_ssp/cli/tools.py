@@ -67,8 +67,11 @@ def _check_output(path: Path | None, option: str, suffix: str | None = None) -> 
     if suffix and path.suffix.lower() != suffix:
         raise UsageError(Problem(option, str(path), f"the file must end in {suffix}", f"e.g. {option} out{suffix}"))
     if not path.parent.is_dir():
-        raise UsageError(Problem(option, str(path), "the directory does not exist",
-                                 f"create {path.parent} first or write somewhere else"))
+        raise UsageError(
+            Problem(
+                option, str(path), "the directory does not exist", f"create {path.parent} first or write somewhere else"
+            )
+        )
 
 
 def _check_plot(path: Path | None) -> None:
@@ -95,17 +98,30 @@ def _progress(label: str, total: int) -> Iterator[Callable[[str], None]]:
 
 def _settings(config: Config, **more: Any) -> dict[str, Any]:
     s = config.speculation
-    return {"model": config.target.path, "backend": config.platform.backend, "drafter": s.drafter, "k": s.k,
-            "policy": s.policy, "acceptor": s.acceptor, "ngram_max": s.ngram_max, "ngram_min": s.ngram_min,
-            "confidence_threshold": s.confidence_threshold, "temperature": config.sampling.temperature,
-            "max_new_tokens": config.generation.max_new_tokens, **more}
+    return {
+        "model": config.target.path,
+        "backend": config.platform.backend,
+        "drafter": s.drafter,
+        "k": s.k,
+        "policy": s.policy,
+        "acceptor": s.acceptor,
+        "ngram_max": s.ngram_max,
+        "ngram_min": s.ngram_min,
+        "confidence_threshold": s.confidence_threshold,
+        "temperature": config.sampling.temperature,
+        "max_new_tokens": config.generation.max_new_tokens,
+        **more,
+    }
 
 
 def _device(config: Config) -> str:
     if config.platform.backend == "neuron":
         return "neuron"
-    return "cuda" if config.platform.device == "cuda" or (
-        config.platform.device == "auto" and torch.cuda.is_available()) else "cpu"
+    return (
+        "cuda"
+        if config.platform.device == "cuda" or (config.platform.device == "auto" and torch.cuda.is_available())
+        else "cpu"
+    )
 
 
 def _with_drafter(config: Config, name: str) -> Config:
@@ -118,21 +134,45 @@ def _with_drafter(config: Config, name: str) -> Config:
 
 
 @click.command("tune-k")
-@click.option("--k", "ks_text", default="2..10", show_default=True, metavar="KS",
-              help="Windows to try: a range (2..10), a list (2,4,6) or one value. The draft proposes k-1 tokens, "
-              "the target scores k positions per call (gamma = k-1).")
+@click.option(
+    "--k",
+    "ks_text",
+    default="2..10",
+    show_default=True,
+    metavar="KS",
+    help="Windows to try: a range (2..10), a list (2,4,6) or one value. The draft proposes k-1 tokens, "
+    "the target scores k positions per call (gamma = k-1).",
+)
 @click.option("--prompts", "prompts_file", type=click.Path(path_type=Path), default=DEFAULT_PROMPTS, help=PROMPTS_HELP)
-@click.option("--nb-prompts", type=int, default=6, show_default=True,
-              help="Prompts to measure, taken round-robin across categories.")
+@click.option(
+    "--nb-prompts",
+    type=int,
+    default=6,
+    show_default=True,
+    help="Prompts to measure, taken round-robin across categories.",
+)
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedup and α vs k to this PNG.")
-@click.option("--write", "write_path", type=click.Path(path_type=Path),
-              help="Write the recommended k into this YAML config (comments kept).")
+@click.option(
+    "--write",
+    "write_path",
+    type=click.Path(path_type=Path),
+    help="Write the recommended k into this YAML config (comments kept).",
+)
 @click.option("--wide", is_flag=True, help="All columns (per-position acceptance, c, Leviathan); default fits 80.")
 @_threads_option
 @_without_k_flag
 @with_config
-def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, plot_path: Path | None,
-           write_path: Path | None, wide: bool, threads: int | None, as_json: bool) -> None:
+def tune_k(
+    config: Config,
+    ks_text: str,
+    prompts_file: Path,
+    nb_prompts: int,
+    plot_path: Path | None,
+    write_path: Path | None,
+    wide: bool,
+    threads: int | None,
+    as_json: bool,
+) -> None:
     """Measure α, c and the speedup for each k, next to the Leviathan model's prediction; recommend k.
 
     The target's call cost per window width is timed once; "width model" predicts each k's speedup
@@ -158,8 +198,10 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
     with _progress("tune-k", len(ks) * len(prompts)) as step:
         result = run_tune_k(groups, prompts, config.generation.max_new_tokens, step)
     machine = machine_info(_device(config))
-    title = (f"tune-k over {result.prompts} prompts, {result.max_new_tokens} new tokens | {describe(config)}\n"
-             f"{describe_machine(machine)}")
+    title = (
+        f"tune-k over {result.prompts} prompts, {result.max_new_tokens} new tokens | {describe(config)}\n"
+        f"{describe_machine(machine)}"
+    )
     written = None
     if write_path is not None:
         from neuron_ssp.tools.config_edit import write_k
@@ -174,13 +216,15 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
         return
     console.print(tune_k_table(result, title, show_setup=neuron, wide=wide))
     best = result.recommended_k
-    console.print(f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
-                  "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed "
-                  "per width after each prompt's runs); "
-                  "width model = both loops priced with those call times: (P + L₁·(t(1) + h₁)) ÷ (P + L_k·"
-                  "(E\\[t(width)] + h_k)) per token, P = prefill, L = target calls (from τ), h = host time per call; "
-                  "gap = measured/width model - 1. "
-                  "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call).")
+    console.print(
+        f"recommended k = [bold]{best}[/bold] (the best measured speedup; a smaller k within 2% of it "
+        "wins). τ = tokens per target call; call ms = one k-wide target call (median of calls timed "
+        "per width after each prompt's runs); "
+        "width model = both loops priced with those call times: (P + L₁·(t(1) + h₁)) ÷ (P + L_k·"
+        "(E\\[t(width)] + h_k)) per token, P = prefill, L = target calls (from τ), h = host time per call; "
+        "gap = measured/width model - 1. "
+        "--wide adds the Leviathan predictions (a k-wide call priced like a one-token call)."
+    )
     if neuron:
         for row in result.rows:
             console.print(f"k={row.k}: {row.setup.note}")
@@ -193,20 +237,38 @@ def tune_k(config: Config, ks_text: str, prompts_file: Path, nb_prompts: int, pl
 
 @click.command("eval")
 @click.option("--nb-prompts", type=int, default=100, show_default=True, help="Multiplication problems to ask.")
-@click.option("--answer-tokens", type=click.IntRange(min=1), default=16, show_default=True,
-              help="New tokens per answer.")
-@click.option("--interval", type=click.Choice(["wilson", "clopper-pearson", "wald"]), default="wilson",
-              show_default=True, help="95% interval for each accuracy (--json gives all three). Wald collapses "
-              "to a point at 0/n and n/n.")
-@click.option("--lossless", is_flag=True,
-              help="Instead: total-variation distance between SSp and plain next-token distributions.")
+@click.option(
+    "--answer-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="New tokens per answer."
+)
+@click.option(
+    "--interval",
+    type=click.Choice(["wilson", "clopper-pearson", "wald"]),
+    default="wilson",
+    show_default=True,
+    help="95% interval for each accuracy (--json gives all three). Wald collapses to a point at 0/n and n/n.",
+)
+@click.option(
+    "--lossless", is_flag=True, help="Instead: total-variation distance between SSp and plain next-token distributions."
+)
 @click.option("--samples", type=int, default=8000, show_default=True, help="--lossless: samples per method.")
-@click.option("--prompt", "lossless_prompt", help="--lossless: a prompt where the drafter proposes (one the "
-              "answer copies from). Default: a copy task.")
+@click.option(
+    "--prompt",
+    "lossless_prompt",
+    help="--lossless: a prompt where the drafter proposes (one the answer copies from). Default: a copy task.",
+)
 @_threads_option
 @with_config
-def eval_command(config: Config, nb_prompts: int, answer_tokens: int, interval: str, lossless: bool, samples: int,
-                 lossless_prompt: str | None, threads: int | None, as_json: bool) -> None:
+def eval_command(
+    config: Config,
+    nb_prompts: int,
+    answer_tokens: int,
+    interval: str,
+    lossless: bool,
+    samples: int,
+    lossless_prompt: str | None,
+    threads: int | None,
+    as_json: bool,
+) -> None:
     """Quality: a×b (a, b in 1..99, from --seed) answered by plain sampling and by SSp, scored exactly.
 
     Each accuracy gets a 95% interval (Wilson by default; Clopper-Pearson or Wald with --interval); a
@@ -228,12 +290,18 @@ def eval_command(config: Config, nb_prompts: int, answer_tokens: int, interval: 
     with _progress("eval", len(problems)) as step:
         result = run_math_eval(pipeline, problems, answer_tokens, lambda: step())
     if as_json:
-        echo_json({**math_json(result, config.sampling.seed, config.sampling.temperature),
-                   "machine": machine_info(_device(config)), "settings": _settings(config)})
+        echo_json(
+            {
+                **math_json(result, config.sampling.seed, config.sampling.temperature),
+                "machine": machine_info(_device(config)),
+                "settings": _settings(config),
+            }
+        )
         return
     method = cast(IntervalMethod, interval)
-    console.print(math_table(result, f"a×b, {len(problems)} problems, seed {config.sampling.seed} | "
-                                     f"{describe(config)}", method))
+    console.print(
+        math_table(result, f"a×b, {len(problems)} problems, seed {config.sampling.seed} | {describe(config)}", method)
+    )
     console.print(math_verdict(result, method))
 
 
@@ -247,48 +315,92 @@ def _eval_lossless(config: Config, samples: int, prompt: str | None, as_json: bo
     with _progress("lossless", samples) as step:
         report = check_lossless(pipeline, prompt, samples, temperature, config.sampling.seed, lambda: step())
     if as_json:
-        echo_json({**lossless_json(report, prompt), "machine": machine_info(_device(config)),
-                   "settings": _settings(config, temperature=temperature)})
+        echo_json(
+            {
+                **lossless_json(report, prompt),
+                "machine": machine_info(_device(config)),
+                "settings": _settings(config, temperature=temperature),
+            }
+        )
         return
     sampled = config.model_copy(update={"sampling": config.sampling.model_copy(update={"temperature": temperature})})
     console.print(f"[dim]{fit_fields(describe(sampled))}[/dim]")
     for line in lossless_lines(report):
         console.print(line)
     if report.drafted_share == 0:
-        console.print("[yellow]the target checked no draft on this prompt (the drafter found nothing to propose, or "
-                      "the window policy kept none of it), so the acceptor was not exercised: pass --prompt with "
-                      "text the answer copies from, or --policy fixed[/yellow]")
+        console.print(
+            "[yellow]the target checked no draft on this prompt (the drafter found nothing to propose, or "
+            "the window policy kept none of it), so the acceptor was not exercised: pass --prompt with "
+            "text the answer copies from, or --policy fixed[/yellow]"
+        )
 
 
 # ---------------------------------------------------------------- bench
 
 
 @click.command("bench")
-@click.option("--prompts", "prompts_files", type=click.Path(path_type=Path), multiple=True,
-              help=f"{PROMPTS_HELP} Repeat to join several files, in order.")
-@click.option("--half", type=click.Choice(HALVES),
-              help="Per category, only the prompts at even (choose) or odd (report) positions: choose settings "
-              "on one half, report the other.")
+@click.option(
+    "--prompts",
+    "prompts_files",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help=f"{PROMPTS_HELP} Repeat to join several files, in order.",
+)
+@click.option(
+    "--half",
+    type=click.Choice(HALVES),
+    help="Per category, only the prompts at even (choose) or odd (report) positions: choose settings "
+    "on one half, report the other.",
+)
 @click.option("--categories", multiple=True, help="Only these categories (repeat or comma-separate).")
 @click.option("--nb-prompts", type=int, help="Prompts per category (default: all).")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write speedups per category to this PNG.")
-@click.option("--hf-lookup-tokens", type=click.IntRange(min=1), default=HF_PROMPT_LOOKUP_TOKENS, show_default=True,
-              help="prompt_lookup_num_tokens for Hugging Face's prompt lookup.")
+@click.option(
+    "--hf-lookup-tokens",
+    type=click.IntRange(min=1),
+    default=HF_PROMPT_LOOKUP_TOKENS,
+    show_default=True,
+    help="prompt_lookup_num_tokens for Hugging Face's prompt lookup.",
+)
 @click.option("--no-hf", is_flag=True, help="Skip the Hugging Face generate() runs.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Measure the whole prompt set this many times (a noisy machine needs more).")
-@click.option("--drafter", "drafters", multiple=True,
-              help="Drafters to compare in one run, interleaved per prompt (repeat or comma-separate: "
-              "--drafter ngram,suffix). Default: the config's drafter.")
-@click.option("--repeated-workload", is_flag=True,
-              help="Run the prompt set three times through one pipeline: first (history fills as it goes), "
-              "warm (drafting from the first pass's history), cold (history cleared). No Hugging Face runs.")
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Measure the whole prompt set this many times (a noisy machine needs more).",
+)
+@click.option(
+    "--drafter",
+    "drafters",
+    multiple=True,
+    help="Drafters to compare in one run, interleaved per prompt (repeat or comma-separate: "
+    "--drafter ngram,suffix). Default: the config's drafter.",
+)
+@click.option(
+    "--repeated-workload",
+    is_flag=True,
+    help="Run the prompt set three times through one pipeline: first (history fills as it goes), "
+    "warm (drafting from the first pass's history), cold (history cleared). No Hugging Face runs.",
+)
 @_threads_option
 @_without_drafter_flag
 @with_config
-def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, categories: tuple[str, ...],
-          nb_prompts: int | None, plot_path: Path | None, hf_lookup_tokens: int, no_hf: bool, repeat: int,
-          drafters: tuple[str, ...], repeated_workload: bool, threads: int | None, as_json: bool) -> None:
+def bench(
+    config: Config,
+    prompts_files: tuple[Path, ...],
+    half: str | None,
+    categories: tuple[str, ...],
+    nb_prompts: int | None,
+    plot_path: Path | None,
+    hf_lookup_tokens: int,
+    no_hf: bool,
+    repeat: int,
+    drafters: tuple[str, ...],
+    repeated_workload: bool,
+    threads: int | None,
+    as_json: bool,
+) -> None:
     """Spec-Bench method: greedy, batch 1, per category: our plain and SSp tokens/s next to HF generate().
 
     Per prompt: our plain decoding, our SSp (once per compared drafter), HF plain, HF prompt lookup
@@ -317,31 +429,51 @@ def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, cat
         with _progress("bench", 3 * count) as step:
             passes = run_repeated(pipeline, prompts, config.generation.max_new_tokens, step, names)
         if as_json:
-            echo_json({"machine": machine, "repeated": repeated_json(passes),
-                       "per_prompt": {name: per_prompt_json(result) for name, result in passes.items()}})
+            echo_json(
+                {
+                    "machine": machine,
+                    "repeated": repeated_json(passes),
+                    "per_prompt": {name: per_prompt_json(result) for name, result in passes.items()},
+                }
+            )
             return
-        console.print(repeated_table(passes, f"bench --repeated-workload: greedy, "
-                                             f"{config.generation.max_new_tokens} new tokens | {describe(config)}\n"
-                                             f"{describe_machine(machine)}"))
-        console.print("speedup = SSp tok/s ÷ plain tok/s of the same pass; first: history empty at the start, "
-                      "warm: the same prompts again with the first pass's history, cold: history cleared.")
+        console.print(
+            repeated_table(
+                passes,
+                f"bench --repeated-workload: greedy, "
+                f"{config.generation.max_new_tokens} new tokens | {describe(config)}\n"
+                f"{describe_machine(machine)}",
+            )
+        )
+        console.print(
+            "speedup = SSp tok/s ÷ plain tok/s of the same pass; first: history empty at the start, "
+            "warm: the same prompts again with the first pass's history, cold: history cleared."
+        )
         return
     hf_tokens = None if no_hf or config.platform.backend == "neuron" else hf_lookup_tokens
     with _progress("bench", repeat * count) as step:
         result = run_bench(pipeline, prompts, config.generation.max_new_tokens, hf_tokens, step, repeat, names)
     chosen = f", {half} half" if half else ""
-    title = (f"bench: greedy, {result.max_new_tokens} new tokens, {repeat} pass(es){chosen} | {describe(config)}\n"
-             f"{describe_machine(machine)}")
+    title = (
+        f"bench: greedy, {result.max_new_tokens} new tokens, {repeat} pass(es){chosen} | {describe(config)}\n"
+        f"{describe_machine(machine)}"
+    )
     if len(result.drafters) > 1:
         if as_json:
-            echo_json({**bench_json(result, machine), "drafters": drafter_json(result),
-                       "per_prompt": per_prompt_json(result)})
+            echo_json(
+                {**bench_json(result, machine), "drafters": drafter_json(result), "per_prompt": per_prompt_json(result)}
+            )
             return
         console.print(drafter_table(result, title))
-        hf_note = f"HF lookup = HF prompt lookup over HF plain (prompt_lookup_num_tokens={hf_tokens}); " \
-            if hf_tokens else "no Hugging Face runs; "
-        console.print("each drafter's speedup = its SSp tok/s ÷ plain tok/s (same run, interleaved per prompt); "
-                      f"{hf_note}geomean over the categories.")
+        hf_note = (
+            f"HF lookup = HF prompt lookup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
+            if hf_tokens
+            else "no Hugging Face runs; "
+        )
+        console.print(
+            "each drafter's speedup = its SSp tok/s ÷ plain tok/s (same run, interleaved per prompt); "
+            f"{hf_note}geomean over the categories."
+        )
         return
     if plot_path is not None:
         from neuron_ssp.tools.plots import plot_bench
@@ -351,11 +483,18 @@ def bench(config: Config, prompts_files: tuple[Path, ...], half: str | None, cat
         echo_json(bench_json(result, machine))
         return
     console.print(bench_table(result, title))
-    hf_note = ("SSp ÷ HF = SSp tok/s ÷ HF generate() tok/s (same run, interleaved per prompt); HF lookup = HF "
-               f"prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}); ") \
-        if hf_tokens else "no Hugging Face runs (--no-hf, or a Neuron backend); "
-    console.print("speedup = SSp tok/s ÷ our plain tok/s (same run, interleaved per prompt); call cost = mean SSp "
-                  f"target call time ÷ mean plain one; {hf_note}geomean over the categories.")
+    hf_note = (
+        (
+            "SSp ÷ HF = SSp tok/s ÷ HF generate() tok/s (same run, interleaved per prompt); HF lookup = HF "
+            f"prompt lookup's speedup over HF plain (prompt_lookup_num_tokens={hf_tokens}); "
+        )
+        if hf_tokens
+        else "no Hugging Face runs (--no-hf, or a Neuron backend); "
+    )
+    console.print(
+        "speedup = SSp tok/s ÷ our plain tok/s (same run, interleaved per prompt); call cost = mean SSp "
+        f"target call time ÷ mean plain one; {hf_note}geomean over the categories."
+    )
     hf_equal = [m.hf_equal for m in result.overall.measures if m.hf_equal is not None]
     if hf_equal:
         console.print(f"HF greedy output equals our plain output on {sum(hf_equal)}/{len(hf_equal)} prompts.")

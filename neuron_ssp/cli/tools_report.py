@@ -31,10 +31,19 @@ def tune_k_json(result: TuneKResult) -> dict[str, Any]:
     """The documented shape, nothing more (the table shows per-position acceptance, ms/token, setup)."""
     return {
         "recommended_k": result.recommended_k,
-        "rows": [{"k": r.k, "alpha": r.alpha, "c": r.c, "mean_accepted_length": r.mean_accepted_length,
-                  "speedup_measured": r.speedup_measured, "speedup_predicted": r.speedup_predicted,
-                  "speedup_width_model": r.speedup_width_model, "speedup_leviathan": r.speedup_leviathan}
-                 for r in result.rows],
+        "rows": [
+            {
+                "k": r.k,
+                "alpha": r.alpha,
+                "c": r.c,
+                "mean_accepted_length": r.mean_accepted_length,
+                "speedup_measured": r.speedup_measured,
+                "speedup_predicted": r.speedup_predicted,
+                "speedup_width_model": r.speedup_width_model,
+                "speedup_leviathan": r.speedup_leviathan,
+            }
+            for r in result.rows
+        ],
         "call_ms_by_width": result.width_cost.ms if result.width_cost else None,
         "prefill_ms_mean": result.width_cost.mean_prefill_ms if result.width_cost else None,
     }
@@ -46,21 +55,41 @@ def tune_k_table(result: TuneKResult, title: str, show_setup: bool, wide: bool =
     table = titled_table(title)
     names = ["k", "α", "τ", "ms/tok", "call ms", "speedup", "width model", "gap"]
     if wide:
-        names += ["acceptance per position", "full drafts", "c", "plain ms/tok", "Leviathan (drafts)", "gap",
-                  "Leviathan (full)"]
+        names += [
+            "acceptance per position",
+            "full drafts",
+            "c",
+            "plain ms/tok",
+            "Leviathan (drafts)",
+            "gap",
+            "Leviathan (full)",
+        ]
         names += ["compile / load s"] if show_setup else []
     for name in names:
         table.add_column(name, justify="right")
     cost = result.width_cost
     for r in result.rows:
         call = f"{cost.at(r.k):.1f}" if cost else "-"
-        cells = [str(r.k), f"{r.alpha:.2f}", f"{r.mean_accepted_length:.2f}", f"{r.ms_per_token:.1f}", call,
-                 _x(r.speedup_measured), _x(r.speedup_width_model or None),
-                 f"{100 * r.width_model_gap:+.0f}%" if r.speedup_width_model else "-"]
+        cells = [
+            str(r.k),
+            f"{r.alpha:.2f}",
+            f"{r.mean_accepted_length:.2f}",
+            f"{r.ms_per_token:.1f}",
+            call,
+            _x(r.speedup_measured),
+            _x(r.speedup_width_model or None),
+            f"{100 * r.width_model_gap:+.0f}%" if r.speedup_width_model else "-",
+        ]
         if wide:
-            cells += [_positions(r.per_position_acceptance), f"{r.full_draft_fraction:.2f}", f"{r.c:.4f}",
-                      f"{r.plain_ms_per_token:.1f}", _x(r.speedup_predicted), f"{100 * r.prediction_gap:+.0f}%",
-                      _x(r.speedup_leviathan)]
+            cells += [
+                _positions(r.per_position_acceptance),
+                f"{r.full_draft_fraction:.2f}",
+                f"{r.c:.4f}",
+                f"{r.plain_ms_per_token:.1f}",
+                _x(r.speedup_predicted),
+                f"{100 * r.prediction_gap:+.0f}%",
+                _x(r.speedup_leviathan),
+            ]
             cells += [f"{r.setup.compile_s:.0f} / {r.setup.load_s:.0f}"] if show_setup else []
         table.add_row(*cells, style="bold green" if r.k == result.recommended_k else None)
     return table
@@ -78,11 +107,17 @@ def _proportion_json(p: Proportion) -> dict[str, Any]:
 
 def math_json(result: MathEval, seed: int, temperature: float) -> dict[str, Any]:
     test = result.test
-    return {"seed": seed, "temperature": temperature, "problems": len(result.outcomes),
-            "plain": _proportion_json(result.plain), "ssp": _proportion_json(result.ssp),
-            "z_test": {"z": test.z, "p_value": test.p_value, "differ": test.differ()},
-            "answers": [{"a": o.problem.a, "b": o.problem.b, "plain": o.plain_text, "ssp": o.ssp_text}
-                        for o in result.outcomes]}
+    return {
+        "seed": seed,
+        "temperature": temperature,
+        "problems": len(result.outcomes),
+        "plain": _proportion_json(result.plain),
+        "ssp": _proportion_json(result.ssp),
+        "z_test": {"z": test.z, "p_value": test.p_value, "differ": test.differ()},
+        "answers": [
+            {"a": o.problem.a, "b": o.problem.b, "plain": o.plain_text, "ssp": o.ssp_text} for o in result.outcomes
+        ],
+    }
 
 
 def math_table(result: MathEval, title: str, interval: IntervalMethod = "wilson") -> Table:
@@ -98,22 +133,35 @@ def math_table(result: MathEval, title: str, interval: IntervalMethod = "wilson"
 def math_verdict(result: MathEval, interval: IntervalMethod = "wilson") -> str:
     test = result.test
     word = "DIFFER" if test.differ() else "do not differ"
-    verdict = (f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
-               f"{word} at the 5% level")
+    verdict = (
+        f"two-proportion z-test (pooled): z = {test.z:.2f}, p = {test.p_value:.3f} -> the accuracies "
+        f"{word} at the 5% level"
+    )
     if interval == "wald" and any(p.successes in (0, p.trials) for p in (result.plain, result.ssp)):
-        verdict += ("\nnote: Wald intervals collapse to a point at 0% or 100% correct; "
-                    "--interval wilson or clopper-pearson give a real bound there")
+        verdict += (
+            "\nnote: Wald intervals collapse to a point at 0% or 100% correct; "
+            "--interval wilson or clopper-pearson give a real bound there"
+        )
     return verdict
 
 
 def lossless_json(report: LosslessReport, prompt: str) -> dict[str, Any]:
     e = report.estimate
-    return {"prompt": prompt, "samples": report.samples, "temperature": report.temperature, "tv": e.tv,
-            "tv_upper_bound": e.upper_bound, "confidence": e.confidence, "null_tv_mean": e.null_tv_mean,
-            "permutation_p_value": e.p_value, "drafted_share": report.drafted_share,
-            "acceptance_rate": report.acceptance_rate, "distinct_pairs": report.distinct_pairs,
-            "forward_passes": report.forward_passes,
-            "top_pairs": [{"tokens": list(pair), "plain": a, "ssp": b} for pair, a, b in report.top_pairs]}
+    return {
+        "prompt": prompt,
+        "samples": report.samples,
+        "temperature": report.temperature,
+        "tv": e.tv,
+        "tv_upper_bound": e.upper_bound,
+        "confidence": e.confidence,
+        "null_tv_mean": e.null_tv_mean,
+        "permutation_p_value": e.p_value,
+        "drafted_share": report.drafted_share,
+        "acceptance_rate": report.acceptance_rate,
+        "distinct_pairs": report.distinct_pairs,
+        "forward_passes": report.forward_passes,
+        "top_pairs": [{"tokens": list(pair), "plain": a, "ssp": b} for pair, a, b in report.top_pairs],
+    }
 
 
 def lossless_lines(report: LosslessReport) -> list[str]:
@@ -145,16 +193,38 @@ def bench_table(result: BenchResult, title: str) -> Group:
     for name in ("category", "prompts", "plain tok/s", "SSp tok/s", "speedup", "SSp ÷ HF", "HF lookup"):
         speed.add_column(name, justify="right")
     for c in rows:
-        speed.add_row(c.category, str(c.summary()["prompts"]), f"{c.plain_tok_s:.1f}", f"{c.ssp_tok_s:.1f}",
-                      _x(c.fit.speedup_measured), _x(c.ssp_vs_hf_plain), _x(c.hf_speedup("hf_lookup")),
-                      style="bold" if c is result.overall else None)
-    speed.add_row("geomean", "", "", "", _x(_geomean_of([c.fit.speedup_measured for c in result.categories])),
-                  _x(_geomean_of([c.ssp_vs_hf_plain for c in result.categories])),
-                  _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])), style="bold")
+        speed.add_row(
+            c.category,
+            str(c.summary()["prompts"]),
+            f"{c.plain_tok_s:.1f}",
+            f"{c.ssp_tok_s:.1f}",
+            _x(c.fit.speedup_measured),
+            _x(c.ssp_vs_hf_plain),
+            _x(c.hf_speedup("hf_lookup")),
+            style="bold" if c is result.overall else None,
+        )
+    speed.add_row(
+        "geomean",
+        "",
+        "",
+        "",
+        _x(_geomean_of([c.fit.speedup_measured for c in result.categories])),
+        _x(_geomean_of([c.ssp_vs_hf_plain for c in result.categories])),
+        _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])),
+        style="bold",
+    )
     assisted = bool(result.categories) and result.categories[0].hf_speedup("hf_assisted") is not None
     costs = Table()
-    for name in ("category", "α", "accepted len", "call cost", "HF tok/s", "plain ÷ HF",
-                 *(["HF assisted"] if assisted else []), "SSp = plain"):
+    for name in (
+        "category",
+        "α",
+        "accepted len",
+        "call cost",
+        "HF tok/s",
+        "plain ÷ HF",
+        *(["HF assisted"] if assisted else []),
+        "SSp = plain",
+    ):
         costs.add_column(name, justify="right")
     for c in rows:
         costs.add_row(*_cost_cells(c, assisted), style="bold" if c is result.overall else None)
@@ -165,9 +235,16 @@ def _cost_cells(c: CategoryResult, assisted: bool) -> list[str]:
     hf_plain = c.hf_tok_s("hf_plain")
     equal = sum(m.outputs_equal for m in c.measures)
     call_cost = c.fit.ssp_call_ms / c.fit.plain_call_ms if c.fit.plain_call_ms else None
-    return [c.category, f"{c.fit.alpha:.3f}", f"{c.fit.mean_accepted_length:.2f}", _x(call_cost),
-            "-" if hf_plain is None else f"{hf_plain:.1f}", _x(c.plain_vs_hf_plain),
-            *([_x(c.hf_speedup("hf_assisted"))] if assisted else []), f"{equal}/{len(c.measures)}"]
+    return [
+        c.category,
+        f"{c.fit.alpha:.3f}",
+        f"{c.fit.mean_accepted_length:.2f}",
+        _x(call_cost),
+        "-" if hf_plain is None else f"{hf_plain:.1f}",
+        _x(c.plain_vs_hf_plain),
+        *([_x(c.hf_speedup("hf_assisted"))] if assisted else []),
+        f"{equal}/{len(c.measures)}",
+    ]
 
 
 # ---------------------------------------------------------------- bench: drafters side by side
@@ -197,23 +274,39 @@ def drafter_table(result: BenchResult, title: str) -> Group:
     for c in rows:
         style = "bold" if c is result.overall else None
         fits = [c.drafter_fit(name) for name in result.drafters]
-        speed.add_row(c.category, f"{c.plain_tok_s:.1f}", *[_x(fit.speedup_measured) for fit in fits],
-                      _x(c.hf_speedup("hf_lookup")),
-                      " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters), style=style)
-        acceptance.add_row(c.category, *[cell for fit in fits
-                                          for cell in (f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}")],
-                           style=style)
-    speed.add_row("geomean", "",
-                  *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
-                    for name in result.drafters],
-                  _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])), "", style="bold")
+        speed.add_row(
+            c.category,
+            f"{c.plain_tok_s:.1f}",
+            *[_x(fit.speedup_measured) for fit in fits],
+            _x(c.hf_speedup("hf_lookup")),
+            " ".join(f"{c.drafter_equal(name)}/{len(c.measures)}" for name in result.drafters),
+            style=style,
+        )
+        acceptance.add_row(
+            c.category,
+            *[cell for fit in fits for cell in (f"{fit.alpha:.3f}", f"{fit.mean_accepted_length:.2f}")],
+            style=style,
+        )
+    speed.add_row(
+        "geomean",
+        "",
+        *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories])) for name in result.drafters],
+        _x(_geomean_of([c.hf_speedup("hf_lookup") for c in result.categories])),
+        "",
+        style="bold",
+    )
     return Group(speed, acceptance)
 
 
 def _run_json(stats: Any) -> dict[str, Any]:
-    return {"new_tokens": stats.new_tokens, "wall_s": stats.wall_s, "target_calls": stats.target_calls,
-            "loop_tokens": stats.loop_tokens, "draft_tokens": stats.draft_tokens,
-            "accepted_tokens": stats.accepted_tokens}
+    return {
+        "new_tokens": stats.new_tokens,
+        "wall_s": stats.wall_s,
+        "target_calls": stats.target_calls,
+        "loop_tokens": stats.loop_tokens,
+        "draft_tokens": stats.draft_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+    }
 
 
 def per_prompt_json(result: BenchResult) -> list[dict[str, Any]]:
@@ -223,20 +316,36 @@ def per_prompt_json(result: BenchResult) -> list[dict[str, Any]]:
         seen: dict[str, int] = {}
         for m in c.measures:
             position = seen.setdefault(m.prompt.text, len(seen))
-            rows.append({"category": c.category, "position": position, "plain": _run_json(m.plain),
-                         "drafters": {name: {**_run_json(run.stats), "outputs_equal": run.outputs_equal}
-                                      for name, run in m.drafters.items()}})
+            rows.append(
+                {
+                    "category": c.category,
+                    "position": position,
+                    "plain": _run_json(m.plain),
+                    "drafters": {
+                        name: {**_run_json(run.stats), "outputs_equal": run.outputs_equal}
+                        for name, run in m.drafters.items()
+                    },
+                }
+            )
     return rows
 
 
 def drafter_json(result: BenchResult) -> dict[str, Any]:
-    return {name: {
-        "geomean_speedup": geomean([c.drafter_fit(name).speedup_measured for c in result.categories]),
-        "categories": {c.category: {"speedup": c.drafter_fit(name).speedup_measured,
-                                    "acceptance_rate": c.drafter_fit(name).alpha,
-                                    "mean_accepted_length": c.drafter_fit(name).mean_accepted_length,
-                                    "outputs_equal": c.drafter_equal(name) == len(c.measures)}
-                       for c in result.categories}} for name in result.drafters}
+    return {
+        name: {
+            "geomean_speedup": geomean([c.drafter_fit(name).speedup_measured for c in result.categories]),
+            "categories": {
+                c.category: {
+                    "speedup": c.drafter_fit(name).speedup_measured,
+                    "acceptance_rate": c.drafter_fit(name).alpha,
+                    "mean_accepted_length": c.drafter_fit(name).mean_accepted_length,
+                    "outputs_equal": c.drafter_equal(name) == len(c.measures),
+                }
+                for c in result.categories
+            },
+        }
+        for name in result.drafters
+    }
 
 
 def repeated_table(passes: dict[str, BenchResult], title: str) -> Group:
@@ -253,11 +362,25 @@ def repeated_table(passes: dict[str, BenchResult], title: str) -> Group:
             warm = groups["warm"][i].drafter_fit(name)
             equal = sum(groups[p][i].drafter_equal(name) for p in passes)
             total = sum(len(groups[p][i].measures) for p in passes)
-            table.add_row(category, *[_x(groups[p][i].drafter_fit(name).speedup_measured) for p in passes],
-                          f"{warm.alpha:.3f}", f"{warm.mean_accepted_length:.2f}", f"{equal}/{total}",
-                          style="bold" if i == len(categories) - 1 else None)
-        table.add_row("geomean", *[_x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
-                                   for result in passes.values()], "", "", "", style="bold")
+            table.add_row(
+                category,
+                *[_x(groups[p][i].drafter_fit(name).speedup_measured) for p in passes],
+                f"{warm.alpha:.3f}",
+                f"{warm.mean_accepted_length:.2f}",
+                f"{equal}/{total}",
+                style="bold" if i == len(categories) - 1 else None,
+            )
+        table.add_row(
+            "geomean",
+            *[
+                _x(geomean([c.drafter_fit(name).speedup_measured for c in result.categories]))
+                for result in passes.values()
+            ],
+            "",
+            "",
+            "",
+            style="bold",
+        )
         tables.append(table)
     return Group(*tables)
 

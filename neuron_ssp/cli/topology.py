@@ -34,10 +34,13 @@ from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
 from neuron_ssp.topology.published_runs import published_run
 
 NEURONX_VERSION = click.option(
-    "--neuronx-version", "neuronx_version", metavar="VERSION",
+    "--neuronx-version",
+    "neuronx_version",
+    metavar="VERSION",
     help="transformers-neuronx version to plan for: 0.10 (SDK 2.18) replicates kv heads up to the query heads, "
-         "0.11+ only up to tp; batch > 1 needs 0.13 (SDK 2.21+). Default: 0.13 (a Neuron host checks the installed "
-         "one at load).")
+    "0.11+ only up to tp; batch > 1 needs 0.13 (SDK 2.21+). Default: 0.13 (a Neuron host checks the installed "
+    "one at load).",
+)
 
 
 def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str | None) -> list[int] | None:
@@ -54,9 +57,13 @@ def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str | None
 
 @click.command("validate")
 @click.argument("configs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True,
-              help='One config: {"valid", "errors", "warnings", "load_order"}; several: an object '
-                   "mapping each path to that shape.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='One config: {"valid", "errors", "warnings", "load_order"}; several: an object '
+    "mapping each path to that shape.",
+)
 @NEURONX_VERSION
 @click.pass_context
 def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuronx_version: str | None) -> None:
@@ -84,24 +91,53 @@ def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuro
 @click.argument("config_path", metavar="CONFIG", type=click.Path(path_type=Path))
 @click.option("--instance", "instance_type", help="Plan on this instance type, not platform.instance_type.")
 @click.option("--all-instances", is_flag=True, help="Which instances can host the models, at which tp.")
-@click.option("--ms-per-token", type=click.FloatRange(min=0, min_open=True),
-              help="Generation latency for the cost per million tokens (default: the published latency "
-                   "of the target's plain decoding, where known; SSp divides it by its speedup).")
-@click.option("--engine", type=click.Choice(["native", "fused"]),
-              help="Also project ms/token and speedup for this engine from published latencies, α and k.")
-@click.option("--alpha", type=click.FloatRange(0, 1), default=DEFAULT_ALPHA, show_default=True,
-              help="Acceptance rate assumed by --engine (tune-k measures it).")
-@click.option("--draft-ms-per-token", type=click.FloatRange(min=0, min_open=True),
-              help="The draft's plain ms/token for --engine, where none is published.")
-@click.option("--batch-sizes", "batches", callback=_batch_sizes, metavar="N,N,...",
-              help="Batch sizes for the memory (and, with --engine, tokens/s) per batch. Default: 1, 2, 4, ... up to "
-                   "target.batch_size, shown when that is above 1.")
+@click.option(
+    "--ms-per-token",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Generation latency for the cost per million tokens (default: the published latency "
+    "of the target's plain decoding, where known; SSp divides it by its speedup).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["native", "fused"]),
+    help="Also project ms/token and speedup for this engine from published latencies, α and k.",
+)
+@click.option(
+    "--alpha",
+    type=click.FloatRange(0, 1),
+    default=DEFAULT_ALPHA,
+    show_default=True,
+    help="Acceptance rate assumed by --engine (tune-k measures it).",
+)
+@click.option(
+    "--draft-ms-per-token",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The draft's plain ms/token for --engine, where none is published.",
+)
+@click.option(
+    "--batch-sizes",
+    "batches",
+    callback=_batch_sizes,
+    metavar="N,N,...",
+    help="Batch sizes for the memory (and, with --engine, tokens/s) per batch. Default: 1, 2, 4, ... up to "
+    "target.batch_size, shown when that is above 1.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @NEURONX_VERSION
 @click.pass_context
-def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_instances: bool,
-         ms_per_token: float | None, engine: str | None, alpha: float, draft_ms_per_token: float | None,
-         batches: list[int] | None, as_json: bool, neuronx_version: str | None) -> None:
+def plan(
+    ctx: click.Context,
+    config_path: Path,
+    instance_type: str | None,
+    all_instances: bool,
+    ms_per_token: float | None,
+    engine: str | None,
+    alpha: float,
+    draft_ms_per_token: float | None,
+    batches: list[int] | None,
+    as_json: bool,
+    neuronx_version: str | None,
+) -> None:
     """Device memory, NeuronCores, load order and cost of CONFIG's models on an instance, per batch size.
 
     Exit code 0 when the config is valid there and the models fit, 1 otherwise.
@@ -116,12 +152,23 @@ def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_i
             _print_instances(Console(), config, plans)
         ctx.exit(0 if any(_hosts(p) for p in plans) else 1)
     deployment = plan_deployment(config, instance_type, ms_per_token, kv_rule, batches=batches)
-    report = validate_config(_on_neuron(config, deployment.instance.name), kv_rule,
-                             neuronx_generation=_generation(neuronx_version))
+    report = validate_config(
+        _on_neuron(config, deployment.instance.name), kv_rule, neuronx_generation=_generation(neuronx_version)
+    )
     projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token)
-    per_batch = None if engine is None else plan_batch_projection(
-        config, deployment, engine, alpha, [row.batch for row in deployment.per_batch], ms_per_token,
-        draft_ms_per_token)
+    per_batch = (
+        None
+        if engine is None
+        else plan_batch_projection(
+            config,
+            deployment,
+            engine,
+            alpha,
+            [row.batch for row in deployment.per_batch],
+            ms_per_token,
+            draft_ms_per_token,
+        )
+    )
     if as_json:
         extra = {}
         if projection is not None and per_batch is not None:
@@ -141,15 +188,31 @@ def plan(ctx: click.Context, config_path: Path, instance_type: str | None, all_i
     ctx.exit(0 if report.ok and deployment.fits else 1)
 
 
-def _projection(config: Config, deployment: DeploymentPlan, engine: str | None, alpha: float,
-                target_ms: float | None, draft_ms: float | None) -> Projection | None:
+def _projection(
+    config: Config,
+    deployment: DeploymentPlan,
+    engine: str | None,
+    alpha: float,
+    target_ms: float | None,
+    draft_ms: float | None,
+) -> Projection | None:
     if engine is None:
         return None
     draft = deployment.models.get("draft") if config.speculation.drafter == "model" else None
     target_arch, draft_arch = deployment.models["target"].architecture.name, draft.architecture.name if draft else None
     run = published_run(deployment.instance.name, target_arch, draft_arch)
-    return project(engine, config.speculation.k, alpha, deployment.instance.name, target_arch, draft_arch,
-                   target_ms, draft_ms, deployment.library, (run, run.differences(config)) if run else None)
+    return project(
+        engine,
+        config.speculation.k,
+        alpha,
+        deployment.instance.name,
+        target_arch,
+        draft_arch,
+        target_ms,
+        draft_ms,
+        deployment.library,
+        (run, run.differences(config)) if run else None,
+    )
 
 
 def _kv_rule(neuronx_version: str | None) -> str:
@@ -192,8 +255,11 @@ def _print_report(console: Console, path: str, report: ValidationReport) -> None
         table.add_column()
         for kind, problems in ((ERROR, report.errors), (WARNING, report.warnings)):
             for p in problems:
-                table.add_row(kind, f"[bold]{escape(p.field)}[/bold] = {escape(repr(p.value))}\n"
-                                    f"rule: {escape(p.rule)}\nfix:  {escape(p.fix)}")
+                table.add_row(
+                    kind,
+                    f"[bold]{escape(p.field)}[/bold] = {escape(repr(p.value))}\n"
+                    f"rule: {escape(p.rule)}\nfix:  {escape(p.fix)}",
+                )
         console.print(table)
     if report.load_order:
         console.print(f"  load order: {' -> '.join(report.load_order)}")
@@ -202,8 +268,10 @@ def _print_report(console: Console, path: str, report: ValidationReport) -> None
 def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     """One row per quantity, one column per model: reads at 80 characters."""
     instance = deployment.instance
-    console.print(f"[bold]plan: {deployment.config_name} on {instance.name}[/bold] ({instance.cores_text} "
-                  f"x {instance.hbm_per_core_gib} GiB HBM, {instance.generation}, {deployment.library})")
+    console.print(
+        f"[bold]plan: {deployment.config_name} on {instance.name}[/bold] ({instance.cores_text} "
+        f"x {instance.hbm_per_core_gib} GiB HBM, {instance.generation}, {deployment.library})"
+    )
     models = deployment.models
     table = Table("", *models)
     for column in table.columns[1:]:
@@ -233,59 +301,98 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
         verdict = f"[green]fits, {gib(usable - busiest):.2f} GiB spare[/green]"
     else:
         verdict = f"[red]does not fit: {gib(busiest - usable):.2f} GiB too much[/red]"
-    console.print(f"busiest core: {gib(busiest):.2f} GiB of {gib(usable):.2f} GiB usable "
-                  f"({instance.hbm_per_core_gib} GiB HBM, {deployment.headroom_fraction:.0%} kept as "
-                  f"headroom) -> {verdict}")
+    console.print(
+        f"busiest core: {gib(busiest):.2f} GiB of {gib(usable):.2f} GiB usable "
+        f"({instance.hbm_per_core_gib} GiB HBM, {deployment.headroom_fraction:.0%} kept as "
+        f"headroom) -> {verdict}"
+    )
     fitting = ", ".join(str(tp) for tp in deployment.fitting_tp_degrees) or f"none ({deployment.refusal})"
-    console.print(f"one tp for all models that fits: {fitting}; "
-                  f"recommended: {deployment.recommended_tp or 'none'}")
-    console.print(f"load order: {' -> '.join(deployment.load_order)}; "
-                  f"NEURON_RT_VISIBLE_CORES={deployment.visible_cores}")
-    console.print(f"compiled graphs, one neuronx-cc run each ({deployment.library}'s buckets; a prompt runs the "
-                  "smallest context bucket that holds it):")
+    console.print(f"one tp for all models that fits: {fitting}; recommended: {deployment.recommended_tp or 'none'}")
+    console.print(
+        f"load order: {' -> '.join(deployment.load_order)}; NEURON_RT_VISIBLE_CORES={deployment.visible_cores}"
+    )
+    console.print(
+        f"compiled graphs, one neuronx-cc run each ({deployment.library}'s buckets; a prompt runs the "
+        "smallest context bucket that holds it):"
+    )
     for role, model in models.items():
         console.print(f"  {role}: {_graphs_text(model)}", highlight=False)
     console.print(_cost_line(deployment))
-    kv = (f"kv heads replicated as {KV_RULES[deployment.kv_rule]}" if deployment.library == "transformers-neuronx"
-          else "kv heads replicated as its GQA sharding does")
-    console.print(f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
-                  f"multiple of tp, {kv}. Cores needed = (weights + KV cache) / usable HBM per core, before "
-                  "rounding up to a tp the platform accepts (smallest tp alone).")
+    kv = (
+        f"kv heads replicated as {KV_RULES[deployment.kv_rule]}"
+        if deployment.library == "transformers-neuronx"
+        else "kv heads replicated as its GQA sharding does"
+    )
+    console.print(
+        f"Per core counts the heads as {deployment.library} places them: query heads padded to a "
+        f"multiple of tp, {kv}. Cores needed = (weights + KV cache) / usable HBM per core, before "
+        "rounding up to a tp the platform accepts (smallest tp alone)."
+    )
 
 
 def _print_batches(console: Console, deployment: DeploymentPlan) -> None:
     """Memory per batch size: the KV cache grows with the batch, the weights do not."""
     roles = list(deployment.models)
-    table = Table("batch", *(f"{role} KV/core" for role in roles), "busiest core", "fits",
-                  title="per batch (KV cache x batch; weights once)", title_justify="left")
+    table = Table(
+        "batch",
+        *(f"{role} KV/core" for role in roles),
+        "busiest core",
+        "fits",
+        title="per batch (KV cache x batch; weights once)",
+        title_justify="left",
+    )
     for column in table.columns:
         column.justify = "right"
     for row in deployment.per_batch:
-        table.add_row(str(row.batch), *(f"{gib(row.kv_bytes_per_core[role]):.2f} GiB" for role in roles),
-                      f"{gib(row.busiest_core_bytes):.2f} GiB", "yes" if row.fits else "[red]no[/red]")
+        table.add_row(
+            str(row.batch),
+            *(f"{gib(row.kv_bytes_per_core[role]):.2f} GiB" for role in roles),
+            f"{gib(row.busiest_core_bytes):.2f} GiB",
+            "yes" if row.fits else "[red]no[/red]",
+        )
     console.print(table)
     tp = deployment.models["target"].tp_degree
     largest = deployment.largest_fitting_batch
-    console.print(f"largest batch that fits at tp {tp}: "
-                  + (f"{largest}" if largest < LARGEST_BATCH_SEARCHED else f"{largest} or more")
-                  + f" (of {gib(deployment.usable_bytes_per_core):.2f} GiB usable per core)", highlight=False)
+    console.print(
+        f"largest batch that fits at tp {tp}: "
+        + (f"{largest}" if largest < LARGEST_BATCH_SEARCHED else f"{largest} or more")
+        + f" (of {gib(deployment.usable_bytes_per_core):.2f} GiB usable per core)",
+        highlight=False,
+    )
 
 
 def _print_batch_projection(console: Console, projection: BatchProjection, price_per_hour: float | None) -> None:
     """`plan --engine` per batch size: all rows' tokens/s, plain and speculative, and what it assumes."""
-    table = Table("batch", "target call", "plain tok/s", "SSp tok/s", "speedup", "$/M tok",
-                  title=f"projection per batch: engine {projection.engine}, k={projection.k}, α={projection.alpha:g}",
-                  title_justify="left")
+    table = Table(
+        "batch",
+        "target call",
+        "plain tok/s",
+        "SSp tok/s",
+        "speedup",
+        "$/M tok",
+        title=f"projection per batch: engine {projection.engine}, k={projection.k}, α={projection.alpha:g}",
+        title_justify="left",
+    )
     for column in table.columns:
         column.justify = "right"
     for row in projection.rows:
-        million = (None if price_per_hour is None or not row.speculative_tokens_per_s
-                   else price_per_hour / (row.speculative_tokens_per_s * 3600) * 1e6)
-        table.add_row(str(row.batch), _number(row.target_call_ms, " ms"), _number(row.plain_tokens_per_s),
-                      _number(row.speculative_tokens_per_s), _number(row.speedup, "x"), _number(million))
+        million = (
+            None
+            if price_per_hour is None or not row.speculative_tokens_per_s
+            else price_per_hour / (row.speculative_tokens_per_s * 3600) * 1e6
+        )
+        table.add_row(
+            str(row.batch),
+            _number(row.target_call_ms, " ms"),
+            _number(row.plain_tokens_per_s),
+            _number(row.speculative_tokens_per_s),
+            _number(row.speedup, "x"),
+            _number(million),
+        )
     console.print(table)
-    money = [] if price_per_hour is None else [f"$/M tok: ${price_per_hour:.2f}/h on demand ÷ the SSp tokens/s of "
-                                               "all rows"]
+    money = (
+        [] if price_per_hour is None else [f"$/M tok: ${price_per_hour:.2f}/h on demand ÷ the SSp tokens/s of all rows"]
+    )
     for line in (*projection.notes, *money, *(f"assumed: {a}" for a in projection.assumptions)):
         console.print(f"  {escape(line)}", highlight=False)
 
@@ -298,13 +405,21 @@ def _graphs_text(model: ModelPlan) -> str:
     graphs = model.graphs
     if not graphs.total:
         return "none of its own: compiled into the target's fused graphs"
-    parts = [f"{graphs.context} context encoding", f"{graphs.token} token generation",
-             f"{graphs.speculation} speculation"]
+    parts = [
+        f"{graphs.context} context encoding",
+        f"{graphs.token} token generation",
+        f"{graphs.speculation} speculation",
+    ]
     kinds = " + ".join(part for part in parts if not part.startswith("0 "))
-    rows = "" if graphs.batch == 1 else f", decoding at batch {graphs.batch}, context encoding at batch " \
-                                        f"{graphs.context_batch}"
-    return (f"{graphs.total} = {kinds}; context buckets {_lengths(model.context_buckets)}, "
-            f"decoding buckets {_lengths(model.decoding_buckets)}{rows}")
+    rows = (
+        ""
+        if graphs.batch == 1
+        else f", decoding at batch {graphs.batch}, context encoding at batch {graphs.context_batch}"
+    )
+    return (
+        f"{graphs.total} = {kinds}; context buckets {_lengths(model.context_buckets)}, "
+        f"decoding buckets {_lengths(model.decoding_buckets)}{rows}"
+    )
 
 
 def _lengths(buckets: list[int]) -> str:
@@ -313,8 +428,10 @@ def _lengths(buckets: list[int]) -> str:
 
 def _print_projection(console: Console, projection: Projection) -> None:
     """`plan --engine`: the projected ms/token and speedup, each figure next to its assumption."""
-    table = Table(title=f"projection: engine {projection.engine}, k={projection.k} (no hardware; assumptions "
-                  "beside each figure)", title_justify="left")
+    table = Table(
+        title=f"projection: engine {projection.engine}, k={projection.k} (no hardware; assumptions beside each figure)",
+        title_justify="left",
+    )
     for column in ("figure", "value", "assumption"):
         table.add_column(column, justify="right" if column == "value" else "left")
     for figure in projection.figures:
@@ -330,14 +447,18 @@ def _cost_line(deployment: DeploymentPlan) -> str:
     line = f"cost: ${deployment.cost_per_hour:.2f}/h on demand [{escape(deployment.instance.price_source)}]"
     if deployment.cost_per_million_tokens is None:
         return f"{line}; per million tokens: {deployment.ms_per_token_source}"
-    return (f"{line}; ${deployment.cost_per_million_tokens:.2f} per million generated tokens at "
-            f"{deployment.ms_per_token:g} ms/token ({deployment.ms_per_token_source})")
+    return (
+        f"{line}; ${deployment.cost_per_million_tokens:.2f} per million generated tokens at "
+        f"{deployment.ms_per_token:g} ms/token ({deployment.ms_per_token_source})"
+    )
 
 
 def _print_instances(console: Console, config: Config, plans: list[DeploymentPlan]) -> None:
     names = " + ".join(m.architecture.name for m in plans[0].models.values())
-    console.print(f"[bold]{config.name}: which instances can host {names}[/bold] "
-                  f"(one tp for all models, {plans[0].headroom_fraction:.0%} of HBM kept as headroom)")
+    console.print(
+        f"[bold]{config.name}: which instances can host {names}[/bold] "
+        f"(one tp for all models, {plans[0].headroom_fraction:.0%} of HBM kept as headroom)"
+    )
     table = Table("instance", "cores", "hosts?", "tp", "GiB/core", "$/h", "$/M tok")
     for column in table.columns[1:]:
         column.justify = "right"
@@ -345,20 +466,29 @@ def _print_instances(console: Console, config: Config, plans: list[DeploymentPla
     table.columns[0].no_wrap = True
     for p in plans:
         hosts = _hosts(p)
-        table.add_row(p.instance.name, str(p.instance.neuron_cores), "yes" if hosts else "no",
-                      str(p.recommended_tp or "-"), f"{gib(p.busiest_core_bytes):.2f}" if hosts else "-",
-                      _money(p.cost_per_hour), _money(p.cost_per_million_tokens) if hosts else "-")
+        table.add_row(
+            p.instance.name,
+            str(p.instance.neuron_cores),
+            "yes" if hosts else "no",
+            str(p.recommended_tp or "-"),
+            f"{gib(p.busiest_core_bytes):.2f}" if hosts else "-",
+            _money(p.cost_per_hour),
+            _money(p.cost_per_million_tokens) if hosts else "-",
+        )
     console.print(table)
     for p in plans:
         if not _hosts(p):
             console.print(f"[bold]{p.instance.name}[/bold]: no, {p.refusal}")
     for p in plans:
         if _hosts(p):
-            console.print(f"[bold]{p.instance.name}[/bold]: tp that fit "
-                          f"{', '.join(str(tp) for tp in p.fitting_tp_degrees)}")
-    console.print("tp: recommended (the largest tested that fits); GiB/core: the busiest core at that tp. "
-                  "$/M tok: dollars per million tokens at the target's published plain-decoding latency on "
-                  "that platform (or --ms-per-token); '-' where none is published.")
+            console.print(
+                f"[bold]{p.instance.name}[/bold]: tp that fit {', '.join(str(tp) for tp in p.fitting_tp_degrees)}"
+            )
+    console.print(
+        "tp: recommended (the largest tested that fits); GiB/core: the busiest core at that tp. "
+        "$/M tok: dollars per million tokens at the target's published plain-decoding latency on "
+        "that platform (or --ms-per-token); '-' where none is published."
+    )
 
 
 def _money(amount: float | None) -> str:
@@ -367,11 +497,15 @@ def _money(amount: float | None) -> str:
 
 def _option_dict(deployment: DeploymentPlan) -> dict[str, Any]:
     return {
-        "instance": deployment.instance.name, "neuron_cores": deployment.instance.neuron_cores,
+        "instance": deployment.instance.name,
+        "neuron_cores": deployment.instance.neuron_cores,
         "hosts": "yes" if _hosts(deployment) else f"no: {deployment.refusal}",
-        "refusal": deployment.refusal, "fitting_tp_degrees": deployment.fitting_tp_degrees,
-        "recommended_tp": deployment.recommended_tp, "busiest_core_bytes": deployment.busiest_core_bytes,
-        "cost_per_hour": deployment.cost_per_hour, "ms_per_token": deployment.ms_per_token,
+        "refusal": deployment.refusal,
+        "fitting_tp_degrees": deployment.fitting_tp_degrees,
+        "recommended_tp": deployment.recommended_tp,
+        "busiest_core_bytes": deployment.busiest_core_bytes,
+        "cost_per_hour": deployment.cost_per_hour,
+        "ms_per_token": deployment.ms_per_token,
         "cost_per_million_tokens": deployment.cost_per_million_tokens,
     }
 

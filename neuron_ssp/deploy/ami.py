@@ -58,16 +58,20 @@ class DlamiPin:
 
 
 # SDK 2.25 is the last release whose DLAMI has the transformers-neuronx venv (2.26.0 removed it).
-PINNED = DlamiPin(sdk="2.25", name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ",
-                  support="transformers-neuronx: out of support since 2025-09-16, SDK 2.25 is its last release")
+PINNED = DlamiPin(
+    sdk="2.25",
+    name_prefix="Deep Learning AMI Neuron (Ubuntu 22.04) ",
+    support="transformers-neuronx: out of support since 2025-09-16, SDK 2.25 is its last release",
+)
 NXDI_DLAMI = "Deep Learning AMI Neuron (Ubuntu 24.04) "
 
 
 def nxdi_pin(release: NxdiRelease) -> DlamiPin:
     """The DLAMI and DLC of an NxD Inference release. Its DLC: aws-neuron/deep-learning-containers README at
     2be9ed1 (2.32.0 ships no PyTorch inference DLC of its own; 2.31.1 is the newest with NxDI)."""
-    return DlamiPin(sdk=release.sdk, name_prefix=NXDI_DLAMI, venv=release.venv, support=release.support,
-                    dlc=release.dlc)
+    return DlamiPin(
+        sdk=release.sdk, name_prefix=NXDI_DLAMI, venv=release.venv, support=release.support, dlc=release.dlc
+    )
 
 
 def pin_for_config(config: Config) -> DlamiPin:
@@ -120,8 +124,7 @@ def find_pinned(ec2: Any, region: str, pin: DlamiPin = PINNED) -> Ami:
                 "--ami",
                 "pinned",
                 f"no {pin.name_prefix.strip()} DLAMI of Neuron SDK {pin.sdk} is visible in {region}",
-                "try another region (us-east-1, us-west-2), or pass --ami ami-... of an image with "
-                f"{pin.venv}",
+                f"try another region (us-east-1, us-west-2), or pass --ami ami-... of an image with {pin.venv}",
             )
         )
     return _ami(fitting[-1], f"pinned Neuron SDK {pin.sdk}")

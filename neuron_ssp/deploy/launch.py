@@ -66,7 +66,11 @@ def prepare_launch(
 
 
 def look_up(
-    name: str, instance_type: str, options: LaunchOptions, clients: AwsClients, expires_at: datetime,
+    name: str,
+    instance_type: str,
+    options: LaunchOptions,
+    clients: AwsClients,
+    expires_at: datetime,
     pin: DlamiPin = PINNED,
 ) -> LaunchFacts:
     """Read-only calls, each stopping the launch as soon as it shows a problem: name, DLAMI, reservation, caller."""

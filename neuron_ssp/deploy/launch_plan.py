@@ -122,8 +122,10 @@ def plan_launch(
     name = deployment_name(config, config_path, options)
     pin = pin_for_config(config)
     if options.ami == "latest":
-        warnings.append(f"--ami latest follows the newest Neuron SDK, which may no longer ship {pin.venv} "
-                        f"({config.neuron.library} is pinned to SDK {pin.sdk})")
+        warnings.append(
+            f"--ami latest follows the newest Neuron SDK, which may no longer ship {pin.venv} "
+            f"({config.neuron.library} is pinned to SDK {pin.sdk})"
+        )
     params = _base_params(options, instance_type, facts.ami, client_token)
     if options.capacity and facts.reservation:
         warnings += check_reservation(facts.reservation, options.capacity, instance_type, expires_at)
@@ -172,7 +174,6 @@ def plan_launch(
         facts.reservation,
         pin.describe(config.neuron.library),
     )
-
 
 
 def default_name(config: Config, config_path: str | Path) -> str:
@@ -298,5 +299,3 @@ def _base_params(options: LaunchOptions, instance_type: str, ami: Ami, client_to
         key = "Arn" if options.instance_profile.startswith("arn:") else "Name"
         params["IamInstanceProfile"] = {key: options.instance_profile}
     return params
-
-

@@ -28,8 +28,13 @@ from neuron_ssp.topology.positions import draft_slots, require_room
 
 
 class ModelDrafter:
-    def __init__(self, backend: ModelBackend, sampling: SamplingParams, generator: torch.Generator | None,
-                 stop_below: float = 0.0):
+    def __init__(
+        self,
+        backend: ModelBackend,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+        stop_below: float = 0.0,
+    ):
         """`stop_below`: the draft-confidence rule, stop drafting when the draft's top probability
         (temperature 1) falls below it; 0 never stops early."""
         self.backend = backend
@@ -43,8 +48,13 @@ class ModelDrafter:
 
     def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         prompt_len = prompt_ids.shape[0]
-        require_room(self.backend.n_positions, draft_slots(prompt_len, max_new_tokens), prompt_len,
-                     max_new_tokens, "draft.n_positions")
+        require_room(
+            self.backend.n_positions,
+            draft_slots(prompt_len, max_new_tokens),
+            prompt_len,
+            max_new_tokens,
+            "draft.n_positions",
+        )
         self.backend.prefill(prompt_ids)
         self._cached = prompt_ids.tolist()
         self._noise, self._prompt_len = noise, prompt_len
@@ -69,10 +79,14 @@ class ModelDrafter:
 
     def _checked(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         if first_non_finite_row(logits.view(1, -1)) is not None:
-            raise RuntimeProblem(Problem(
-                "draft.path", self.backend.name,
-                f"the draft model produced non-finite logits (NaN or inf) at position {position}",
-                "check the draft's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
+            raise RuntimeProblem(
+                Problem(
+                    "draft.path",
+                    self.backend.name,
+                    f"the draft model produced non-finite logits (NaN or inf) at position {position}",
+                    "check the draft's weights and dtype (fp16 overflows are common: try bf16 or fp32)",
+                )
+            )
         return logits
 
 
@@ -99,8 +113,11 @@ class _Drafting:
         drafter = self.drafter
         logits = drafter._checked(logits, self.position)
         self.next = None
-        if len(self.tokens) == self.max_tokens or \
-                drafter.stop_below and float(logits.float().softmax(-1).max()) < drafter.stop_below:
+        if (
+            len(self.tokens) == self.max_tokens
+            or drafter.stop_below
+            and float(logits.float().softmax(-1).max()) < drafter.stop_below
+        ):
             return
         token = drafter._draw(logits, self.output_start + len(self.tokens))
         self.tokens.append(token)

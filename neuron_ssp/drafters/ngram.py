@@ -40,7 +40,7 @@ def lookup_match(sequence: torch.Tensor, max_tokens: int, ngram_max: int, ngram_
     """
     length = sequence.shape[0]
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        pattern = sequence[length - n:]
+        pattern = sequence[length - n :]
         windows = sequence[: length - 1].unfold(0, n, 1)  # every earlier n-gram, continuation exists
         hits = (windows == pattern).all(dim=1).nonzero()
         if hits.numel():

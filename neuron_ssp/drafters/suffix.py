@@ -91,9 +91,15 @@ class SuffixHistory:
         try:
             self.store.append(tokens)
         except OSError as exc:
-            log.warning("%s", Problem("speculation.suffix.persist_path", str(self.store.path),
-                                      f"the history could not be saved ({exc}); it stays in memory only",
-                                      "point persist_path at a writable file"))
+            log.warning(
+                "%s",
+                Problem(
+                    "speculation.suffix.persist_path",
+                    str(self.store.path),
+                    f"the history could not be saved ({exc}); it stays in memory only",
+                    "point persist_path at a writable file",
+                ),
+            )
 
     def _load(self, store: HistoryFile) -> None:
         try:
@@ -101,8 +107,11 @@ class SuffixHistory:
         except HistoryFileError as exc:
             aside = _set_aside(store)
             self.load_problem = Problem(
-                "speculation.suffix.persist_path", str(store.path), f"the saved history is unusable: {exc}",
-                f"the drafter starts with an empty history; {aside}")
+                "speculation.suffix.persist_path",
+                str(store.path),
+                f"the saved history is unusable: {exc}",
+                f"the drafter starts with an empty history; {aside}",
+            )
             log.warning("%s", self.load_problem)
             return
         for tokens in sequences:
@@ -139,9 +148,9 @@ class SuffixDrafter:
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         length = sequence.shape[0]
         if length > self._seen:
-            self._local.extend(self._sid, sequence[self._seen:].tolist())
+            self._local.extend(self._sid, sequence[self._seen :].tolist())
             self._seen = length
-        context = sequence[-self.settings.max_depth:].tolist()
+        context = sequence[-self.settings.max_depth :].tolist()
         path = self.best_path(context, max_tokens)
         tokens = torch.tensor(path.tokens, dtype=torch.long)
         return Draft(tokens, point_masses(tokens, self.vocab_size), path.match_len, deterministic=True)

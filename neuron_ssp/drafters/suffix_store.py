@@ -51,15 +51,15 @@ class HistoryFile:
         if head.get("model") != self.model or head.get("vocab_size") != self.vocab_size:
             raise HistoryFileError(
                 f"it was written for model {head.get('model')!r} (vocabulary {head.get('vocab_size')}), "
-                f"not {self.model!r} (vocabulary {self.vocab_size}): token ids would mean other words")
+                f"not {self.model!r} (vocabulary {self.vocab_size}): token ids would mean other words"
+            )
 
     def _sequence(self, number: int, line: str) -> list[int]:
         try:
             tokens = json.loads(line)
         except json.JSONDecodeError:
             raise HistoryFileError(f"line {number} is not JSON (a torn write?)") from None
-        if not isinstance(tokens, list) or not all(
-                type(t) is int and 0 <= t < self.vocab_size for t in tokens):
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < self.vocab_size for t in tokens):
             raise HistoryFileError(f"line {number} is not a list of token ids in 0..{self.vocab_size - 1}")
         return tokens
 

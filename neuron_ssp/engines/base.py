@@ -35,8 +35,7 @@ def sampling_params(sampling: SamplingConfig) -> SamplingParams:
     return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, field: str,
-               extra_slots: int = 0) -> None:
+def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, field: str, extra_slots: int = 0) -> None:
     """Fail before the first call, not when the cache overflows half-way. Our loop writes
     `positions.target_slots` slots; an engine that writes more (transformers-neuronx's loop) says how
     many more with `extra_slots`, and a backend that pads every call to its window (NxD Inference: k wide)
@@ -44,27 +43,38 @@ def check_room(backend: ModelBackend, prompt_len: int, max_new_tokens: int, fiel
     if prompt_len == 0:
         raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
     extra = extra_slots + getattr(backend, "padding_slots", 0)
-    require_room(backend.n_positions, target_slots(prompt_len, max_new_tokens) + extra, prompt_len,
-                 max_new_tokens, field)
+    require_room(
+        backend.n_positions, target_slots(prompt_len, max_new_tokens) + extra, prompt_len, max_new_tokens, field
+    )
 
 
 def check_finite(logits: torch.Tensor, first_position: int, target: ModelBackend) -> None:
     """Refuse to emit tokens from logits that hold NaN or inf (rows scored from `first_position` on)."""
     row = first_non_finite_row(logits.view(-1, logits.shape[-1]))
     if row is not None:
-        raise RuntimeProblem(Problem(
-            "target.path", target.name,
-            f"the target produced non-finite logits (NaN or inf) at position {first_position + row}",
-            "check the target's weights and dtype (fp16 overflows are common: try bf16 or fp32)"))
+        raise RuntimeProblem(
+            Problem(
+                "target.path",
+                target.name,
+                f"the target produced non-finite logits (NaN or inf) at position {first_position + row}",
+                "check the target's weights and dtype (fp16 overflows are common: try bf16 or fp32)",
+            )
+        )
 
 
 class Committed:
     """A request's committed tokens in a preallocated buffer, with the EOS / max_new_tokens cut-off and
     the callbacks that see each step's tokens."""
 
-    def __init__(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos: Collection[int],
-                 on_tokens: TokenCallback | None = None, on_commit: CommitCallback | None = None,
-                 on_logits: LogitsCallback | None = None):
+    def __init__(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos: Collection[int],
+        on_tokens: TokenCallback | None = None,
+        on_commit: CommitCallback | None = None,
+        on_logits: LogitsCallback | None = None,
+    ):
         self.prompt_len = prompt_ids.shape[0]
         self.buffer = torch.empty(self.prompt_len + max_new_tokens, dtype=torch.long)
         self.buffer[: self.prompt_len] = prompt_ids
@@ -92,8 +102,9 @@ class Committed:
     def committed(self) -> torch.Tensor:
         return self.buffer[: self.length]
 
-    def extend(self, tokens: list[int], from_draft: int = 0, drafted: int = 0,
-               logits: torch.Tensor | None = None) -> int:
+    def extend(
+        self, tokens: list[int], from_draft: int = 0, drafted: int = 0, logits: torch.Tensor | None = None
+    ) -> int:
         """Commit tokens up to EOS (kept) or the budget; returns how many were committed.
 
         `from_draft` (leading tokens that are accepted drafts) and `drafted` are reported to `on_commit`;
@@ -104,7 +115,7 @@ class Committed:
                 kept = kept[: i + 1]
                 self.done = True
                 break
-        self.buffer[self.length: self.length + len(kept)] = torch.tensor(kept, dtype=torch.long)
+        self.buffer[self.length : self.length + len(kept)] = torch.tensor(kept, dtype=torch.long)
         self.length += len(kept)
         self.done = self.done or self.remaining == 0
         if self.on_logits and kept and logits is not None:
@@ -116,4 +127,4 @@ class Committed:
         return len(kept)
 
     def generated(self) -> list[int]:
-        return self.buffer[self.prompt_len: self.length].tolist()
+        return self.buffer[self.prompt_len : self.length].tolist()

@@ -76,13 +76,14 @@ class BatchLoop:
         called = list(chunks) + decoding
         segments = list(chunks.values()) + [
             Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
-            for row in decoding]
+            for row in decoding
+        ]
         begin = time.perf_counter()
         logits = self.target.score_batch(segments)
         seconds = time.perf_counter() - begin
-        for row, segment, rows_logits in zip(called, segments,
-                                             logits.split([segment.returned_rows for segment in segments]),
-                                             strict=True):
+        for row, segment, rows_logits in zip(
+            called, segments, logits.split([segment.returned_rows for segment in segments]), strict=True
+        ):
             row.stats.time_target_s += seconds
             try:
                 if row.prefilling:
@@ -120,8 +121,12 @@ class BatchLoop:
                 break
             if row.prefilling:
                 end = min(row.prefilled + budget, row.seq.prompt_len)
-                chunks[row] = Segment(row.slot, row.prefilled, row.request.prompt_ids[row.prefilled:end],
-                                      logits_rows=int(end == row.seq.prompt_len))
+                chunks[row] = Segment(
+                    row.slot,
+                    row.prefilled,
+                    row.request.prompt_ids[row.prefilled : end],
+                    logits_rows=int(end == row.seq.prompt_len),
+                )
                 budget -= end - row.prefilled
         return chunks
 
@@ -139,8 +144,11 @@ class BatchLoop:
     def _propose(self, rows: list[Row], prompt_rows: int) -> None:
         """Each row's proposal, then the windows: together by goodput where every row's policy weighs so
         (`prompt_rows`: prompt tokens the call scores anyway); on compiled shapes all rows speculate or none."""
-        asked = {row: min(row.policy.window(row.confidence), self.k, row.seq.remaining) - 1
-                 for row in rows if row.drafter is not None}
+        asked = {
+            row: min(row.policy.window(row.confidence), self.k, row.seq.remaining) - 1
+            for row in rows
+            if row.drafter is not None
+        }
         models = [row for row, tokens in asked.items() if tokens > 0 and isinstance(row.drafter, ModelDrafter)]
         models = models if len(models) > 1 else []  # one row drafts through its own propose
         begin = time.perf_counter()
@@ -152,8 +160,11 @@ class BatchLoop:
             if row in models:
                 continue
             begin = time.perf_counter()
-            row.draft = row.drafter.propose(row.seq.committed(), asked[row]) \
-                if row.drafter is not None and asked[row] > 0 else Draft.empty(self.target.vocab_size)
+            row.draft = (
+                row.drafter.propose(row.seq.committed(), asked[row])
+                if row.drafter is not None and asked[row] > 0
+                else Draft.empty(self.target.vocab_size)
+            )
             row.stats.time_draft_s += time.perf_counter() - begin
         if rows and self.cost is not None and all(row.policy.by_goodput for row in rows):
             chances = [row.policy.chances(row.draft, row.confidence) for row in rows]
@@ -183,6 +194,7 @@ class BatchLoop:
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[accepted], tokens[-1])
 
+
 def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, noise: PositionNoise) -> list[int]:
     """The acceptor's tokens for one row, in transformers-neuronx's call shape, checked: the first n-1
     drafted tokens then one of its choice. `noise`: the positions' noise, for acceptors that draw from it."""
@@ -190,11 +202,15 @@ def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, n
     out = acceptor(draft.tokens.view(1, -1), draft.logits.unsqueeze(0), target_logits.unsqueeze(0))
     tokens = out.view(-1).tolist()
     if not 1 <= len(tokens) <= len(draft) + 1 or tokens[:-1] != draft.tokens[: len(tokens) - 1].tolist():
-        raise RuntimeProblem(Problem(
-            "speculation.acceptor", type(acceptor).__name__,
-            f"returned {tokens} for draft {draft.tokens.tolist()}: an acceptor must return the first n-1 "
-            "drafted tokens followed by one token of its choice (1 <= n <= drafted + 1)",
-            "fix the acceptor's __call__ (the target's KV cache holds the drafted tokens)"))
+        raise RuntimeProblem(
+            Problem(
+                "speculation.acceptor",
+                type(acceptor).__name__,
+                f"returned {tokens} for draft {draft.tokens.tolist()}: an acceptor must return the first n-1 "
+                "drafted tokens followed by one token of its choice (1 <= n <= drafted + 1)",
+                "fix the acceptor's __call__ (the target's KV cache holds the drafted tokens)",
+            )
+        )
     return tokens
 
 

@@ -93,8 +93,12 @@ class FusedEngine:
         fused, _ = load_fused_modules()
         batch_size = config.target.batch_size
         if batch_size > 1:
-            raise_unbatched(config, load_neuronx().version, loops_in_batches(fused.FusedSpeculativeDecoder.sample),
-                            "FusedSpeculativeDecoder.sample")
+            raise_unbatched(
+                config,
+                load_neuronx().version,
+                loops_in_batches(fused.FusedSpeculativeDecoder.sample),
+                "FusedSpeculativeDecoder.sample",
+            )
             require_right_padding({"target": target.model, "draft": draft.model})
         warn_about_device_sampling(config.sampling)
         model_dir = resolve_model_path(config.target.path, "target.path")
@@ -121,16 +125,22 @@ class FusedEngine:
         on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
         """One request: the row loop with one row (padded to the compiled batch)."""
-        request = RowRequest(prompt_ids, max_new_tokens, SamplingParams(), eos_token_ids=eos_token_ids,
-                             on_tokens=on_tokens)  # the device samples with the settings it was compiled with
+        request = RowRequest(
+            prompt_ids, max_new_tokens, SamplingParams(), eos_token_ids=eos_token_ids, on_tokens=on_tokens
+        )  # the device samples with the settings it was compiled with
         return self.row_loop().run(request)
 
     # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
 
     def check(self, request: RowRequest) -> None:
         # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (topology.positions)
-        check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
-                   extra_target_slots("fused", self.k))
+        check_room(
+            self.target,
+            request.prompt_ids.shape[0],
+            request.max_new_tokens,
+            "target.n_positions",
+            extra_target_slots("fused", self.k),
+        )
         if self.batch_size > 1:
             require_one_context(request.prompt_ids.shape[0], min(max(buckets) for buckets in self.buckets))
 
@@ -139,8 +149,10 @@ class FusedEngine:
         """The target's and the draft's context buckets (both encode the prompts, fused_speculation.py:576, :592):
         a batch's padded width avoids them (`padded_batch`)."""
         draft = self.decoder.draft
-        return (context_buckets(self.target.model, self.target.n_positions),
-                context_buckets(draft, getattr(draft, "n_positions", self.target.n_positions)))
+        return (
+            context_buckets(self.target.model, self.target.n_positions),
+            context_buckets(draft, getattr(draft, "n_positions", self.target.n_positions)),
+        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `FusedSpeculativeDecoder.sample` over `rows`, padded to the compiled batch."""
@@ -152,13 +164,21 @@ class FusedEngine:
             if self.batch_size == 1:  # as before batching existed
                 sequences, _, _ = self.decoder.sample(batch.input_ids, sequence_length=batch.sequence_length)
             else:  # fused_speculation.py:551-560: right-padded prompts, their mask, sequence ids
-                sequences, _, _ = self.decoder.sample(batch.input_ids, start_ids=batch.start_ids,
-                                                      attention_mask=batch.attention_mask,
-                                                      sequence_length=batch.sequence_length)
+                sequences, _, _ = self.decoder.sample(
+                    batch.input_ids,
+                    start_ids=batch.start_ids,
+                    attention_mask=batch.attention_mask,
+                    sequence_length=batch.sequence_length,
+                )
         finally:
             self.decoder.speculator = speculator
-        return [RowOutput(sequences[i, batch.prompt_lens[i]: batch.prompt_lens[i] + row.seq.max_new_tokens].tolist(),
-                          counted.pieces[i]) for i, row in enumerate(rows)]
+        return [
+            RowOutput(
+                sequences[i, batch.prompt_lens[i] : batch.prompt_lens[i] + row.seq.max_new_tokens].tolist(),
+                counted.pieces[i],
+            )
+            for i, row in enumerate(rows)
+        ]
 
 
 class _CountedIterations:
@@ -186,10 +206,14 @@ def warn_about_device_sampling(sampling: SamplingConfig) -> None:
     """What the on-device sampler makes of our settings (docs/neuron.md, engine fused)."""
     notes = []
     if sampling.temperature > 0:
-        notes.append("sampling.seed has no effect: the device draws from its own unseeded Rng "
-                     "(hlo.py random_uniform), so the same prompt may give another text")
+        notes.append(
+            "sampling.seed has no effect: the device draws from its own unseeded Rng "
+            "(hlo.py random_uniform), so the same prompt may give another text"
+        )
     if sampling.temperature > 0 and not sampling.top_k:
-        notes.append("top_k 0 becomes a top-k over the whole vocabulary at every position (lossless, but slower "
-                     "than a small top_k)")
+        notes.append(
+            "top_k 0 becomes a top-k over the whole vocabulary at every position (lossless, but slower "
+            "than a small top_k)"
+        )
     if notes:
         warnings.warn("engine fused samples on device: " + "; ".join(notes), stacklevel=3)

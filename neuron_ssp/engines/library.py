@@ -156,8 +156,12 @@ class LibraryEngine:
         api = load_neuronx()
         batch_size = config.target.batch_size
         if batch_size > 1:
-            raise_unbatched(config, api.version, loops_in_batches(api.speculation.SpeculativeGenerator.sample),
-                            "SpeculativeGenerator.sample")
+            raise_unbatched(
+                config,
+                api.version,
+                loops_in_batches(api.speculation.SpeculativeGenerator.sample),
+                "SpeculativeGenerator.sample",
+            )
         if config.sampling.temperature > 0:
             tail = (
                 f"; transformers-neuronx {api.version} (0.10-0.11 API) also finishes the last <= k tokens "
@@ -189,8 +193,15 @@ class LibraryEngine:
         """One request: the row loop with one row (padded to the compiled batch)."""
         if self.rng is not None:
             self.rng.manual_seed(self.sampling.seed)  # for acceptors that draw from it rather than the noise
-        request = RowRequest(prompt_ids, max_new_tokens, sampling_params(self.sampling), self.sampling.seed,
-                             eos_token_ids, acceptor=self.acceptor, on_tokens=on_tokens)  # type: ignore[arg-type]
+        request = RowRequest(
+            prompt_ids,
+            max_new_tokens,
+            sampling_params(self.sampling),
+            self.sampling.seed,
+            eos_token_ids,
+            acceptor=self.acceptor,
+            on_tokens=on_tokens,
+        )  # type: ignore[arg-type]
         return self.row_loop().run(request)
 
     # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
@@ -198,43 +209,65 @@ class LibraryEngine:
     def check(self, request: RowRequest) -> None:
         prompt_len, new = request.prompt_ids.shape[0], request.max_new_tokens
         check_room(self.target, prompt_len, new, "target.n_positions", extra_target_slots("library", self.k))
-        require_room(self.draft.n_positions, draft_slots(prompt_len, new, "library", self.k), prompt_len, new,
-                     "draft.n_positions")
+        require_room(
+            self.draft.n_positions,
+            draft_slots(prompt_len, new, "library", self.k),
+            prompt_len,
+            new,
+            "draft.n_positions",
+        )
         if self.batch_size > 1:
             require_one_context(prompt_len, min(max(buckets) for buckets in self.buckets))
 
     @property
     def buckets(self) -> tuple[list[int], list[int]]:
         """The target's and the draft's context buckets: a batch's padded width avoids them (`padded_batch`)."""
-        return (context_buckets(self.target.model, self.target.n_positions),
-                context_buckets(self.draft.model, self.draft.n_positions))
+        return (
+            context_buckets(self.target.model, self.target.n_positions),
+            context_buckets(self.draft.model, self.draft.n_positions),
+        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `SpeculativeGenerator.sample` over `rows`, padded to the compiled batch."""
         spec = self.api.speculation
         stop_id = library_stop_id(self.target.model, common_eos(rows))
         padding = [Lane.padding() for _ in range(self.batch_size - len(rows))]
-        lanes = Lanes([Lane.of(row, self.acceptor) for row in rows] + padding, self.k, self.vocab_size, stop_id,
-                      self.api.batched_acceptor)
-        provider = row_aligned_draft(self.api, self.draft.model) if self.api.batched_acceptor \
+        lanes = Lanes(
+            [Lane.of(row, self.acceptor) for row in rows] + padding,
+            self.k,
+            self.vocab_size,
+            stop_id,
+            self.api.batched_acceptor,
+        )
+        provider = (
+            row_aligned_draft(self.api, self.draft.model)
+            if self.api.batched_acceptor
             else spec.DraftModelForSpeculation(self.draft.model)
+        )
         loop = spec.SpeculativeGenerator(
             _Timed(provider, times, "draft_s"),
             _WatchedTarget(self.target.model, times, lanes),
             self.k,
             adapt_acceptor(self.api, lanes),
         )
-        batch = padded_batch(rows, self.batch_size, pad_id(self.target.model, stop_id),
-                             {*self.buckets[0], *self.buckets[1]})
+        batch = padded_batch(
+            rows, self.batch_size, pad_id(self.target.model, stop_id), {*self.buckets[0], *self.buckets[1]}
+        )
         if self.batch_size == 1:  # as before batching existed, and the only call 0.10-0.12 take
             out = loop.sample(batch.input_ids, sequence_length=batch.sequence_length, eos_token_id=stop_id)
         else:  # speculation.py:718-730: right-padded prompts, their mask, sequence ids
-            out = loop.sample(batch.input_ids, sequence_length=batch.sequence_length, start_ids=batch.start_ids,
-                              eos_token_id=stop_id, pad_token_id=batch.pad_id, attention_mask=batch.attention_mask)
+            out = loop.sample(
+                batch.input_ids,
+                sequence_length=batch.sequence_length,
+                start_ids=batch.start_ids,
+                eos_token_id=stop_id,
+                pad_token_id=batch.pad_id,
+                attention_mask=batch.attention_mask,
+            )
         outputs = []
         for i, (row, lane) in enumerate(zip(rows, lanes.lanes, strict=False)):
             prompt_len = batch.prompt_lens[i]
-            generated = out[i, prompt_len: prompt_len + row.seq.max_new_tokens].tolist()
+            generated = out[i, prompt_len : prompt_len + row.seq.max_new_tokens].tolist()
             for position, real_eos in lane.rewritten.items():  # our acceptor's EOS, before it became stop_id
                 if position < len(generated):
                     generated[position] = real_eos
@@ -307,14 +340,19 @@ class Lanes:
                 if token in lane.eos:
                     lane.end()
             elif lane.live and token != lane.last:
-                raise RuntimeProblem(Problem(
-                    "speculation.engine", "library",
-                    f"transformers-neuronx continued a row from token {token} where it committed {lane.last}: "
-                    "its batched loop does not advance rows as speculation.py at 1ade6d7 does",
-                    "run target.batch_size: 1 with engine library, or use speculation.engine: native"))
+                raise RuntimeProblem(
+                    Problem(
+                        "speculation.engine",
+                        "library",
+                        f"transformers-neuronx continued a row from token {token} where it committed {lane.last}: "
+                        "its batched loop does not advance rows as speculation.py at 1ade6d7 does",
+                        "run target.batch_size: 1 with engine library, or use speculation.engine: native",
+                    )
+                )
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         target = target_scores if target_scores.dim() == 3 else target_scores.unsqueeze(0)  # SDK < 2.21: (k, V)
         ids = draft_ids.reshape(target.shape[0], -1)
         chosen = [self._choose(lane, ids[i], target[i]) if lane.live else None for i, lane in enumerate(self.lanes)]
@@ -337,11 +375,17 @@ class Lanes:
         tokens = torch.as_tensor(lane.acceptor(draft_ids.view(1, -1), drafted, target.unsqueeze(0))).reshape(-1)
         tokens = tokens.tolist()
         if not 1 <= len(tokens) <= len(draft_ids) + 1 or tokens[:-1] != draft_ids[: len(tokens) - 1].tolist():
-            lane.end(RuntimeProblem(Problem(
-                "speculation.acceptor", type(lane.acceptor).__name__,
-                f"returned {tokens} for draft {draft_ids.tolist()}: an acceptor must return the first n-1 drafted "
-                "tokens followed by one token of its choice (1 <= n <= drafted + 1)",
-                "fix the acceptor's __call__ (the target's KV cache holds the drafted tokens)")))
+            lane.end(
+                RuntimeProblem(
+                    Problem(
+                        "speculation.acceptor",
+                        type(lane.acceptor).__name__,
+                        f"returned {tokens} for draft {draft_ids.tolist()}: an acceptor must return the first n-1 "
+                        "drafted tokens followed by one token of its choice (1 <= n <= drafted + 1)",
+                        "fix the acceptor's __call__ (the target's KV cache holds the drafted tokens)",
+                    )
+                )
+            )
             return None
         accepted = len(tokens) - 1
         tokens = tokens[: lane.remaining]
@@ -350,11 +394,17 @@ class Lanes:
                 tokens = tokens[: i + 1]
                 break
         if self.zero_padded and 0 in tokens:
-            lane.end(RuntimeProblem(Problem(
-                "speculation.engine", "library",
-                f"token id 0 was accepted ({tokens}); transformers-neuronx counts accepted tokens with "
-                "count_nonzero and would drop it",
-                "use speculation.engine: native (same acceptor, same compiled models)")))
+            lane.end(
+                RuntimeProblem(
+                    Problem(
+                        "speculation.engine",
+                        "library",
+                        f"token id 0 was accepted ({tokens}); transformers-neuronx counts accepted tokens with "
+                        "count_nonzero and would drop it",
+                        "use speculation.engine: native (same acceptor, same compiled models)",
+                    )
+                )
+            )
             return None
         return tokens, accepted
 
@@ -400,8 +450,13 @@ def row_aligned_draft(api: NeuronxApi, model: Any) -> Any:
     own cache positions; call for call the library's own at batch 1 (1-D int32 cache_ids there, :356-358)."""
 
     class RowAlignedDraft(api.speculation.DraftModelForSpeculation):  # type: ignore[name-defined,misc]
-        def __call__(self, input_ids: torch.Tensor, k: int, cache_ids: torch.Tensor | None = None,
-                     start_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        def __call__(
+            self,
+            input_ids: torch.Tensor,
+            k: int,
+            cache_ids: torch.Tensor | None = None,
+            start_ids: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             if cache_ids is None or int(cache_ids.reshape(-1)[0]) == 0:  # context encoding (:332-338)
                 return super().__call__(input_ids, k, cache_ids, start_ids)
             batch = input_ids.shape[0]

@@ -75,8 +75,13 @@ class NxdiFusedLoop:
         """Encode the prompt into a free cache line (its own call) and commit the target's first token. A
         request that ends there (EOS, a budget of one) is returned finished, not running."""
         refuse_sampled(request.sampling)
-        check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions",
-                   extra_target_slots("fused", self.k, NXDI))
+        check_room(
+            self.target,
+            request.prompt_ids.shape[0],
+            request.max_new_tokens,
+            "target.n_positions",
+            extra_target_slots("fused", self.k, NXDI),
+        )
         return self.slot_rows.start(lambda slot: Row(request, slot, self.k, self.target.vocab_size), self._prefill)
 
     def step(self) -> list[Row]:
@@ -86,14 +91,23 @@ class NxdiFusedLoop:
             return cancelled
         rows = sorted(self.rows, key=lambda row: row.slot)
         positions = [row.seq.length - 1 for row in rows]  # each row's last committed token, not yet in a cache
-        accepted = self._call(torch.tensor([[row.seq.last] for row in rows]), [row.slot for row in rows],
-                              torch.tensor(positions).view(-1, 1), positions)
+        accepted = self._call(
+            torch.tensor([[row.seq.last] for row in rows]),
+            [row.slot for row in rows],
+            torch.tensor(positions).view(-1, 1),
+            positions,
+        )
         for row, tokens in zip(rows, accepted, strict=True):
             try:
                 if not tokens:
-                    raise RuntimeProblem(Problem(
-                        "speculation.engine", "fused", f"NxD Inference returned no token for cache line {row.slot}",
-                        "report it with the NxD Inference version; serve with speculation.engine: native meanwhile"))
+                    raise RuntimeProblem(
+                        Problem(
+                            "speculation.engine",
+                            "fused",
+                            f"NxD Inference returned no token for cache line {row.slot}",
+                            "report it with the NxD Inference version; serve with speculation.engine: native meanwhile",
+                        )
+                    )
                 row.stats.record_call(self.k - 1, len(tokens) - 1, row.seq.extend(tokens, len(tokens) - 1, self.k - 1))
             except Exception as exc:  # this row's failure (a callback): the others go on
                 row.error = exc
@@ -106,24 +120,31 @@ class NxdiFusedLoop:
         """The prompt into the row's cache line in one context-encoding call, and the target's first token."""
         row.stats = GenerationStats(k=self.k)  # the graph drafts k-1 tokens every call
         prompt_len = row.request.prompt_ids.shape[0]
-        first = self._call(row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1),
-                           [prompt_len])
+        first = self._call(
+            row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1), [prompt_len]
+        )
         row.prefilled = prompt_len
         row.seq.extend(first[0][:1])
 
-    def _call(self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor,
-              visible: list[int]) -> list[list[int]]:
+    def _call(
+        self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor, visible: list[int]
+    ) -> list[list[int]]:
         """One NxDI call over rows in ascending cache lines; row i sees its cache slots 0..visible[i]-1 (the mask
         NxDI itself infers from position_ids, model_base.py:3485). Returns each row's tokens, padding dropped."""
         from neuronx_distributed_inference.modules.generation.sampling import prepare_sampling_params
 
         mask = (torch.arange(max(visible)).view(1, -1) < torch.tensor(visible).view(-1, 1)).to(torch.int64)
-        out = self.app(input_ids=input_ids.to(torch.int64), seq_ids=torch.tensor(slots, dtype=torch.int32),
-                       position_ids=position_ids.to(torch.int64), attention_mask=mask,
-                       sampling_params=prepare_sampling_params(len(slots)))  # greedy: top_k 1
+        out = self.app(
+            input_ids=input_ids.to(torch.int64),
+            seq_ids=torch.tensor(slots, dtype=torch.int32),
+            position_ids=position_ids.to(torch.int64),
+            attention_mask=mask,
+            sampling_params=prepare_sampling_params(len(slots)),
+        )  # greedy: top_k 1
         fused = out.fused_outputs
         accepted = fused[0] if isinstance(fused, (list, tuple)) else fused
         return [[int(t) for t in row if t != PADDING] for row in accepted.view(len(slots), -1)]
+
 
 class NxdiFusedEngine:
     """Same `generate` as `SpeculativeGenerator`: the loop with one row."""
@@ -135,10 +156,16 @@ class NxdiFusedEngine:
         """The graph's one loop: it owns the cache lines, so every caller shares it."""
         return self.loop
 
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
-        return self.loop.run(RowRequest(prompt_ids, max_new_tokens, GREEDY, eos_token_ids=eos_token_ids,
-                                        on_tokens=on_tokens))
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        on_tokens: TokenCallback | None = None,
+    ) -> GenerationResult:
+        return self.loop.run(
+            RowRequest(prompt_ids, max_new_tokens, GREEDY, eos_token_ids=eos_token_ids, on_tokens=on_tokens)
+        )
 
 
 def compiled_batch(app: Any) -> int:
@@ -147,12 +174,16 @@ def compiled_batch(app: Any) -> int:
     config = app.neuron_config
     batch = int(config.tkg_batch_size)
     if batch > 1 and not (config.is_continuous_batching and config.ctx_batch_size == 1):
-        raise RuntimeProblem(Problem(
-            "target.batch_size", batch,
-            f"this NxD Inference fused model encodes prompts {config.ctx_batch_size} at a time without continuous "
-            "batching, so a request cannot join while others run",
-            "compile it through neuron-ssp (is_continuous_batching=True, ctx_batch_size=1), or set "
-            "target.batch_size: 1"))
+        raise RuntimeProblem(
+            Problem(
+                "target.batch_size",
+                batch,
+                f"this NxD Inference fused model encodes prompts {config.ctx_batch_size} at a time without continuous "
+                "batching, so a request cannot join while others run",
+                "compile it through neuron-ssp (is_continuous_batching=True, ctx_batch_size=1), or set "
+                "target.batch_size: 1",
+            )
+        )
     return batch
 
 
@@ -160,8 +191,12 @@ def refuse_sampled(sampling: SamplingParams) -> None:
     """NxDI's fused speculation with a draft model is greedy only (model_base.py:1162, a FIXME: with do_sample
     the target samples only the window's last position)."""
     if not sampling.greedy:
-        raise UsageError(Problem(
-            "temperature", sampling.temperature,
-            "NxD Inference's fused speculation decodes greedily (with sampling its graph would sample only the "
-            "last position of each window: model_base.py:1162 at 4bcdc54b, a FIXME there)",
-            "leave temperature out or send 0, or serve with speculation.engine: native (samples losslessly)"))
+        raise UsageError(
+            Problem(
+                "temperature",
+                sampling.temperature,
+                "NxD Inference's fused speculation decodes greedily (with sampling its graph would sample only the "
+                "last position of each window: model_base.py:1162 at 4bcdc54b, a FIXME there)",
+                "leave temperature out or send 0, or serve with speculation.engine: native (samples losslessly)",
+            )
+        )

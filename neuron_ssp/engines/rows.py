@@ -56,8 +56,14 @@ class Row:
     def __init__(self, request: RowRequest, slot: int, k: int, vocab_size: int):
         self.request = request
         self.slot = slot
-        self.seq = Committed(request.prompt_ids, request.max_new_tokens, request.eos_token_ids, request.on_tokens,
-                             request.on_commit, request.on_logits)
+        self.seq = Committed(
+            request.prompt_ids,
+            request.max_new_tokens,
+            request.eos_token_ids,
+            request.on_tokens,
+            request.on_commit,
+            request.on_logits,
+        )
         self.policy = request.policy or WindowPolicy(1)
         self.drafter = request.drafter_for(slot) if request.drafter_for is not None else None
         self.noise = PositionNoise(request.seed)

@@ -151,7 +151,7 @@ def commit(row: Row, output: RowOutput) -> None:
         if position >= budget:
             break
         span = min(len(piece.tokens), budget - position)
-        matched = _common_prefix(piece.tokens[:span], generated[position: position + span])
+        matched = _common_prefix(piece.tokens[:span], generated[position : position + span])
         if matched == 0:
             break
         committed = 0 if seq.done else seq.extend(piece.tokens[:matched], piece.accepted, piece.drafted)
@@ -222,13 +222,17 @@ def require_one_context(prompt_len: int, largest: int) -> None:
     context buckets) with a column to spare (`padded_batch`): past it 1ade6d7 encodes the rest token by token
     after slicing the 2-D cache_ids by ROW (`cache_ids[:estimate]`, base.py:246-249), which a batch does not survive."""
     if prompt_len >= largest:
-        raise UsageError(Problem(
-            "prompt", f"{prompt_len} tokens",
-            f"at batch > 1 transformers-neuronx encodes the prompts in one context network of at most {largest} "
-            "tokens (its largest context bucket, half of n_positions); a batch with a longer prompt is split by "
-            "base.py:246-249 at 1ade6d7, which slices its 2-D cache_ids by row",
-            f"shorten the prompt below {largest} tokens, compile the models with a larger n_positions, or set "
-            "target.batch_size: 1"))
+        raise UsageError(
+            Problem(
+                "prompt",
+                f"{prompt_len} tokens",
+                f"at batch > 1 transformers-neuronx encodes the prompts in one context network of at most {largest} "
+                "tokens (its largest context bucket, half of n_positions); a batch with a longer prompt is split by "
+                "base.py:246-249 at 1ade6d7, which slices its 2-D cache_ids by row",
+                f"shorten the prompt below {largest} tokens, compile the models with a larger n_positions, or set "
+                "target.batch_size: 1",
+            )
+        )
 
 
 def pad_id(model: Any, stop: int | None) -> int:
@@ -250,18 +254,26 @@ def raise_unbatched(config: Config, version: str, batches: bool, loop: str) -> N
     problems = []
     batch_size = config.target.batch_size
     if not batches:
-        problems.append(Problem(
-            "target.batch_size", batch_size,
-            f"engine {config.speculation.engine} runs transformers-neuronx's own loop, and {loop} of {version} "
-            "takes batch 1 only (no attention_mask; 7a30b42 speculation.py:346-347 raises NotImplementedError for "
-            "batch > 1); batched speculation needs the attention_mask of 0.13 (Neuron SDK 2.21+)",
-            "set target.batch_size: 1, or install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25), or use "
-            "speculation.engine: native"))
+        problems.append(
+            Problem(
+                "target.batch_size",
+                batch_size,
+                f"engine {config.speculation.engine} runs transformers-neuronx's own loop, and {loop} of {version} "
+                "takes batch 1 only (no attention_mask; 7a30b42 speculation.py:346-347 raises NotImplementedError for "
+                "batch > 1); batched speculation needs the attention_mask of 0.13 (Neuron SDK 2.21+)",
+                "set target.batch_size: 1, or install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25), or use "
+                "speculation.engine: native",
+            )
+        )
     if config.draft is not None and config.draft.batch_size != batch_size:
-        problems.append(Problem(
-            "draft.batch_size", config.draft.batch_size,
-            f"one library call runs the draft over the same rows as the target (batch {batch_size})",
-            f"set draft.batch_size: {batch_size}"))
+        problems.append(
+            Problem(
+                "draft.batch_size",
+                config.draft.batch_size,
+                f"one library call runs the draft over the same rows as the target (batch {batch_size})",
+                f"set draft.batch_size: {batch_size}",
+            )
+        )
     if problems:
         raise UsageError(problems)
 
@@ -270,12 +282,19 @@ def require_right_padding(models: dict[str, Any]) -> None:
     """Batch > 1 needs models built with NeuronConfig(padding_side='right') (2-D cache_ids, each row's last
     token found by its own cache ids: base.py:443, config.py:259 at 1ade6d7); with the default 'left' every row
     would be read at the padded width (base.py:445). The fused decoder asserts it (fused_speculation.py:318-325)."""
-    left = [role for role, model in models.items()
-            if getattr(getattr(model, "neuron_config", None), "padding_side", "left") != "right"]
+    left = [
+        role
+        for role, model in models.items()
+        if getattr(getattr(model, "neuron_config", None), "padding_side", "left") != "right"
+    ]
     if left:
-        raise RuntimeProblem(Problem(
-            "target.batch_size", "> 1",
-            f"the {' and '.join(left)} model was built without NeuronConfig(padding_side='right'), which "
-            "transformers-neuronx's batched loops need (right-padded prompts, 2-D cache_ids)",
-            "load the models through neuron-ssp with the batch in the config (it sets padding_side), or set "
-            "target.batch_size: 1"))
+        raise RuntimeProblem(
+            Problem(
+                "target.batch_size",
+                "> 1",
+                f"the {' and '.join(left)} model was built without NeuronConfig(padding_side='right'), which "
+                "transformers-neuronx's batched loops need (right-padded prompts, 2-D cache_ids)",
+                "load the models through neuron-ssp with the batch in the config (it sets padding_side), or set "
+                "target.batch_size: 1",
+            )
+        )

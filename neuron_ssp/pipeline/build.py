@@ -41,8 +41,13 @@ class Generator(Protocol):
     `row_loop` gives the loop that runs requests as rows (ours; transformers-neuronx's static batches; NxDI's
     fused graph with continuous batching)."""
 
-    def generate(self, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int] = (),
-                 on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult: ...
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        on_tokens: Callable[[list[int]], None] | None = None,
+    ) -> GenerationResult: ...
 
     def row_loop(self) -> RowLoop: ...
 
@@ -57,8 +62,13 @@ class Shared:
     acceptance: AcceptanceModel = field(default_factory=AcceptanceModel)
 
 
-def share(config: Config, target: ModelBackend, draft: ModelBackend | None, max_rows: int | None = None,
-          cost: WidthCost | None = None) -> Shared:
+def share(
+    config: Config,
+    target: ModelBackend,
+    draft: ModelBackend | None,
+    max_rows: int | None = None,
+    cost: WidthCost | None = None,
+) -> Shared:
     """What the requests of `config` will share: the drafter, and for the cost policy the target's call cost,
     timed here (1-3 s on a CPU) unless `cost` (timed for another config of the same target) covers k.
     `max_rows`: the most rows a call will score (a batch: serve.max_batch x k), timed as well."""
@@ -97,8 +107,11 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.engines.fused import FusedEngine
 
         return FusedEngine.build(config, target, draft)
-    drafter = shared.drafter if shared.drafter is not None or spec.drafter == "none" \
+    drafter = (
+        shared.drafter
+        if shared.drafter is not None or spec.drafter == "none"
         else build_drafter(config, target, draft, rng)
+    )
     policy = row_policy(config, shared)
     return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost)
 
@@ -111,9 +124,16 @@ class RowCallbacks:
     should_stop: StopCheck | None = None
 
 
-def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | None, shared: Shared,
-                prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int],
-                callbacks: RowCallbacks) -> RowRequest:
+def row_request(
+    config: Config,
+    sampling: SamplingConfig,
+    draft: ModelBackend | None,
+    shared: Shared,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_ids: Collection[int],
+    callbacks: RowCallbacks,
+) -> RowRequest:
     """One request of our loop as a row: its own acceptor, policy and drafter state, with `sampling`'s
     settings and seed, over the pipeline's shared models, cost, counts and drafter history."""
     spec, params = config.speculation, sampling_params(sampling)
@@ -128,10 +148,20 @@ def row_request(config: Config, sampling: SamplingConfig, draft: ModelBackend | 
             return ModelDrafter(SlotView(draft, slot), params, rng, loaded.stop_below)
         return loaded  # prompt lookup keeps no state
 
-    return RowRequest(prompt_ids, max_new_tokens, params, sampling.seed, eos_token_ids,
-                      drafter_for if loaded is not None else None,
-                      build_acceptor(spec.acceptor, params, rng), row_policy(config, shared),
-                      callbacks.on_tokens, callbacks.on_commit, callbacks.on_logits, callbacks.should_stop)
+    return RowRequest(
+        prompt_ids,
+        max_new_tokens,
+        params,
+        sampling.seed,
+        eos_token_ids,
+        drafter_for if loaded is not None else None,
+        build_acceptor(spec.acceptor, params, rng),
+        row_policy(config, shared),
+        callbacks.on_tokens,
+        callbacks.on_commit,
+        callbacks.on_logits,
+        callbacks.should_stop,
+    )
 
 
 def row_policy(config: Config, shared: Shared) -> WindowPolicy:
@@ -142,8 +172,9 @@ def row_policy(config: Config, shared: Shared) -> WindowPolicy:
     return build_policy(config.speculation, shared.cost, shared.acceptance)
 
 
-def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | None,
-                  rng: torch.Generator) -> Drafter | None:
+def build_drafter(
+    config: Config, target: ModelBackend, draft: ModelBackend | None, rng: torch.Generator
+) -> Drafter | None:
     """None for drafter 'none': plain decoding."""
     spec = config.speculation
     if spec.drafter == "none":
@@ -156,10 +187,15 @@ def build_drafter(config: Config, target: ModelBackend, draft: ModelBackend | No
         return SuffixDrafter(target.vocab_size, spec.suffix, SuffixHistory(spec.suffix, store))
     assert draft is not None  # Config guarantees a draft section for drafter 'model'
     if draft.vocab_size != target.vocab_size:
-        raise UsageError(Problem("draft.path", config.draft.path if config.draft else None,
-                                 f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
-                                 f"({target.vocab_size}); speculative sampling compares token ids",
-                                 "pick a draft from the same model family (same tokenizer), or use drafter: ngram"))
+        raise UsageError(
+            Problem(
+                "draft.path",
+                config.draft.path if config.draft else None,
+                f"the draft's vocabulary ({draft.vocab_size}) differs from the target's "
+                f"({target.vocab_size}); speculative sampling compares token ids",
+                "pick a draft from the same model family (same tokenizer), or use drafter: ngram",
+            )
+        )
     return ModelDrafter(draft, sampling_params(config.sampling), rng, build_draft_stop(spec))
 
 
@@ -170,10 +206,17 @@ def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:
         return
     loaded = config.sampling
     fields = ["temperature", "top_k", "top_p"] + (["seed"] if loaded.temperature > 0 else [])
-    problems = [Problem(name, getattr(sampling, name), f"engine fused samples on the device with the settings it "
-                        f"was compiled with ({name} {getattr(loaded, name)}); it cannot change them per request",
-                        f"leave {name} out (the server's value is used), or serve with speculation.engine: native")
-                for name in fields if getattr(sampling, name) != getattr(loaded, name)]
+    problems = [
+        Problem(
+            name,
+            getattr(sampling, name),
+            f"engine fused samples on the device with the settings it "
+            f"was compiled with ({name} {getattr(loaded, name)}); it cannot change them per request",
+            f"leave {name} out (the server's value is used), or serve with speculation.engine: native",
+        )
+        for name in fields
+        if getattr(sampling, name) != getattr(loaded, name)
+    ]
     if problems:
         raise UsageError(problems)
 

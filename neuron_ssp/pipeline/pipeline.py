@@ -62,15 +62,29 @@ class Pipeline:
         prompt_len, spec, library = prompt_ids.shape[0], self.config.speculation, slot_library(self.config)
         if prompt_len == 0:
             raise UsageError(Problem("prompt", "", "the prompt is empty", "pass a non-empty prompt"))
-        require_room(self.target.n_positions, target_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
-                     prompt_len, max_new_tokens, "target.n_positions")
+        require_room(
+            self.target.n_positions,
+            target_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
+            prompt_len,
+            max_new_tokens,
+            "target.n_positions",
+        )
         if self.draft is not None:
-            require_room(self.draft.n_positions,
-                         draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
-                         prompt_len, max_new_tokens, "draft.n_positions")
+            require_room(
+                self.draft.n_positions,
+                draft_slots(prompt_len, max_new_tokens, spec.engine, spec.k, library),
+                prompt_len,
+                max_new_tokens,
+                "draft.n_positions",
+            )
 
-    def request_sampling(self, temperature: float | None = None, top_p: float | None = None,
-                         top_k: int | None = None, seed: int | None = None) -> SamplingConfig:
+    def request_sampling(
+        self,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+    ) -> SamplingConfig:
         """One request's sampling: its fields over the config's, or a UsageError naming what this engine
         cannot honour per request. A sampled request without a seed gets a fresh one (as OpenAI's and
         vLLM's servers do), so two identical requests differ; the result carries that seed, to reproduce it.
@@ -82,9 +96,15 @@ class Pipeline:
         refuse_unhonoured(self.config, sampling)
         return sampling
 
-    def generate_ids(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig | None = None,
-                     on_commit: CommitCallback | None = None, should_stop: StopCheck | None = None,
-                     on_logits: LogitsCallback | None = None) -> GenerationResult:
+    def generate_ids(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingConfig | None = None,
+        on_commit: CommitCallback | None = None,
+        should_stop: StopCheck | None = None,
+        on_logits: LogitsCallback | None = None,
+    ) -> GenerationResult:
         """One request with its own sampling settings, alone.
 
         `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
@@ -96,8 +116,12 @@ class Pipeline:
         sampling = sampling or self.config.sampling
         if on_logits is not None and not self.scores_tokens:
             raise UsageError(logprobs_problem(self.config.speculation.engine))
-        request = self.row_request(prompt_ids, max_new_tokens, sampling,
-                                   RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop))
+        request = self.row_request(
+            prompt_ids,
+            max_new_tokens,
+            sampling,
+            RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop),
+        )
         return self.batch_loop().run(request)
 
     batches = True  # requests run as rows of the engine's loop (`batch_loop`): every engine has one
@@ -111,26 +135,34 @@ class Pipeline:
         """The engine's loop over the target's slots (one loop at a time per target: it owns them)."""
         return self.generator.row_loop()
 
-    def row_request(self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig,
-                    callbacks: RowCallbacks) -> RowRequest:
+    def row_request(
+        self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, callbacks: RowCallbacks
+    ) -> RowRequest:
         """One request as a row of our loop, with its sampling settings and seed."""
         refuse_unhonoured(self.config, sampling)
-        return row_request(self.config, sampling, self.draft, self.shared, prompt_ids, max_new_tokens,
-                           self.eos_token_ids, callbacks)
+        return row_request(
+            self.config, sampling, self.draft, self.shared, prompt_ids, max_new_tokens, self.eos_token_ids, callbacks
+        )
 
-    def speculative(self, prompt: str, on_text: TextCallback | None = None,
-                    max_new_tokens: int | None = None) -> TextResult:
+    def speculative(
+        self, prompt: str, on_text: TextCallback | None = None, max_new_tokens: int | None = None
+    ) -> TextResult:
         streamer = TextStream(self.tokenizer, on_text) if on_text else None
-        result = self.generator.generate(self.encode(prompt), max_new_tokens or self.config.generation.max_new_tokens,
-                                         self.eos_token_ids, streamer)
+        result = self.generator.generate(
+            self.encode(prompt), max_new_tokens or self.config.generation.max_new_tokens, self.eos_token_ids, streamer
+        )
         return self._text(result)
 
-    def plain(self, prompt: str, on_text: TextCallback | None = None,
-              max_new_tokens: int | None = None) -> TextResult:
+    def plain(self, prompt: str, on_text: TextCallback | None = None, max_new_tokens: int | None = None) -> TextResult:
         streamer = TextStream(self.tokenizer, on_text) if on_text else None
-        result = plain_generate(self.target, self.encode(prompt),
-                                max_new_tokens or self.config.generation.max_new_tokens,
-                                self.config.sampling, self.eos_token_ids, streamer)
+        result = plain_generate(
+            self.target,
+            self.encode(prompt),
+            max_new_tokens or self.config.generation.max_new_tokens,
+            self.config.sampling,
+            self.eos_token_ids,
+            streamer,
+        )
         return self._text(result)
 
     def _text(self, result: GenerationResult) -> TextResult:
@@ -138,5 +170,9 @@ class Pipeline:
 
 
 def logprobs_problem(engine: str) -> Problem:
-    return Problem("logprobs", True, f"engine {engine} does not report the target's distribution per token",
-                   "leave logprobs out, or serve with speculation.engine: native")
+    return Problem(
+        "logprobs",
+        True,
+        f"engine {engine} does not report the target's distribution per token",
+        "leave logprobs out, or serve with speculation.engine: native",
+    )

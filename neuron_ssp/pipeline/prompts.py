@@ -16,16 +16,18 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template
         raise UsageError(Problem("prompt", prompt, "the prompt is empty", "pass some text to generate from"))
     if chat_template and getattr(tokenizer, "chat_template", None):
         # render to text first: apply_chat_template's return type differs between transformers 4 and 5
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
         ids = tokenizer(prompt)["input_ids"]
     return torch.tensor(ids, dtype=torch.long)
 
 
-def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
-                    chat_template: bool) -> torch.Tensor:
+def encode_messages(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], chat_template: bool
+) -> torch.Tensor:
     """A chat conversation as ids: the tokenizer's template, else the turns' text one per line."""
     if not any(m["content"].strip() for m in messages):
         raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
@@ -37,8 +39,9 @@ def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str,
     return torch.tensor(ids, dtype=torch.long)
 
 
-def stop_token_ids(tokenizer: PreTrainedTokenizerBase, extra: Sequence[str | int],
-                   model_eos: int | list[int] | None = None) -> set[int]:
+def stop_token_ids(
+    tokenizer: PreTrainedTokenizerBase, extra: Sequence[str | int], model_eos: int | list[int] | None = None
+) -> set[int]:
     """The model's EOS ids plus the configured stop tokens (as ids or token strings)."""
     ids: set[int] = set()
     for eos in (tokenizer.eos_token_id, model_eos):
@@ -52,7 +55,13 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, extra: Sequence[str | int
             continue
         token_id = tokenizer.convert_tokens_to_ids(token)
         if token_id is None or token_id == tokenizer.unk_token_id:
-            raise UsageError(Problem("generation.stop_tokens", token, "not a single token of this tokenizer",
-                                     "give a token string from the vocabulary (e.g. '<|im_end|>') or its id"))
+            raise UsageError(
+                Problem(
+                    "generation.stop_tokens",
+                    token,
+                    "not a single token of this tokenizer",
+                    "give a token string from the vocabulary (e.g. '<|im_end|>') or its id",
+                )
+            )
         ids.add(token_id)
     return ids

@@ -32,12 +32,12 @@ class IncrementalDecoder:
     def add(self, token: int) -> str:
         """The new text once `token` is committed ("" while a character is incomplete, or for a special token)."""
         self.ids.append(token)
-        prefix_text = self._decode(self.ids[self.prefix_offset: self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""

@@ -61,8 +61,9 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         if not await asyncio.to_thread(worker.stop, WORKER_JOIN_S):
             log.error("the generation worker is still busy after %.0f s (an uninterruptible prefill)", WORKER_JOIN_S)
 
-    app = FastAPI(title="neuron-ssp", version=openapi.VERSION, lifespan=lifespan, redoc_url=None,
-                  description=openapi.DESCRIPTION)
+    app = FastAPI(
+        title="neuron-ssp", version=openapi.VERSION, lifespan=lifespan, redoc_url=None, description=openapi.DESCRIPTION
+    )
     app.state.worker = worker
     app.state.metrics = metrics
 
@@ -73,26 +74,57 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """404 and 405 (whose `Allow` header, RFC 9110's, Starlette's router puts in the exception's headers)."""
-        fix = "see docs/serving.md for the routes" if exc.status_code == 404 else \
-            f"send {(exc.headers or {}).get('Allow', 'another method')} to {request.url.path}"
-        return error_response(ApiError(exc.status_code, Problem("path", request.url.path, str(exc.detail).lower(),
-                                                                fix), headers=dict(exc.headers or {})))
+        fix = (
+            "see docs/serving.md for the routes"
+            if exc.status_code == 404
+            else f"send {(exc.headers or {}).get('Allow', 'another method')} to {request.url.path}"
+        )
+        return error_response(
+            ApiError(
+                exc.status_code,
+                Problem("path", request.url.path, str(exc.detail).lower(), fix),
+                headers=dict(exc.headers or {}),
+            )
+        )
 
     async def generate(request: Request, spec: GenerationRequest) -> Response:
         request_id = request.state.request_id
         if spec.model is not None and spec.model != model_name:
-            raise ApiError(404, Problem("model", spec.model, "no such model on this server",
-                                        f"send model '{model_name}' (GET /v1/models lists it)"))
+            raise ApiError(
+                404,
+                Problem(
+                    "model",
+                    spec.model,
+                    "no such model on this server",
+                    f"send model '{model_name}' (GET /v1/models lists it)",
+                ),
+            )
         prompt_ids = _encode(pipeline, spec)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
         _check_room(pipeline, prompt_ids, max_tokens, spec)
         sampling = _sampling(pipeline, spec)
         timeout = settings.timeout_s
-        job = Job(request_id, prompt_ids, max_tokens, sampling, spec.stop, time.monotonic() + timeout, timeout,
-                  asyncio.get_running_loop(), spec.top_logprobs if spec.logprobs else None)
+        job = Job(
+            request_id,
+            prompt_ids,
+            max_tokens,
+            sampling,
+            spec.stop,
+            time.monotonic() + timeout,
+            timeout,
+            asyncio.get_running_loop(),
+            spec.top_logprobs if spec.logprobs else None,
+        )
         worker.submit(job)
-        log.info("request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
-                 request_id, spec.kind, len(prompt_ids), max_tokens, spec.stream, request.state.client_request_id)
+        log.info(
+            "request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
+            request_id,
+            spec.kind,
+            len(prompt_ids),
+            max_tokens,
+            spec.stream,
+            request.state.client_request_id,
+        )
         try:
             first = await next_event(job, request)
             if isinstance(first, Failed):
@@ -120,16 +152,20 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
 
     @app.get("/v1/models", **openapi.route("models"))
     async def models() -> dict[str, Any]:
-        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "neuron-ssp",
-                "max_model_len": pipeline.target.n_positions}
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "neuron-ssp",
+            "max_model_len": pipeline.target.n_positions,
+        }
         return {"object": "list", "data": [card]}
 
     @app.get("/health", **openapi.route("health"))
     async def health() -> Response:
         if not worker.accepting or not worker.thread.is_alive():
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "queue_depth": worker.queue.qsize(),
-                             "running": worker.running})
+        return JSONResponse({"status": "ok", "queue_depth": worker.queue.qsize(), "running": worker.running})
 
     @app.get("/ping", **openapi.route("health"))
     async def ping() -> Response:
@@ -155,9 +191,16 @@ async def _read_json(request: Request) -> dict[str, Any]:
     """The body, read with a cap (a chunked upload has no Content-Length for the gate to check)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):
-        raise ApiError(415, Problem("Content-Type", media_type or "(none)", "a generation request must be JSON (a "
-                                    "form or text/plain body is what a web page can send cross-site without asking)",
-                                    "send the header 'Content-Type: application/json'"))
+        raise ApiError(
+            415,
+            Problem(
+                "Content-Type",
+                media_type or "(none)",
+                "a generation request must be JSON (a "
+                "form or text/plain body is what a web page can send cross-site without asking)",
+                "send the header 'Content-Type: application/json'",
+            ),
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -182,8 +225,9 @@ def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
     try:
         sampling = pipeline.request_sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed)
     except NeuronSSPError as exc:
-        raise ApiError(400, [replace(p, field=f"parameters.{p.field}") if spec.kind == "lmi" else p
-                             for p in exc.problems]) from None
+        raise ApiError(
+            400, [replace(p, field=f"parameters.{p.field}") if spec.kind == "lmi" else p for p in exc.problems]
+        ) from None
     if spec.logprobs and not pipeline.scores_tokens:
         raise ApiError(400, logprobs_problem(pipeline.config.speculation.engine))
     return sampling
@@ -204,7 +248,17 @@ def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, s
         if room < 1:
             raise ApiError(400, prompt) from None
         if spec.max_tokens is not None:
-            raise ApiError(400, Problem(spec.budget_field, spec.max_tokens, problem.rule,
-                                        f"send {spec.budget_field} <= {room}" + fixed)) from None
-        raise ApiError(400, replace(prompt, fix=f"send {spec.budget_field} <= {room} (without it the server's "
-                                    f"default, {max_tokens}, applies), or shorten the prompt" + fixed)) from None
+            raise ApiError(
+                400,
+                Problem(
+                    spec.budget_field, spec.max_tokens, problem.rule, f"send {spec.budget_field} <= {room}" + fixed
+                ),
+            ) from None
+        raise ApiError(
+            400,
+            replace(
+                prompt,
+                fix=f"send {spec.budget_field} <= {room} (without it the server's "
+                f"default, {max_tokens}, applies), or shorten the prompt" + fixed,
+            ),
+        ) from None

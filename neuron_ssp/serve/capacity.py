@@ -10,6 +10,7 @@ batched generation's: where an older transformers-neuronx is installed, validate
 config never reaches a server. Whether the libraries accept that batch (SDK, sampling, continuous batching) is
 validate's rule; this module only says how many run at once.
 """
+
 from __future__ import annotations
 
 from neuron_ssp.config import Config
@@ -33,15 +34,23 @@ def serving_batch_problem(config: Config) -> Problem | None:
     if config.serve.max_batch <= rows:
         return None
     if rows > 1:  # a batching engine, capped by the compiled batch
-        fix = (f"set serve.max_batch: {rows}, or compile the target for a larger batch (target.batch_size, "
-               "then `neuron-ssp compile`)")
+        fix = (
+            f"set serve.max_batch: {rows}, or compile the target for a larger batch (target.batch_size, "
+            "then `neuron-ssp compile`)"
+        )
     elif config.platform.backend == "neuron" and _batching_rule(config) is not None:
-        fix = ("set serve.max_batch: 1, or compile the target for a batch (target.batch_size > 1, then "
-               "`neuron-ssp compile`)")
+        fix = (
+            "set serve.max_batch: 1, or compile the target for a batch (target.batch_size > 1, then "
+            "`neuron-ssp compile`)"
+        )
     else:
         fix = "set serve.max_batch: 1, or use an engine that batches (see docs/serving.md)"
-    return Problem("serve.max_batch", config.serve.max_batch,
-                   f"the server runs {rows} request(s) at once: {reason}; the others wait in its queue", fix)
+    return Problem(
+        "serve.max_batch",
+        config.serve.max_batch,
+        f"the server runs {rows} request(s) at once: {reason}; the others wait in its queue",
+        fix,
+    )
 
 
 def _batching_rule(config: Config) -> BatchRule | None:
@@ -66,7 +75,11 @@ def _serving_batch(config: Config) -> tuple[int, str]:
     # a loop that takes its batch at the start: a request that arrives meanwhile waits for the whole batch
     joining = "rows join and leave a running batch" if rule.continuous else "a request joins only between batches"
     if serve.max_batch <= compiled:
-        return serve.max_batch, (f"serve.max_batch {serve.max_batch} within target.batch_size {compiled}, the batch "
-                                 f"the target is compiled for; engine {engine} on {library} batches, {joining}")
-    return compiled, (f"target.batch_size {compiled} caps serve.max_batch {serve.max_batch}: the target is compiled "
-                      f"for batch {compiled}; engine {engine} on {library} batches, {joining}")
+        return serve.max_batch, (
+            f"serve.max_batch {serve.max_batch} within target.batch_size {compiled}, the batch "
+            f"the target is compiled for; engine {engine} on {library} batches, {joining}"
+        )
+    return compiled, (
+        f"target.batch_size {compiled} caps serve.max_batch {serve.max_batch}: the target is compiled "
+        f"for batch {compiled}; engine {engine} on {library} batches, {joining}"
+    )

@@ -46,8 +46,14 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": _utf8(message), "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param if param is None else _utf8(param), "code": status}}
+    return {
+        "error": {
+            "message": _utf8(message),
+            "type": ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": param if param is None else _utf8(param),
+            "code": status,
+        }
+    }
 
 
 def _utf8(text: str) -> str:

@@ -59,8 +59,9 @@ class Gate:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-                message["headers"] = [(name, value) for name, value in message.get("headers", [])
-                                      if name.lower() != b"x-request-id"] + [(b"x-request-id", echoed)]
+                message["headers"] = [
+                    (name, value) for name, value in message.get("headers", []) if name.lower() != b"x-request-id"
+                ] + [(b"x-request-id", echoed)]
             await send(message)
 
         try:
@@ -73,8 +74,7 @@ class Gate:
             log.error("request %s (client's X-Request-Id %s) failed", request_id, client_id, exc_info=exc)
             if status[0]:  # a response half sent cannot be completed: the connection has to close
                 raise
-            body = error_body(500, f"internal server error (request id {request_id}); the server log holds "
-                                   "the details")
+            body = error_body(500, f"internal server error (request id {request_id}); the server log holds the details")
             await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
         finally:
             if scope["path"] in GENERATION_PATHS:
@@ -88,14 +88,27 @@ class Gate:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             # compare_digest: the time taken does not tell how much of the key was right
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key):
-                return ApiError(401, Problem("Authorization", "(missing)" if not given else "(hidden)",
-                                             "a missing or wrong API key", "send the header "
-                                             "'Authorization: Bearer <key>' with the key the server was "
-                                             "started with (its --api-key-env variable)"))
+                return ApiError(
+                    401,
+                    Problem(
+                        "Authorization",
+                        "(missing)" if not given else "(hidden)",
+                        "a missing or wrong API key",
+                        "send the header "
+                        "'Authorization: Bearer <key>' with the key the server was "
+                        "started with (its --api-key-env variable)",
+                    ),
+                )
         return None
 
 
 def body_too_large(size: int | str) -> ApiError:
-    return ApiError(413, Problem("body", f"{size} bytes", f"a request body may hold at most {MAX_BODY_BYTES} "
-                                 "bytes (1 MiB)", "shorten the prompt or the conversation"))
-
+    return ApiError(
+        413,
+        Problem(
+            "body",
+            f"{size} bytes",
+            f"a request body may hold at most {MAX_BODY_BYTES} bytes (1 MiB)",
+            "shorten the prompt or the conversation",
+        ),
+    )

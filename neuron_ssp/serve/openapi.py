@@ -19,9 +19,11 @@ from pydantic import BaseModel
 from neuron_ssp.serve.schemas import INVOCATION_BODIES, ChatCompletionBody, CompletionBody, LmiBody
 
 VERSION = "1"
-DESCRIPTION = ("Speculative sampling behind OpenAI's chat and completions API and SageMaker's container contract. "
-               "Every error is `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the message names the "
-               "field, the value, the rule and the fix.")
+DESCRIPTION = (
+    "Speculative sampling behind OpenAI's chat and completions API and SageMaker's container contract. "
+    'Every error is `{"error": {"message", "type", "param", "code"}}`; the message names the '
+    "field, the value, the rule and the fix."
+)
 
 
 class ErrorInfo(BaseModel):
@@ -150,28 +152,54 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 def _invocation_body() -> dict[str, Any]:
     """One of the three bodies, each without the keys that take precedence over its own (the server's rule)."""
     keys = list(INVOCATION_BODIES)
-    return {"oneOf": [{"allOf": [_ref(model), *({"not": {"required": [k]}} for k in keys[:i])]} if i else _ref(model)
-                      for i, model in enumerate(INVOCATION_BODIES.values())]}
+    return {
+        "oneOf": [
+            {"allOf": [_ref(model), *({"not": {"required": [k]}} for k in keys[:i])]} if i else _ref(model)
+            for i, model in enumerate(INVOCATION_BODIES.values())
+        ]
+    }
 
 
 REQUEST_BODIES: dict[str, dict[str, Any]] = {
-    "chat": _ref(ChatCompletionBody), "completion": _ref(CompletionBody), "invocations": _invocation_body()}
+    "chat": _ref(ChatCompletionBody),
+    "completion": _ref(CompletionBody),
+    "invocations": _invocation_body(),
+}
 ANSWERS: dict[str, type[BaseModel] | tuple[type[BaseModel], ...]] = {
-    "chat": ChatCompletion, "completion": Completion, "invocations": (ChatCompletion, Completion, LmiResponse)}
-STREAMS = {"chat": ["text/event-stream"], "completion": ["text/event-stream"],
-           "invocations": ["text/event-stream", "application/jsonlines"]}  # with `stream: true` (jsonlines: LMI)
+    "chat": ChatCompletion,
+    "completion": Completion,
+    "invocations": (ChatCompletion, Completion, LmiResponse),
+}
+STREAMS = {
+    "chat": ["text/event-stream"],
+    "completion": ["text/event-stream"],
+    "invocations": ["text/event-stream", "application/jsonlines"],
+}  # with `stream: true` (jsonlines: LMI)
 STREAM_SCHEMAS = {  # OpenAPI 3.1: an event stream's schema describes one event, as parsed (its `data` text)
-    "text/event-stream": {"type": "object", "required": ["data"], "description": "one SSE event: a chunk as JSON "
-                          "(docs/serving.md), an error body, or `[DONE]` last",
-                          "properties": {"data": {"type": "string", "pattern": "^(\\{.*\\}|\\[DONE\\])$"}}},
+    "text/event-stream": {
+        "type": "object",
+        "required": ["data"],
+        "description": "one SSE event: a chunk as JSON (docs/serving.md), an error body, or `[DONE]` last",
+        "properties": {"data": {"type": "string", "pattern": "^(\\{.*\\}|\\[DONE\\])$"}},
+    },
     "application/jsonlines": {"type": "string", "description": "one JSON object a line (LMI's stream)"},
 }
-BUDGETS = (("ChatCompletionBody", "max_tokens"), ("ChatCompletionBody", "max_completion_tokens"),
-           ("CompletionBody", "max_tokens"), ("LmiParameters", "max_new_tokens"))
-GENERATION_ERRORS = {400: "a bad body: every problem named (field, value, rule, fix)",
-                     401: "a missing or wrong API key", 404: "an unknown model", 413: "a body over 1 MiB",
-                     415: "a body that is not JSON", 503: "the queue is full or the server drains (Retry-After)",
-                     504: "request_timeout passed", 500: "the generation failed although the request was valid"}
+BUDGETS = (
+    ("ChatCompletionBody", "max_tokens"),
+    ("ChatCompletionBody", "max_completion_tokens"),
+    ("CompletionBody", "max_tokens"),
+    ("LmiParameters", "max_new_tokens"),
+)
+GENERATION_ERRORS = {
+    400: "a bad body: every problem named (field, value, rule, fix)",
+    401: "a missing or wrong API key",
+    404: "an unknown model",
+    413: "a body over 1 MiB",
+    415: "a body that is not JSON",
+    503: "the queue is full or the server drains (Retry-After)",
+    504: "request_timeout passed",
+    500: "the generation failed although the request was valid",
+}
 
 
 def route(kind: str) -> dict[str, Any]:
@@ -181,19 +209,26 @@ def route(kind: str) -> dict[str, Any]:
         body = {"required": True, "content": {"application/json": {"schema": REQUEST_BODIES[kind]}}}
         answer = ANSWERS[kind]
         streams = {media: {"schema": STREAM_SCHEMAS[media]} for media in STREAMS[kind]}
-        ok: dict[str, Any] = {"model": answer, "content": streams} if isinstance(answer, type) else {
-            "content": {"application/json": {"schema": {"oneOf": [_ref(m) for m in answer]}}, **streams}}
+        ok: dict[str, Any] = (
+            {"model": answer, "content": streams}
+            if isinstance(answer, type)
+            else {"content": {"application/json": {"schema": {"oneOf": [_ref(m) for m in answer]}}, **streams}}
+        )
         ok["description"] = f"the answer; with `stream: true`, {' or '.join(STREAMS[kind])}"
         responses: dict[int | str, Any] = {200: ok}
-        responses.update({status: {"model": ErrorResponse, "description": why}
-                          for status, why in GENERATION_ERRORS.items()})
+        responses.update(
+            {status: {"model": ErrorResponse, "description": why} for status, why in GENERATION_ERRORS.items()}
+        )
         return {"openapi_extra": {"requestBody": body}, "responses": responses}
     simple: dict[str, dict[int | str, Any]] = {
         "models": {200: {"model": ModelList, "description": "the served model"}},
-        "health": {200: {"model": Health, "description": "serving"},
-                   503: {"model": Health, "description": "draining after SIGTERM"}},
-        "metrics": {200: {"description": "Prometheus text format",
-                          "content": {"text/plain": {"schema": {"type": "string"}}}}},
+        "health": {
+            200: {"model": Health, "description": "serving"},
+            503: {"model": Health, "description": "draining after SIGTERM"},
+        },
+        "metrics": {
+            200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+        },
         "page": {200: {"description": "the playground page"}},
     }
     return {"responses": simple[kind]}

@@ -28,34 +28,52 @@ def sse(data: dict[str, Any]) -> str:
 
 
 def speculative_stats(stats: GenerationStats, seed: int | None) -> dict[str, Any]:
-    return {"acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-            "target_calls": stats.target_calls, "draft_tokens": stats.draft_tokens,
-            "accepted_tokens": stats.accepted_tokens, "seed": seed}
+    return {
+        "acceptance_rate": stats.acceptance_rate,
+        "mean_accepted_length": stats.mean_accepted_length,
+        "target_calls": stats.target_calls,
+        "draft_tokens": stats.draft_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "seed": seed,
+    }
 
 
 def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     def one(token: str, logprob: float) -> dict[str, Any]:
         return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "backslashreplace"))}
 
-    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
-                        for e in entries]}
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries]}
 
 
 def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
-    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [dict(e.top) for e in entries], "text_offset": [e.offset for e in entries]}
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": [e.offset for e in entries],
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class OpenAIFormat:
     """Bodies for one request of kind "chat" or "completion"."""
 
-    def __init__(self, kind: str, request_id: str, model: str, prompt_tokens: int, include_usage: bool = False,
-                 logprobs: bool = False):
+    def __init__(
+        self,
+        kind: str,
+        request_id: str,
+        model: str,
+        prompt_tokens: int,
+        include_usage: bool = False,
+        logprobs: bool = False,
+    ):
         self.chat = kind == "chat"
         self.logprobs = logprobs
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
@@ -65,15 +83,21 @@ class OpenAIFormat:
         self.created = int(time.time())
 
     def final(self, done: Done) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": done.finish_reason,
-                                  "logprobs": self._logprobs(done.logprobs)}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "finish_reason": done.finish_reason,
+            "logprobs": self._logprobs(done.logprobs),
+        }
         if self.chat:
             choice["message"] = {"role": "assistant", "content": done.text}
         else:
             choice["text"] = done.text
-        return {**self._head(stream=False), "choices": [choice],
-                "usage": usage(self.prompt_tokens, done.completion_tokens),
-                "speculative": speculative_stats(done.stats, done.seed)}
+        return {
+            **self._head(stream=False),
+            "choices": [choice],
+            "usage": usage(self.prompt_tokens, done.completion_tokens),
+            "speculative": speculative_stats(done.stats, done.seed),
+        }
 
     def first_chunk(self) -> str | None:
         """Chat streams open with the assistant role (as OpenAI and vLLM do); completions have none."""
@@ -84,17 +108,41 @@ class OpenAIFormat:
     def delta_chunk(self, delta: Delta) -> str:
         pieces, progress = delta.pieces, delta.progress
         text = "".join(p.text for p in pieces)
-        extra = {"tokens": [{"text": p.text, "origin": p.origin} for p in pieces], "draft_tokens": progress.drafted,
-                 "accepted_tokens": progress.accepted, "target_calls": max(progress.target_calls, 0)}
-        return sse(self._chunk({"content": text} if self.chat else text, None, extra,
-                               self._logprobs(delta.logprobs if self.logprobs else None)))
+        extra = {
+            "tokens": [{"text": p.text, "origin": p.origin} for p in pieces],
+            "draft_tokens": progress.drafted,
+            "accepted_tokens": progress.accepted,
+            "target_calls": max(progress.target_calls, 0),
+        }
+        return sse(
+            self._chunk(
+                {"content": text} if self.chat else text,
+                None,
+                extra,
+                self._logprobs(delta.logprobs if self.logprobs else None),
+            )
+        )
 
     def last_chunks(self, done: Done) -> list[str]:
-        chunks = [sse(self._chunk({} if self.chat else "", done.finish_reason,
-                                  {"tokens": [], **speculative_stats(done.stats, done.seed)}))]
+        chunks = [
+            sse(
+                self._chunk(
+                    {} if self.chat else "",
+                    done.finish_reason,
+                    {"tokens": [], **speculative_stats(done.stats, done.seed)},
+                )
+            )
+        ]
         if self.include_usage:
-            chunks.append(sse({**self._head(stream=True), "choices": [],
-                               "usage": usage(self.prompt_tokens, done.completion_tokens)}))
+            chunks.append(
+                sse(
+                    {
+                        **self._head(stream=True),
+                        "choices": [],
+                        "usage": usage(self.prompt_tokens, done.completion_tokens),
+                    }
+                )
+            )
         return [*chunks, DONE_LINE]
 
     def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
@@ -102,8 +150,13 @@ class OpenAIFormat:
             return None
         return chat_logprobs(entries) if self.chat else completion_logprobs(entries)
 
-    def _chunk(self, delta: dict[str, Any] | str, finish_reason: str | None, extra: dict[str, Any],
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _chunk(
+        self,
+        delta: dict[str, Any] | str,
+        finish_reason: str | None,
+        extra: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = delta

@@ -34,8 +34,14 @@ def lmi_token_lines(pieces: list[Piece]) -> list[str]:
 
 def lmi_last_line(done: Done, inputs: str, last: Piece | None) -> str:
     token = _token(last) if last else {"id": -1, "text": "", "log_prob": None, "special_token": True}
-    return _line({"token": token, "generated_text": done.text, "details": _details(done, inputs),
-                  "speculative": speculative_stats(done.stats, done.seed)})
+    return _line(
+        {
+            "token": token,
+            "generated_text": done.text,
+            "details": _details(done, inputs),
+            "speculative": speculative_stats(done.stats, done.seed),
+        }
+    )
 
 
 def _token(piece: Piece) -> dict[str, Any]:
@@ -52,6 +58,11 @@ def _line(data: dict[str, Any]) -> str:
 
 def lmi_error_line(error: ApiError) -> str:
     """A failure after the first line: LMI's streamed error shape, with our message added."""
-    return _line({"token": {"id": -1, "text": "", "log_prob": None, "special_token": True}, "generated_text": "",
-                  "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None},
-                  "error": error.body()["error"]})
+    return _line(
+        {
+            "token": {"id": -1, "text": "", "log_prob": None, "special_token": True},
+            "generated_text": "",
+            "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None},
+            "error": error.body()["error"],
+        }
+    )

@@ -29,9 +29,17 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); t
 NOT_BLANK = "[^" + "".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()) + "]"
 # fields that would change the answer and that this server cannot honour -> the values that ask for nothing
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": (), "tool_choice": ("none",), "functions": (), "function_call": ("none",),
-    "response_format": ({"type": "text"},), "logit_bias": ({},), "frequency_penalty": (0,),
-    "presence_penalty": (0,), "echo": (False,), "suffix": ("",), "best_of": (1,),
+    "tools": (),
+    "tool_choice": ("none",),
+    "functions": (),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "best_of": (1,),
 }
 DEPENDS_ON = {"stream_options": "stream", "top_logprobs": "logprobs"}  # allowed only with the other one true
 
@@ -79,15 +87,22 @@ def _refused(name: str) -> Any:
 
 def _dependencies(model: type[BaseModel]) -> list[tuple[str, str]]:
     """The DEPENDS_ON pairs that are both fields of `model` (an unknown field is ignored, whatever its name)."""
-    return [(name, other) for name, other in DEPENDS_ON.items()
-            if name in model.model_fields and other in model.model_fields]
+    return [
+        (name, other)
+        for name, other in DEPENDS_ON.items()
+        if name in model.model_fields and other in model.model_fields
+    ]
 
 
 def _state_dependencies(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """The model's dependencies in JSON Schema: a field that is set (not null) requires the other one true."""
-    rules = [{"if": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]},
-              "then": {"properties": {other: {"const": True}}, "required": [other]}}
-             for name, other in _dependencies(model)]
+    rules = [
+        {
+            "if": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]},
+            "then": {"properties": {other: {"const": True}}, "required": [other]},
+        }
+        for name, other in _dependencies(model)
+    ]
     if rules:
         schema["allOf"] = rules
 
@@ -139,13 +154,15 @@ class _Sampling(_Body):
 def _any_text(schema: dict[str, Any]) -> None:
     """The prompt check's rule for a conversation, stated: some message holds some text."""
     text = {"type": "string", "pattern": NOT_BLANK}
-    schema["contains"] = {"properties": {"content": {"anyOf": [
-        text, {"type": "array", "contains": {"properties": {"text": text}}}]}}}
+    schema["contains"] = {
+        "properties": {"content": {"anyOf": [text, {"type": "array", "contains": {"properties": {"text": text}}}]}}
+    }
 
 
 class ChatCompletionBody(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1, json_schema_extra=_any_text,
-                                        description="the conversation; some message must hold some text")
+    messages: list[ChatMessage] = Field(
+        min_length=1, json_schema_extra=_any_text, description="the conversation; some message must hold some text"
+    )
     max_completion_tokens: Budget | None = Field(None, description=f"{BUDGET}; wins over max_tokens")
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="alternatives per token, with logprobs: true")
@@ -153,7 +170,8 @@ class ChatCompletionBody(_Sampling):
 
 class CompletionBody(_Sampling):
     prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=1)] = Field(
-        description="one text, not only white space; a list holds exactly one (send one request per prompt)")
+        description="one text, not only white space; a list holds exactly one (send one request per prompt)"
+    )
     logprobs: TopLogprobs | None = Field(None, description="the most likely tokens per position")
 
 
@@ -216,8 +234,10 @@ class GenerationRequest:
 def chat_request(data: dict[str, Any]) -> GenerationRequest:
     body = validate(ChatCompletionBody, data)
     _raise(_sampling_problems(body))
-    messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                 else "".join(p.text for p in m.content)} for m in body.messages]
+    messages = [
+        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
+        for m in body.messages
+    ]
     request = _common("chat", body)
     request.messages = messages
     if body.max_completion_tokens is not None:
@@ -239,10 +259,18 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
     body = validate(LmiBody, data)
     p = body.parameters
     sample = p.do_sample if p.do_sample is not None else bool(p.temperature)  # LMI 0.32 infers it
-    return GenerationRequest("lmi", prompt=body.inputs, max_tokens=p.max_new_tokens,
-                             temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
-                             top_p=p.top_p, top_k=_top_k(p.top_k), seed=p.seed,
-                             stop=(p.stop_sequences or p.stop or []), stream=body.stream, details=p.details)
+    return GenerationRequest(
+        "lmi",
+        prompt=body.inputs,
+        max_tokens=p.max_new_tokens,
+        temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
+        top_p=p.top_p,
+        top_k=_top_k(p.top_k),
+        seed=p.seed,
+        stop=(p.stop_sequences or p.stop or []),
+        stream=body.stream,
+        details=p.details,
+    )
 
 
 INVOCATION_BODIES = {"inputs": LmiBody, "messages": ChatCompletionBody, "prompt": CompletionBody}  # in this order
@@ -255,16 +283,31 @@ def invocation_request(data: dict[str, Any]) -> GenerationRequest:
     for key, model in INVOCATION_BODIES.items():
         if key in data:
             return build[model](data)
-    raise ApiError(400, Problem("body", sorted(data), "not a known body: expected `inputs` (LMI/TGI), "
-                                "`messages` (OpenAI chat) or `prompt` (OpenAI completions)",
-                                'send {"inputs": "...", "parameters": {...}} or an OpenAI body'))
+    raise ApiError(
+        400,
+        Problem(
+            "body",
+            sorted(data),
+            "not a known body: expected `inputs` (LMI/TGI), `messages` (OpenAI chat) or `prompt` (OpenAI completions)",
+            'send {"inputs": "...", "parameters": {...}} or an OpenAI body',
+        ),
+    )
 
 
 def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationRequest:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return GenerationRequest(kind, model=body.model, max_tokens=body.max_tokens, temperature=body.temperature,
-                             top_p=body.top_p, top_k=_top_k(body.top_k), seed=body.seed, stop=stop, stream=body.stream,
-                             include_usage=bool(body.stream_options and body.stream_options.include_usage))
+    return GenerationRequest(
+        kind,
+        model=body.model,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=_top_k(body.top_k),
+        seed=body.seed,
+        stop=stop,
+        stream=body.stream,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
 
 
 def _top_k(value: int | None) -> int | None:
@@ -273,17 +316,28 @@ def _top_k(value: int | None) -> int | None:
 
 def _sampling_problems(body: _Sampling) -> list[Problem]:
     """The rules between fields, and the fields this server refuses rather than ignores."""
-    dependent = [Problem(name, value.model_dump() if isinstance(value, BaseModel) else value,
-                         f"only allowed with {other}: true (OpenAI's and vLLM's rule)",
-                         f"send {other}: true with it, or leave {name} out")
-                 for name, other in _dependencies(type(body))
-                 if (value := getattr(body, name)) is not None and getattr(body, other) is not True]
+    dependent = [
+        Problem(
+            name,
+            value.model_dump() if isinstance(value, BaseModel) else value,
+            f"only allowed with {other}: true (OpenAI's and vLLM's rule)",
+            f"send {other}: true with it, or leave {name} out",
+        )
+        for name, other in _dependencies(type(body))
+        if (value := getattr(body, name)) is not None and getattr(body, other) is not True
+    ]
     return dependent + [
-        Problem(name, value, "not supported by this server: speculative sampling here returns plain text from "
-                "the model's own distribution (no tool calls, structured output, penalties, biases, echo, suffix "
-                "or best-of)", f"leave {name} out")
+        Problem(
+            name,
+            value,
+            "not supported by this server: speculative sampling here returns plain text from "
+            "the model's own distribution (no tool calls, structured output, penalties, biases, echo, suffix "
+            "or best-of)",
+            f"leave {name} out",
+        )
         for name, no_ops in NO_OP_VALUES.items()
-        if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in no_ops)]
+        if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in no_ops)
+    ]
 
 
 def _same(value: Any, ok: Any) -> bool:

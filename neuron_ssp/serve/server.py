@@ -57,9 +57,14 @@ def read_api_key(settings: ServeConfig) -> str | None:
         return None
     key = os.environ.get(settings.api_key_env, "")
     if not key:
-        raise UsageError(Problem("serve.api_key_env", settings.api_key_env, "this environment variable is unset "
-                                 "or empty, so the server would run without the key you asked for",
-                                 f"export {settings.api_key_env}=<key>, or leave --api-key-env out"))
+        raise UsageError(
+            Problem(
+                "serve.api_key_env",
+                settings.api_key_env,
+                "this environment variable is unset or empty, so the server would run without the key you asked for",
+                f"export {settings.api_key_env}=<key>, or leave --api-key-env out",
+            )
+        )
     return key
 
 
@@ -91,8 +96,12 @@ class _DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.worker.accepting and not self.should_exit:
-            log.info("signal %s: draining (the running requests have %.0f s to finish; /ping, /health and new "
-                     "requests answer 503 meanwhile)", sig, self.drain_timeout)
+            log.info(
+                "signal %s: draining (the running requests have %.0f s to finish; /ping, /health and new "
+                "requests answer 503 meanwhile)",
+                sig,
+                self.drain_timeout,
+            )
             self.worker.drain(self.drain_timeout)
             threading.Thread(target=self._exit_when_drained, args=(sig, frame), name="drain", daemon=True).start()
             return
@@ -117,18 +126,35 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     pipeline = pipeline or load_pipeline(config, serving_batch(config))
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, api_key)
-    log.info("model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
-             name, serving_batch(config) if pipeline.batches else 1, settings.max_queue, settings.timeout_s,
-             settings.drain_timeout, "required" if api_key else "off")
+    log.info(
+        "model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
+        name,
+        serving_batch(config) if pipeline.batches else 1,
+        settings.max_queue,
+        settings.timeout_s,
+        settings.drain_timeout,
+        "required" if api_key else "off",
+    )
     if settings.sagemaker and settings.timeout_s >= SAGEMAKER_INVOKE_LIMIT:
-        log.warning("request_timeout %.0f s: a real-time SageMaker invocation is cut at %.0f s, so longer requests "
-                    "end with SageMaker's ModelError instead of this server's 504", settings.timeout_s,
-                    SAGEMAKER_INVOKE_LIMIT)
+        log.warning(
+            "request_timeout %.0f s: a real-time SageMaker invocation is cut at %.0f s, so longer requests "
+            "end with SageMaker's ModelError instead of this server's 504",
+            settings.timeout_s,
+            SAGEMAKER_INVOKE_LIMIT,
+        )
     log.info("serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics, API at /docs)", listen.url)
-    server = _DrainingServer(uvicorn.Config(app, host=listen.host, port=listen.port, log_level="info",
-                                            timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,
-                                            access_log=False),
-                             app.state.worker, settings.drain_timeout)
+    server = _DrainingServer(
+        uvicorn.Config(
+            app,
+            host=listen.host,
+            port=listen.port,
+            log_level="info",
+            timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,
+            access_log=False,
+        ),
+        app.state.worker,
+        settings.drain_timeout,
+    )
     # uvicorn re-raises the signal it caught once it has shut down; the drain is done by then, so the
     # default action (death by SIGTERM) is replaced by a normal return: exit code 0
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -74,7 +74,7 @@ class TokenText:
         """Logprobs of the tokens whose text has been handed out (all returned tokens when final)."""
         end = self.returned_tokens if final else sum(1 for start in self.starts if start < self.sent)
         end = min(end, len(self.logprobs))
-        out, self.released = self.logprobs[self.released: end], max(self.released, end)
+        out, self.released = self.logprobs[self.released : end], max(self.released, end)
         return out
 
     def _cut_at_stop(self, new_from: int) -> None:

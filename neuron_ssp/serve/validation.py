@@ -35,9 +35,9 @@ BOUND_RULES = {
     "too_long": ("must hold at most {max_length} item(s)", "send at most {max_length}"),
     "string_too_short": ("must hold at least {min_length} character(s)", "send a non-empty string"),
     "string_pattern_mismatch": ("must hold a character that is not white space", "send some text"),  # NOT_BLANK
-    "int_type": ("must be an integer", "send a JSON integer such as 3 (not \"3\", 3.5 or true)"),
-    "float_type": ("must be a number", "send a JSON number such as 0.7 (not \"0.7\" or true)"),
-    "bool_type": ("must be true or false", "send a JSON boolean (not \"true\" or 1)"),
+    "int_type": ("must be an integer", 'send a JSON integer such as 3 (not "3", 3.5 or true)'),
+    "float_type": ("must be a number", 'send a JSON number such as 0.7 (not "0.7" or true)'),
+    "bool_type": ("must be true or false", 'send a JSON boolean (not "true" or 1)'),
     # a constrained string is checked as UTF-8 before schemas._unicode sees it: the same rule
     "string_unicode": ("holds a lone surrogate: not valid Unicode text", "send valid Unicode text"),
 }
@@ -52,17 +52,35 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         raise _too_deep(snippet) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         where = f" at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise ApiError(400, Problem("body", snippet, f"not valid JSON{where}",
-                                    "send a JSON object with Content-Type: application/json")) from None
+        raise ApiError(
+            400,
+            Problem(
+                "body", snippet, f"not valid JSON{where}", "send a JSON object with Content-Type: application/json"
+            ),
+        ) from None
     except ValueError:  # what remains: an integer too long for int()
         digits = sys.get_int_max_str_digits()
-        raise ApiError(400, Problem("body", snippet, f"holds an integer of more than {digits} digits, more than "
-                                    "the server's JSON parser converts", "send integers within 64 bits")) from None
+        raise ApiError(
+            400,
+            Problem(
+                "body",
+                snippet,
+                f"holds an integer of more than {digits} digits, more than the server's JSON parser converts",
+                "send integers within 64 bits",
+            ),
+        ) from None
     if _depth(data) > MAX_JSON_DEPTH:
         raise _too_deep(snippet)
     if not isinstance(data, dict):
-        raise ApiError(400, Problem("body", data, "must be a JSON object", 'send an object such as '
-                                    '{"model": ..., "messages": [{"role": "user", "content": "Hi"}]}'))
+        raise ApiError(
+            400,
+            Problem(
+                "body",
+                data,
+                "must be a JSON object",
+                'send an object such as {"model": ..., "messages": [{"role": "user", "content": "Hi"}]}',
+            ),
+        )
     return data
 
 
@@ -75,8 +93,15 @@ def validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
 
 
 def _too_deep(snippet: str) -> ApiError:
-    return ApiError(400, Problem("body", snippet, f"nested more than {MAX_JSON_DEPTH} levels deep",
-                                 f"send a body nested at most {MAX_JSON_DEPTH} levels (objects and arrays)"))
+    return ApiError(
+        400,
+        Problem(
+            "body",
+            snippet,
+            f"nested more than {MAX_JSON_DEPTH} levels deep",
+            f"send a body nested at most {MAX_JSON_DEPTH} levels (objects and arrays)",
+        ),
+    )
 
 
 def _depth(data: Any) -> int:
@@ -116,7 +141,7 @@ def _informative(errors: list[Any]) -> list[Any]:
     the other branches on its type: the error that says what is wrong with it is the one to report."""
     chosen: dict[str, Any] = {}
     for err in errors:
-        field = ".".join(str(p) for p in err["loc"][:_first_tag(err["loc"])])
+        field = ".".join(str(p) for p in err["loc"][: _first_tag(err["loc"])])
         held = chosen.get(field)
         if held is None or (held["type"].endswith("_type") and not err["type"].endswith("_type")):
             chosen[field] = err

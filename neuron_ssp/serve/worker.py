@@ -154,14 +154,17 @@ class GenerationWorker:
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it at once: nothing waits for a slot."""
         if not self.accepting:
-            raise _unavailable("the server is shutting down (SIGTERM)", "send the request to another instance",
-                               self.retry_after_s)
+            raise _unavailable(
+                "the server is shutting down (SIGTERM)", "send the request to another instance", self.retry_after_s
+            )
         try:
             self.queue.put_nowait(job)
         except queue.Full:
-            raise _unavailable(f"the queue is full ({self.queue.maxsize} requests wait behind the running ones)",
-                               f"retry after {self.retry_after_s} s, or raise serve.max_queue",
-                               self.retry_after_s) from None
+            raise _unavailable(
+                f"the queue is full ({self.queue.maxsize} requests wait behind the running ones)",
+                f"retry after {self.retry_after_s} s, or raise serve.max_queue",
+                self.retry_after_s,
+            ) from None
 
     def drain(self, grace_s: float = 0.0) -> None:
         """SIGTERM: refuse new work, fail the queued jobs, let the running ones go on for `grace_s` (idempotent:
@@ -176,8 +179,15 @@ class GenerationWorker:
             except queue.Empty:
                 break
             if job is not None:
-                job.emit(Failed(_unavailable("the server is shutting down (SIGTERM)",
-                                             "send the request to another instance", self.retry_after_s)))
+                job.emit(
+                    Failed(
+                        _unavailable(
+                            "the server is shutting down (SIGTERM)",
+                            "send the request to another instance",
+                            self.retry_after_s,
+                        )
+                    )
+                )
         self.queue.put_nowait(None)  # just emptied, so there is room: the worker stops after the running jobs
 
     def stop(self, timeout_s: float) -> bool:
@@ -205,8 +215,19 @@ class GenerationWorker:
             self.active.append(run)
             callbacks = run.callbacks()
             try:
-                run.end(*_outcome(partial(self.pipeline.generate_ids, job.prompt_ids, job.max_tokens, job.sampling,
-                                          callbacks.on_commit, callbacks.should_stop, callbacks.on_logits)))
+                run.end(
+                    *_outcome(
+                        partial(
+                            self.pipeline.generate_ids,
+                            job.prompt_ids,
+                            job.max_tokens,
+                            job.sampling,
+                            callbacks.on_commit,
+                            callbacks.should_stop,
+                            callbacks.on_logits,
+                        )
+                    )
+                )
             finally:
                 self.active.remove(run)
 
@@ -268,13 +289,21 @@ class GenerationWorker:
         needed, left = self.prefill.estimate(tokens), job.deadline - time.monotonic()
         if needed <= left:
             return None
-        log.info("request %s not started: its prefill takes about %.1f s, %.1f s were left", job.request_id,
-                 needed, left)
-        return ApiError(504, Problem("request_timeout", job.timeout_s, f"the prompt's {tokens} tokens take about "
-                                     f"{needed:.1f} s to prefill here ({self.prefill.per_token_s * 1000:.1f} ms per "
-                                     f"token, measured), and only {max(left, 0):.1f} s of the request's time were left "
-                                     "after its wait in the queue", "retry later, send a shorter prompt, or raise "
-                                     "serve.request_timeout"))
+        log.info(
+            "request %s not started: its prefill takes about %.1f s, %.1f s were left", job.request_id, needed, left
+        )
+        return ApiError(
+            504,
+            Problem(
+                "request_timeout",
+                job.timeout_s,
+                f"the prompt's {tokens} tokens take about "
+                f"{needed:.1f} s to prefill here ({self.prefill.per_token_s * 1000:.1f} ms per "
+                f"token, measured), and only {max(left, 0):.1f} s of the request's time were left "
+                "after its wait in the queue",
+                "retry later, send a shorter prompt, or raise serve.request_timeout",
+            ),
+        )
 
 
 def _outcome(call: Callable[[], T]) -> tuple[T | None, Exception | None]:
@@ -303,8 +332,11 @@ class JobRun:
         self.cut_by_drain = False
 
     def callbacks(self) -> RowCallbacks:
-        return RowCallbacks(on_commit=self.on_commit, should_stop=self.should_stop,
-                            on_logits=self.on_logits if self.job.top_logprobs is not None else None)
+        return RowCallbacks(
+            on_commit=self.on_commit,
+            should_stop=self.should_stop,
+            on_logits=self.on_logits if self.job.top_logprobs is not None else None,
+        )
 
     def on_logits(self, logits: torch.Tensor) -> None:
         self.rows[:] = [logits.float().log_softmax(-1)]
@@ -320,8 +352,11 @@ class JobRun:
                 metrics.inter_token_latency.observe((now - self.last) / len(tokens))
             metrics.tokens_per_call.observe(len(tokens))
         self.last = now
-        origins = ["unknown"] * len(tokens) if from_draft is None else \
-            ["draft"] * from_draft + ["target"] * (len(tokens) - from_draft)
+        origins = (
+            ["unknown"] * len(tokens)
+            if from_draft is None
+            else ["draft"] * from_draft + ["target"] * (len(tokens) - from_draft)
+        )
         for i, (token, origin) in enumerate(zip(tokens, origins, strict=True)):
             self.text.add(token, origin, self._logprob(self.rows[0][i], token) if self.rows else None)
         progress.target_calls += 1
@@ -354,8 +389,16 @@ class JobRun:
         self.worker.metrics.finished.labels(reason).inc()
         sampled = job.sampling.temperature > 0 and pipeline.config.speculation.engine != "fused"
         seed = job.sampling.seed if sampled else None  # greedy uses none; fused seeds on the device
-        job.emit(Done(self.text.text, reason, returned, result.stats, seed,
-                      self.text.logprobs[:returned] if job.top_logprobs is not None else None))
+        job.emit(
+            Done(
+                self.text.text,
+                reason,
+                returned,
+                result.stats,
+                seed,
+                self.text.logprobs[:returned] if job.top_logprobs is not None else None,
+            )
+        )
 
     def _fail(self, error: Exception | None) -> None:
         job = self.job
@@ -366,9 +409,20 @@ class JobRun:
             job.emit(Failed(ApiError(500, error.problems)))
         else:
             log.error("request %s failed", job.request_id, exc_info=error)
-            job.emit(Failed(ApiError(500, Problem("request", job.request_id, "the server failed while generating",
-                                                  "retry; if it persists, report the request id to the operator "
-                                                  "(the server log holds the details)"))))
+            job.emit(
+                Failed(
+                    ApiError(
+                        500,
+                        Problem(
+                            "request",
+                            job.request_id,
+                            "the server failed while generating",
+                            "retry; if it persists, report the request id to the operator "
+                            "(the server log holds the details)",
+                        ),
+                    )
+                )
+            )
 
     def _end_cut(self, generated: int) -> None:
         """A job cut short: by its client leaving (counted as aborted), its deadline, or the end of the drain."""
@@ -379,9 +433,15 @@ class JobRun:
             return
         if self.cut_by_drain:
             log.info("request %s cut after %d tokens: drain_timeout passed after SIGTERM", job.request_id, generated)
-            job.emit(Failed(_unavailable("the server shut down (SIGTERM) before the request finished: "
-                                         "serve.drain_timeout passed", "send the request to another instance",
-                                         worker.retry_after_s)))
+            job.emit(
+                Failed(
+                    _unavailable(
+                        "the server shut down (SIGTERM) before the request finished: serve.drain_timeout passed",
+                        "send the request to another instance",
+                        worker.retry_after_s,
+                    )
+                )
+            )
             return
         job.emit(Failed(timeout_error(job)))
 
@@ -389,8 +449,13 @@ class JobRun:
         """`row`: the target's log-probabilities; -inf is sent as MIN_LOGPROB (JSON has no infinity; vLLM's value)."""
         decode, top = self.worker.pipeline.tokenizer.decode, self.job.top_logprobs
         best = row.topk(min(top, row.shape[-1])) if top else None
-        alternatives = [] if best is None else \
-            [(decode([int(i)]), max(float(v), MIN_LOGPROB)) for v, i in zip(best.values, best.indices, strict=True)]
+        alternatives = (
+            []
+            if best is None
+            else [
+                (decode([int(i)]), max(float(v), MIN_LOGPROB)) for v, i in zip(best.values, best.indices, strict=True)
+            ]
+        )
         return TokenLogprob(decode([token]), max(float(row[token]), MIN_LOGPROB), alternatives)
 
     def _count(self, stats: GenerationStats, returned: int) -> None:
@@ -407,6 +472,12 @@ def _unavailable(rule: str, fix: str, retry_after_s: int) -> ApiError:
 
 
 def timeout_error(job: Job) -> ApiError:
-    return ApiError(504, Problem("request_timeout", job.timeout_s, "the request did not finish within the "
-                                 "server's request_timeout (queue wait included)",
-                                 "retry later, ask for fewer max_tokens, or raise serve.request_timeout"))
+    return ApiError(
+        504,
+        Problem(
+            "request_timeout",
+            job.timeout_s,
+            "the request did not finish within the server's request_timeout (queue wait included)",
+            "retry later, ask for fewer max_tokens, or raise serve.request_timeout",
+        ),
+    )

@@ -51,8 +51,9 @@ class TokenAcceptor(neuron_base_class()):  # type: ignore[misc]
         self.sampling = sampling or SamplingParams()
         self.generator = generator
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -72,8 +73,9 @@ class ProbabilisticAcceptor(TokenAcceptor):
     drafts the same law as the rule above, and the output is plain sampling's for the same seed.
     """
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         if self.sampling.greedy:
             return greedy_acceptance(draft_ids, target_scores)
         if self.noise is not None:
@@ -111,8 +113,9 @@ class GreedyAcceptor(TokenAcceptor):
         if problem is not None:
             raise UsageError(problem)
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         return greedy_acceptance(draft_ids, target_scores)
 
 
@@ -123,11 +126,12 @@ def greedy_acceptance(draft_ids: torch.Tensor, target_scores: torch.Tensor) -> t
     m = ids.shape[0]
     mismatch = (ids != best[:m]).nonzero()
     kept = int(mismatch[0]) if mismatch.numel() else m
-    return torch.cat([ids[:kept], best[kept:kept + 1]]).view(1, -1)
+    return torch.cat([ids[:kept], best[kept : kept + 1]]).view(1, -1)
 
 
-def coupled_acceptance(draft_ids: torch.Tensor, target_scores: torch.Tensor, sampling: SamplingParams,
-                       noise: PositionNoise) -> torch.Tensor:
+def coupled_acceptance(
+    draft_ids: torch.Tensor, target_scores: torch.Tensor, sampling: SamplingParams, noise: PositionNoise
+) -> torch.Tensor:
     """The drafted tokens while each equals the token plain sampling draws at its position from the target's
     row with the same noise, then that drawn token (position_noise.py says why this is lossless)."""
     ids = draft_ids[0].tolist()
@@ -145,14 +149,20 @@ class TypicalAcceptor(TokenAcceptor):
     over-weights them, so acceptance rises but the output distribution is no longer the target's.
     """
 
-    def __init__(self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None,
-                 threshold: float = 0.09, alpha: float = 0.3):
+    def __init__(
+        self,
+        sampling: SamplingParams | None = None,
+        generator: torch.Generator | None = None,
+        threshold: float = 0.09,
+        alpha: float = 0.3,
+    ):
         super().__init__(sampling, generator)
         self.threshold = threshold
         self.alpha = alpha
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         raw = target_scores[0].float().softmax(-1)
         ids = draft_ids[0].to(raw.device)
         m = ids.shape[0]
@@ -171,8 +181,9 @@ class ZeroPaddedAcceptor(TokenAcceptor):
         super().__init__()
         self.inner = inner
 
-    def __call__(self, draft_ids: torch.Tensor, draft_scores: torch.Tensor,
-                 target_scores: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, draft_ids: torch.Tensor, draft_scores: torch.Tensor, target_scores: torch.Tensor
+    ) -> torch.Tensor:
         out = torch.as_tensor(self.inner(draft_ids, draft_scores, target_scores)).view(1, -1)
         if out.shape[1] < target_scores.shape[1]:
             return out  # already variable-length (e.g. the library's ReferenceTokenAcceptor)
@@ -191,18 +202,28 @@ def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generat
     if spec in BUILTIN:
         return BUILTIN[spec](sampling, generator)
     if ":" not in spec:
-        raise UsageError(Problem("speculation.acceptor", spec, "unknown acceptor",
-                                 f"{did_you_mean(spec, list(BUILTIN))}use one of {', '.join(BUILTIN)}, "
-                                 "or a plug-in as 'module:Class'"))
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                "unknown acceptor",
+                f"{did_you_mean(spec, list(BUILTIN))}use one of {', '.join(BUILTIN)}, or a plug-in as 'module:Class'",
+            )
+        )
     cls = _import_plugin(spec)
     params = inspect.signature(cls).parameters
     kwargs = {name: value for name, value in (("sampling", sampling), ("generator", generator)) if name in params}
     try:
         acceptor = cls(**kwargs)
     except TypeError as exc:
-        raise UsageError(Problem("speculation.acceptor", spec, f"the class cannot be built: {exc}",
-                                 "give it an __init__ whose arguments are optional, or only "
-                                 "`sampling` and `generator`")) from None
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                f"the class cannot be built: {exc}",
+                "give it an __init__ whose arguments are optional, or only `sampling` and `generator`",
+            )
+        ) from None
     return acceptor if isinstance(acceptor, TokenAcceptor) else ZeroPaddedAcceptor(acceptor)
 
 
@@ -211,17 +232,34 @@ def _import_plugin(spec: str) -> type:
     try:
         module = _import_from_cwd_first(module_name)
     except Exception as exc:  # any import-time failure is the plug-in's, reported as such
-        raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' does not import "
-                                 f"({type(exc).__name__}: {exc})",
-                                 f"run from the directory that contains {module_name.replace('.', '/')}.py "
-                                 f"(now: {os.getcwd()}), or install the module")) from None
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                f"module '{module_name}' does not import ({type(exc).__name__}: {exc})",
+                f"run from the directory that contains {module_name.replace('.', '/')}.py "
+                f"(now: {os.getcwd()}), or install the module",
+            )
+        ) from None
     cls = getattr(module, class_name, None)
     if cls is None:
-        raise UsageError(Problem("speculation.acceptor", spec, f"module '{module_name}' has no '{class_name}'",
-                                 "check the class name after the ':'"))
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                f"module '{module_name}' has no '{class_name}'",
+                "check the class name after the ':'",
+            )
+        )
     if not isinstance(cls, type) or not any("__call__" in vars(base) for base in cls.__mro__[:-1]):
-        raise UsageError(Problem("speculation.acceptor", spec, f"'{class_name}' is not a class with __call__",
-                                 "define __call__(self, draft_ids, draft_scores, target_scores)"))
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                f"'{class_name}' is not a class with __call__",
+                "define __call__(self, draft_ids, draft_scores, target_scores)",
+            )
+        )
     return cls
 
 

@@ -97,8 +97,7 @@ class WidthTimer:
         return WidthCost({w: statistics.median(s) for w, s in self.samples.items() if s}, list(self.prefill_ms))
 
 
-def measure_width_cost(target: Timed, prompt_ids: torch.Tensor, widths: list[int],
-                       rounds: int = ROUNDS) -> WidthCost:
+def measure_width_cost(target: Timed, prompt_ids: torch.Tensor, widths: list[int], rounds: int = ROUNDS) -> WidthCost:
     """Median ms of one target call per width after one uncounted warm-up round."""
     WidthTimer(target, widths).round(prompt_ids)  # warm-up: first calls pay one-off costs
     timer = WidthTimer(target, widths)
@@ -123,7 +122,7 @@ def target_cost(target: Timed, k: int, max_rows: int | None = None) -> WidthCost
 
 def batch_widths(k: int, max_rows: int) -> list[int]:
     """Row counts past k to time for a batch: the powers of two between, and max_rows itself."""
-    powers = [2 ** i for i in range(max_rows.bit_length()) if k < 2 ** i < max_rows]
+    powers = [2**i for i in range(max_rows.bit_length()) if k < 2**i < max_rows]
     return powers + ([max_rows] if max_rows > k else [])
 
 

@@ -118,8 +118,9 @@ class CostPolicy(WindowPolicy):
         self.chooser.observe(drafted, accepted)
 
 
-def build_policy(spec: SpeculationConfig, cost: WidthCost | None, acceptance: AcceptanceModel | None = None
-                 ) -> WindowPolicy:
+def build_policy(
+    spec: SpeculationConfig, cost: WidthCost | None, acceptance: AcceptanceModel | None = None
+) -> WindowPolicy:
     """`cost`: the target's call cost per row count, timed once at load (call_cost.target_cost), needed by
     the policy 'cost'; `acceptance`: counts to learn into (shared with other rows), else fresh ones from the
     prior."""

@@ -102,8 +102,9 @@ class CategoryResult:
 
     def drafter_fit(self, name: str) -> KRow:
         """α, accepted length and speedup of one compared drafter over the same plain runs."""
-        return k_row(self.fit.k, [m.plain for m in self.measures], [m.drafters[name].stats for m in self.measures],
-                     KSetup())
+        return k_row(
+            self.fit.k, [m.plain for m in self.measures], [m.drafters[name].stats for m in self.measures], KSetup()
+        )
 
     def drafter_equal(self, name: str) -> int:
         """Prompts on which this drafter's greedy output equalled plain decoding."""
@@ -130,9 +131,15 @@ class BenchResult:
     drafters: list[str] = field(default_factory=list)  # compared drafters, in column order
 
 
-def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
-              hf_lookup_tokens: int | None, on_step: Callable[[str], None] | None = None,
-              repeat: int = 1, drafters: Sequence[str] = ()) -> BenchResult:
+def run_bench(
+    pipeline: Pipeline,
+    prompts: dict[str, list[BenchPrompt]],
+    max_new_tokens: int,
+    hf_lookup_tokens: int | None,
+    on_step: Callable[[str], None] | None = None,
+    repeat: int = 1,
+    drafters: Sequence[str] = (),
+) -> BenchResult:
     """Measure every prompt four ways, `repeat` times; `hf_lookup_tokens` None skips the Hugging Face runs."""
     runner = _Runner(pipeline, hf_lookup_tokens, drafters)
     order = _round_robin(prompts)
@@ -147,9 +154,13 @@ def run_bench(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new
     return _result(measured, pipeline.generator.k, max_new_tokens, list(runner.generators))
 
 
-def run_repeated(pipeline: Pipeline, prompts: dict[str, list[BenchPrompt]], max_new_tokens: int,
-                 on_step: Callable[[str], None] | None = None,
-                 drafters: Sequence[str] = ()) -> dict[str, BenchResult]:
+def run_repeated(
+    pipeline: Pipeline,
+    prompts: dict[str, list[BenchPrompt]],
+    max_new_tokens: int,
+    on_step: Callable[[str], None] | None = None,
+    drafters: Sequence[str] = (),
+) -> dict[str, BenchResult]:
     """The repeated workload: PASSES over the prompt set through one pipeline, plain and SSp per prompt.
 
     first: history starts empty (it fills with this pass's earlier prompts); warm: the same prompts
@@ -188,8 +199,14 @@ def drafter_generators(pipeline: Pipeline, names: Sequence[str]) -> dict[str, tu
             generators[name] = pipeline.generator, pipeline.shared
             continue
         if name == "model" and pipeline.draft is None:
-            raise UsageError(Problem("--drafter", name, "the loaded config has no draft model",
-                                     "add a `draft:` section to the config, or compare ngram and suffix"))
+            raise UsageError(
+                Problem(
+                    "--drafter",
+                    name,
+                    "the loaded config has no draft model",
+                    "add a `draft:` section to the config, or compare ngram and suffix",
+                )
+            )
         data = config.model_dump()
         data["speculation"]["drafter"] = name
         other = config_from_dict(data)
@@ -222,14 +239,16 @@ class _Runner:
         ids = p.encode(prompt.text)
         eos = p.eos_token_ids
         methods: dict[str, Callable[[], Any]] = {
-            "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos)}
+            "plain": lambda: plain_generate(p.target, ids, max_new_tokens, p.config.sampling, eos)
+        }
         for name, (generator, _) in self.generators.items():
             methods[f"ssp:{name}"] = lambda g=generator: g.generate(ids, max_new_tokens, eos)
         if self.hf is not None:
             hf = self.hf
             methods["hf_plain"] = lambda: hf_generate(hf, ids, max_new_tokens, eos)
-            methods["hf_lookup"] = lambda: hf_generate(hf, ids, max_new_tokens, eos,
-                                                       prompt_lookup_tokens=self.hf_lookup_tokens)
+            methods["hf_lookup"] = lambda: hf_generate(
+                hf, ids, max_new_tokens, eos, prompt_lookup_tokens=self.hf_lookup_tokens
+            )
             if self.assistant is not None:
                 methods["hf_assisted"] = lambda: hf_generate(hf, ids, max_new_tokens, eos, assistant=self.assistant)
         names = list(methods)
@@ -242,8 +261,15 @@ class _Runner:
             drafted[name] = DrafterRun(run.stats, run.tokens == plain.tokens)
         hf_plain = runs.get("hf_plain")
         first = next(iter(drafted))
-        return PromptMeasure(prompt, plain.stats, drafted[first].stats, drafted[first].outputs_equal, **runs,
-                             hf_equal=None if hf_plain is None else hf_plain.tokens == plain.tokens, drafters=drafted)
+        return PromptMeasure(
+            prompt,
+            plain.stats,
+            drafted[first].stats,
+            drafted[first].outputs_equal,
+            **runs,
+            hf_equal=None if hf_plain is None else hf_plain.tokens == plain.tokens,
+            drafters=drafted,
+        )
 
 
 def _category(name: str, measures: list[PromptMeasure], k: int) -> CategoryResult:

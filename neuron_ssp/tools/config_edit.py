@@ -48,19 +48,37 @@ def edit_k_text(text: str, k: int, source: str = "the YAML text") -> str:
         _, indent, sequence_offset = guess_indent(text)  # (its own `yaml=` argument is newer than 0.18)
         document = yaml.load(text)
     except ruamel_yaml.YAMLError as exc:  # e.g. a duplicate key, which PyYAML lets pass
-        raise UsageError(Problem(OPTION, source, f"the YAML cannot be edited: {str(exc).splitlines()[0]}",
-                                 "fix the file, or write k into another file")) from None
+        raise UsageError(
+            Problem(
+                OPTION,
+                source,
+                f"the YAML cannot be edited: {str(exc).splitlines()[0]}",
+                "fix the file, or write k into another file",
+            )
+        ) from None
     if indent:
         yaml.indent(mapping=indent, sequence=indent, offset=sequence_offset or 0)
     document = yaml.map() if document is None else document
     if not isinstance(document, dict):
-        raise UsageError(Problem(OPTION, source, "the top level is not a mapping of sections",
-                                 "write k into a config file (keys such as `target:` and `speculation:`)"))
+        raise UsageError(
+            Problem(
+                OPTION,
+                source,
+                "the top level is not a mapping of sections",
+                "write k into a config file (keys such as `target:` and `speculation:`)",
+            )
+        )
     if document.get("speculation") is None:  # absent, or `speculation:` with nothing under it
         document["speculation"] = yaml.map()
     if not isinstance(document["speculation"], dict):
-        raise UsageError(Problem(OPTION, source, f"speculation is {document['speculation']!r}, not a section",
-                                 "make it a mapping such as `speculation: {k: 4}`"))
+        raise UsageError(
+            Problem(
+                OPTION,
+                source,
+                f"speculation is {document['speculation']!r}, not a section",
+                "make it a mapping such as `speculation: {k: 4}`",
+            )
+        )
     document["speculation"]["k"] = k
     return _dump(yaml, document)
 
@@ -81,5 +99,6 @@ def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
     except OSError as exc:
-        raise UsageError(Problem(OPTION, str(path), f"cannot write the config ({exc.strerror})",
-                                 "pass a writable path")) from None
+        raise UsageError(
+            Problem(OPTION, str(path), f"cannot write the config ({exc.strerror})", "pass a writable path")
+        ) from None

@@ -80,8 +80,9 @@ def first_integer(text: str) -> int | None:
     return int(match.group().replace(",", "")) if match else None
 
 
-def run_math_eval(pipeline: Pipeline, problems: list[MathProblem], answer_tokens: int,
-                  on_step: Callable[[], None] | None = None) -> MathEval:
+def run_math_eval(
+    pipeline: Pipeline, problems: list[MathProblem], answer_tokens: int, on_step: Callable[[], None] | None = None
+) -> MathEval:
     """Problem i is sampled with seed (sampling.seed + i), by plain decoding and by SSp alike."""
     base = pipeline.config.sampling
     generator = pipeline.generator
@@ -93,8 +94,11 @@ def run_math_eval(pipeline: Pipeline, problems: list[MathProblem], answer_tokens
         generator.sampling = sampling
         ssp = generator.generate(ids, answer_tokens, pipeline.eos_token_ids)
         decode = pipeline.tokenizer.decode
-        outcomes.append(MathOutcome(problem, decode(plain.tokens, skip_special_tokens=True),
-                                    decode(ssp.tokens, skip_special_tokens=True)))
+        outcomes.append(
+            MathOutcome(
+                problem, decode(plain.tokens, skip_special_tokens=True), decode(ssp.tokens, skip_special_tokens=True)
+            )
+        )
         if on_step:
             on_step()
     generator.sampling = base

@@ -21,9 +21,14 @@ def import_extra(module: str, needed_for: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         package = module.split(".")[0]
-        raise RuntimeProblem(Problem(
-            needed_for, package, f"needs the package {package}, which is not installed (the optional "
-            "'tools' extra)", f"install the tools extra: {INSTALL_TOOLS} (./setup.sh dev installs it)")) from None
+        raise RuntimeProblem(
+            Problem(
+                needed_for,
+                package,
+                f"needs the package {package}, which is not installed (the optional 'tools' extra)",
+                f"install the tools extra: {INSTALL_TOOLS} (./setup.sh dev installs it)",
+            )
+        ) from None
 
 
 def scipy_stats() -> ModuleType:

@@ -30,24 +30,39 @@ class HfRun:
         return len(self.tokens) / self.wall_s if self.wall_s else 0.0
 
 
-def hf_generate(model: PreTrainedModel, prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_ids: Collection[int],
-                prompt_lookup_tokens: int | None = None, assistant: PreTrainedModel | None = None) -> HfRun:
+def hf_generate(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,
+    max_new_tokens: int,
+    eos_token_ids: Collection[int],
+    prompt_lookup_tokens: int | None = None,
+    assistant: PreTrainedModel | None = None,
+) -> HfRun:
     device = next(model.parameters()).device
     input_ids = prompt_ids.view(1, -1).to(device)
     stop = sorted(eos_token_ids)
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stop,
-                              pad_token_id=stop[0] if stop else None, prompt_lookup_num_tokens=prompt_lookup_tokens)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stop,
+        pad_token_id=stop[0] if stop else None,
+        prompt_lookup_num_tokens=prompt_lookup_tokens,
+    )
     verbosity = transformers_logging.get_verbosity()
     transformers_logging.set_verbosity_error()  # assisted generation warns about its own internal call
     try:
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
-                                 assistant_model=assistant)
+            out = model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=config,
+                assistant_model=assistant,
+            )
         wall = time.perf_counter() - start
     finally:
         transformers_logging.set_verbosity(verbosity)
-    return HfRun(out[0, input_ids.shape[1]:].tolist(), wall)
+    return HfRun(out[0, input_ids.shape[1] :].tolist(), wall)
 
 
 def hf_model(backend: object) -> PreTrainedModel | None:

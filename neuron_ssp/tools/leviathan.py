@@ -44,8 +44,9 @@ def predicted_speedup_for_drafts(alpha: float, c: float, draft_lengths: Mapping[
 def draft_length_counts(stats: GenerationStats) -> Counter[int]:
     """{m: calls that drafted exactly m tokens}, read from the per-position proposal counts."""
     proposed = [stats.target_calls, *stats.proposed_at, 0]  # proposed[i] = calls that drafted >= i tokens
-    return Counter({m: proposed[m] - proposed[m + 1] for m in range(len(proposed) - 1)
-                    if proposed[m] - proposed[m + 1] > 0})
+    return Counter(
+        {m: proposed[m] - proposed[m + 1] for m in range(len(proposed) - 1) if proposed[m] - proposed[m + 1] > 0}
+    )
 
 
 def full_draft_fraction(draft_lengths: Mapping[int, int], k: int) -> float:

@@ -48,13 +48,25 @@ class _Enough(Exception):
     """Raised from the commit callback once two tokens are committed: the rest is not needed."""
 
 
-def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: float, seed: int = 0,
-                   on_step: Callable[[], None] | None = None) -> LosslessReport:
+def check_lossless(
+    pipeline: Pipeline,
+    prompt: str,
+    samples: int,
+    temperature: float,
+    seed: int = 0,
+    on_step: Callable[[], None] | None = None,
+) -> LosslessReport:
     if samples < 2:
         raise UsageError(Problem("--samples", samples, "must be >= 2", "pass e.g. --samples 4000"))
     if temperature <= 0:
-        raise UsageError(Problem("sampling.temperature", temperature, "greedy decoding has nothing to compare",
-                                 "use a temperature > 0 (the check uses 1.0 unless --temperature is given)"))
+        raise UsageError(
+            Problem(
+                "sampling.temperature",
+                temperature,
+                "greedy decoding has nothing to compare",
+                "use a temperature > 0 (the check uses 1.0 unless --temperature is given)",
+            )
+        )
     sampling = pipeline.config.sampling.model_copy(update={"temperature": temperature})
     memo = PrefixMemo(pipeline.target)
     generator = _memo_generator(pipeline, memo, sampling)
@@ -77,9 +89,13 @@ def check_lossless(pipeline: Pipeline, prompt: str, samples: int, temperature: f
         if on_step:
             on_step()
     return LosslessReport(
-        samples=samples, temperature=temperature, estimate=estimate_tv(plain, ssp, seed=seed),
-        drafted_share=drafted_samples / samples, acceptance_rate=accepted / drafted if drafted else 0.0,
-        forward_passes=memo.forward_passes, distinct_pairs=len(set(plain) | set(ssp)),
+        samples=samples,
+        temperature=temperature,
+        estimate=estimate_tv(plain, ssp, seed=seed),
+        drafted_share=drafted_samples / samples,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        forward_passes=memo.forward_passes,
+        distinct_pairs=len(set(plain) | set(ssp)),
         top_pairs=_top_pairs(plain, ssp),
     )
 

@@ -49,6 +49,8 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
 
 def describe_machine(info: dict[str, Any]) -> str:
     gpu = f", {info['gpu']}" if info.get("gpu") else ""
-    return (f"{info['cpu']} ({info['cores']} cores, {info['torch_threads']} torch threads){gpu}, "
-            f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
-            f"CPU fp32 kernel: {info.get('cpu_kernel', 'not recorded')}")
+    return (
+        f"{info['cpu']} ({info['cores']} cores, {info['torch_threads']} torch threads){gpu}, "
+        f"device {info['device']}, torch {info['torch']}, transformers {info['transformers']}, "
+        f"CPU fp32 kernel: {info.get('cpu_kernel', 'not recorded')}"
+    )

@@ -80,10 +80,15 @@ def compiled_target_groups(config: Config, ks: list[int]) -> Iterator[KGroup]:
 def prepare_compiled(config: Config, ks: list[int]) -> tuple[float, str]:
     """Compile one target holding every k unless `neuron-ssp compile` already did; (seconds, what happened)."""
     if not config.neuron.compiled_dir:
-        raise UsageError(Problem(
-            "neuron.compiled_dir", None, "tune-k on Neuron compiles every k into one target and keeps it",
-            "set neuron.compiled_dir (a directory or s3://bucket/prefix), or run `neuron-ssp compile CONFIG "
-            f"--k {min(ks)}..{max(ks)} --out DIR` first"))
+        raise UsageError(
+            Problem(
+                "neuron.compiled_dir",
+                None,
+                "tune-k on Neuron compiles every k into one target and keeps it",
+                "set neuron.compiled_dir (a directory or s3://bucket/prefix), or run `neuron-ssp compile CONFIG "
+                f"--k {min(ks)}..{max(ks)} --out DIR` first",
+            )
+        )
     from neuron_ssp.backends.neuron.compile import compile_models
     from neuron_ssp.topology import plan_deployment
 
@@ -100,7 +105,9 @@ def per_k_targets(config: Config, ks: list[int]) -> Iterator[KGroup]:
     for k in ks:
         start = time.perf_counter()
         pipeline = load_pipeline(with_k(config, k))
-        note = (f"NxD Inference target for k={k} alone, compiled unless kept in "
-                f"{config.neuron.compiled_dir or 'the local cache'} (load time includes it); plain decoding on it "
-                f"runs {k}-wide calls")
+        note = (
+            f"NxD Inference target for k={k} alone, compiled unless kept in "
+            f"{config.neuron.compiled_dir or 'the local cache'} (load time includes it); plain decoding on it "
+            f"runs {k}-wide calls"
+        )
         yield KGroup(pipeline, {k: generator_for_k(pipeline, k)}, {k: KSetup(0.0, time.perf_counter() - start, note)})

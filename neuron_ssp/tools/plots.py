@@ -47,8 +47,10 @@ def plot_tune_k(result: TuneKResult, path: Path, title: str) -> None:
 def plot_bench(result: BenchResult, path: Path, title: str) -> None:
     groups = [*result.categories, result.overall]
     names = [g.category for g in groups]
-    series = [("ours (SSp)", [g.fit.speedup_measured for g in groups]),
-              ("ours, predicted", [g.fit.speedup_predicted for g in groups])]
+    series = [
+        ("ours (SSp)", [g.fit.speedup_measured for g in groups]),
+        ("ours, predicted", [g.fit.speedup_predicted for g in groups]),
+    ]
     if all(g.hf_speedup("hf_lookup") is not None for g in groups):
         series.append(("HF prompt lookup", [g.hf_speedup("hf_lookup") for g in groups]))
     if all(g.hf_speedup("hf_assisted") is not None for g in groups):
@@ -89,5 +91,8 @@ def _save(fig: Figure, path: Path, title: str) -> None:
     try:
         fig.savefig(path, dpi=120)
     except OSError as exc:
-        raise UsageError(Problem("--plot", str(path), f"cannot write the plot ({exc.strerror})",
-                                 "pass a writable path ending in .png")) from None
+        raise UsageError(
+            Problem(
+                "--plot", str(path), f"cannot write the plot ({exc.strerror})", "pass a writable path ending in .png"
+            )
+        ) from None

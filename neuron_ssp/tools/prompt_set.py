@@ -25,8 +25,14 @@ class BenchPrompt:
 
 def load_prompts(path: Path = DEFAULT_PROMPTS) -> list[BenchPrompt]:
     if not path.is_file():
-        raise UsageError(Problem("--prompts", str(path), "the file does not exist",
-                                 "pass a JSONL file with one {\"prompt\": ..., \"category\": ...} per line"))
+        raise UsageError(
+            Problem(
+                "--prompts",
+                str(path),
+                "the file does not exist",
+                'pass a JSONL file with one {"prompt": ..., "category": ...} per line',
+            )
+        )
     prompts = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -34,20 +40,36 @@ def load_prompts(path: Path = DEFAULT_PROMPTS) -> list[BenchPrompt]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise UsageError(Problem("--prompts", f"{path}:{number}", f"line {number} is not JSON ({exc.msg})",
-                                     "write one JSON object per line")) from None
+            raise UsageError(
+                Problem(
+                    "--prompts",
+                    f"{path}:{number}",
+                    f"line {number} is not JSON ({exc.msg})",
+                    "write one JSON object per line",
+                )
+            ) from None
         text = row.get("prompt") if isinstance(row, dict) else None
         if not isinstance(text, str) or not text.strip():
-            raise UsageError(Problem("--prompts", f"{path}:{number}", "no non-empty 'prompt' string on this line",
-                                     "give every line a \"prompt\" field with the text"))
+            raise UsageError(
+                Problem(
+                    "--prompts",
+                    f"{path}:{number}",
+                    "no non-empty 'prompt' string on this line",
+                    'give every line a "prompt" field with the text',
+                )
+            )
         prompts.append(BenchPrompt(str(row.get("category") or UNCATEGORISED), text))
     if not prompts:
         raise UsageError(Problem("--prompts", str(path), "the file holds no prompts", "add one JSON object a line"))
     return prompts
 
 
-def by_category(prompts: Sequence[BenchPrompt], categories: Sequence[str] = (),
-                per_category: int | None = None, half: str | None = None) -> dict[str, list[BenchPrompt]]:
+def by_category(
+    prompts: Sequence[BenchPrompt],
+    categories: Sequence[str] = (),
+    per_category: int | None = None,
+    half: str | None = None,
+) -> dict[str, list[BenchPrompt]]:
     """{category: its prompts} in file order, restricted to `categories` when given, to one `half`
     (half_of) when given, then to the first `per_category`."""
     grouped: dict[str, list[BenchPrompt]] = {}
@@ -55,8 +77,14 @@ def by_category(prompts: Sequence[BenchPrompt], categories: Sequence[str] = (),
         grouped.setdefault(prompt.category, []).append(prompt)
     unknown = [c for c in categories if c not in grouped]
     if unknown:
-        raise UsageError(Problem("--categories", ",".join(unknown), "no prompt of this category in the file",
-                                 f"choose from {', '.join(sorted(grouped))}"))
+        raise UsageError(
+            Problem(
+                "--categories",
+                ",".join(unknown),
+                "no prompt of this category in the file",
+                f"choose from {', '.join(sorted(grouped))}",
+            )
+        )
     if per_category is not None and per_category < 1:
         raise UsageError(Problem("--nb-prompts", per_category, "must be >= 1", "pass 1 or more"))
     chosen = {c: grouped[c] for c in list(categories) or list(grouped)}

@@ -65,8 +65,9 @@ class ServerProcess:
             return self.proc.wait()
 
 
-def start_server(config_path: Path | None, max_queue: int, threads: int | None, log_dir: Path,
-                 ready_timeout_s: float = 900) -> ServerProcess:
+def start_server(
+    config_path: Path | None, max_queue: int, threads: int | None, log_dir: Path, ready_timeout_s: float = 900
+) -> ServerProcess:
     port = _free_port()
     args = [*CLI, "serve", "--host", "127.0.0.1", "--port", str(port), "--max-queue", str(max_queue)]
     if config_path is not None:
@@ -92,8 +93,13 @@ def start_server(config_path: Path | None, max_queue: int, threads: int | None, 
 def chat_body(prompt: str, max_tokens: int, stream: bool, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """A chat request, greedy unless `sampling` says otherwise: the instruct model answers its template (a raw
     prompt often ends at once)."""
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                            "temperature": 0, "stream": stream, **(sampling or {})}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        **(sampling or {}),
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -115,7 +121,7 @@ def stream_chat(client: httpx.Client, url: str, prompt: str, max_tokens: int, ti
                 for line in response.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    chunk = json.loads(line[len("data: "):])
+                    chunk = json.loads(line[len("data: ") :])
                     if "error" in chunk:
                         outcome.error = chunk["error"]["message"][:200]
                     for choice in chunk.get("choices", []):
@@ -133,16 +139,18 @@ def stream_chat(client: httpx.Client, url: str, prompt: str, max_tokens: int, ti
     return outcome
 
 
-def run_clients(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
-                timeout_s: float, step: Step) -> tuple[list[list[Outcome]], float]:
+def run_clients(
+    url: str, prompts: list[str], clients: int, requests: int, max_tokens: int, timeout_s: float, step: Step
+) -> tuple[list[list[Outcome]], float]:
     """`clients` threads, each sending its `requests` prompts back to back; returns outcomes and wall time."""
     outcomes: list[list[Outcome]] = [[] for _ in range(clients)]
 
     def client_loop(index: int) -> None:
         with httpx.Client() as client:
             for r in range(requests):
-                outcomes[index].append(stream_chat(client, url, prompts[(index * requests + r) % len(prompts)],
-                                                         max_tokens, timeout_s))
+                outcomes[index].append(
+                    stream_chat(client, url, prompts[(index * requests + r) % len(prompts)], max_tokens, timeout_s)
+                )
                 step("request")
 
     threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(clients)]
@@ -158,9 +166,11 @@ def summary(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
     ok = [o for o in outcomes if o.status == 200 and not o.error]
     tokens = sum(o.tokens for o in ok)
     return {
-        "requests": len(outcomes), "ok": len(ok), "errors": sum(1 for o in outcomes if o.status not in (200, 503)
-                                                                 or (o.status == 200 and o.error)),
-        "http_503": sum(1 for o in outcomes if o.status == 503), "wall_s": wall_s,
+        "requests": len(outcomes),
+        "ok": len(ok),
+        "errors": sum(1 for o in outcomes if o.status not in (200, 503) or (o.status == 200 and o.error)),
+        "http_503": sum(1 for o in outcomes if o.status == 503),
+        "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s else 0.0,
         "output_tokens_per_s": tokens / wall_s if wall_s else 0.0,
         **{f"ttft_p{q}_s": percentile([o.ttft_s for o in ok], q) for q in (50, 95, 99)},
@@ -179,8 +189,9 @@ class ServeBenchResult:
         return asdict(self)
 
 
-def measure_overhead(pipeline: Any, url: str, prompts: list[str], max_tokens: int, pairs: int,
-                     timeout_s: float, step: Step) -> dict[str, Any]:
+def measure_overhead(
+    pipeline: Any, url: str, prompts: list[str], max_tokens: int, pairs: int, timeout_s: float, step: Step
+) -> dict[str, Any]:
     """Direct `SpeculativeGenerator.generate` vs the same request over HTTP, alternating which goes first."""
     direct_s, http_s, same = [], [], 0
     with httpx.Client() as client:
@@ -195,20 +206,30 @@ def measure_overhead(pipeline: Any, url: str, prompts: list[str], max_tokens: in
                     direct_s.append(time.perf_counter() - start)
                     tokens[kind] = pipeline.tokenizer.decode(result.tokens, skip_special_tokens=True)
                 else:
-                    r = client.post(f"{url}/v1/chat/completions", timeout=timeout_s,
-                                    json=chat_body(prompt, max_tokens, stream=False))
+                    r = client.post(
+                        f"{url}/v1/chat/completions",
+                        timeout=timeout_s,
+                        json=chat_body(prompt, max_tokens, stream=False),
+                    )
                     http_s.append(time.perf_counter() - start)
                     r.raise_for_status()
                     tokens[kind] = r.json()["choices"][0]["message"]["content"]
             same += tokens["direct"] == tokens["http"]
             step("pair")
-    return {"pairs": pairs, "direct_total_s": sum(direct_s), "http_total_s": sum(http_s),
-            "ratio": sum(http_s) / sum(direct_s), "direct_p50_s": percentile(direct_s, 50),
-            "http_p50_s": percentile(http_s, 50), "same_text": same}
+    return {
+        "pairs": pairs,
+        "direct_total_s": sum(direct_s),
+        "http_total_s": sum(http_s),
+        "ratio": sum(http_s) / sum(direct_s),
+        "direct_p50_s": percentile(direct_s, 50),
+        "http_p50_s": percentile(http_s, 50),
+        "same_text": same,
+    }
 
 
-def measure_concurrency(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
-                        timeout_s: float, step: Step) -> dict[str, Any]:
+def measure_concurrency(
+    url: str, prompts: list[str], clients: int, requests: int, max_tokens: int, timeout_s: float, step: Step
+) -> dict[str, Any]:
     """Sequential pass, concurrent pass, sequential pass: the two sequential ones bracket any drift."""
     before, before_wall = run_clients(url, prompts, 1, clients * requests, max_tokens, timeout_s, step)
     during, during_wall = run_clients(url, prompts, clients, requests, max_tokens, timeout_s, step)
@@ -216,35 +237,68 @@ def measure_concurrency(url: str, prompts: list[str], clients: int, requests: in
     sequential = summary(before[0] + after[0], before_wall + after_wall)
     concurrent = summary([o for c in during for o in c], during_wall)
     reference = [o.text for o in before[0]]
-    mismatches = sum(1 for c, outs in enumerate(during) for r, o in enumerate(outs)
-                     if o.text != reference[c * requests + r])
+    mismatches = sum(
+        1 for c, outs in enumerate(during) for r, o in enumerate(outs) if o.text != reference[c * requests + r]
+    )
     lost = clients * requests - sum(len(outs) for outs in during)
-    return {"sequential": sequential, "concurrent": concurrent, "lost": lost, "outputs_differing": mismatches,
-            "sequential_passes_equal": [o.text for o in before[0]] == [o.text for o in after[0]],
-            "throughput_ratio": concurrent["output_tokens_per_s"] / sequential["output_tokens_per_s"]
-            if sequential["output_tokens_per_s"] else 0.0}
+    return {
+        "sequential": sequential,
+        "concurrent": concurrent,
+        "lost": lost,
+        "outputs_differing": mismatches,
+        "sequential_passes_equal": [o.text for o in before[0]] == [o.text for o in after[0]],
+        "throughput_ratio": concurrent["output_tokens_per_s"] / sequential["output_tokens_per_s"]
+        if sequential["output_tokens_per_s"]
+        else 0.0,
+    }
 
 
-def measure_overflow(url: str, prompts: list[str], clients: int, requests: int, max_tokens: int,
-                     timeout_s: float, step: Step) -> dict[str, Any]:
+def measure_overflow(
+    url: str, prompts: list[str], clients: int, requests: int, max_tokens: int, timeout_s: float, step: Step
+) -> dict[str, Any]:
     outcomes, wall = run_clients(url, prompts, clients, requests, max_tokens, timeout_s, step)
     flat = [o for c in outcomes for o in c]
     with httpx.Client() as client:
         healthy = client.get(f"{url}/health", timeout=10).status_code == 200
         after = stream_chat(client, url, prompts[0], max_tokens, timeout_s)
-    return {**summary(flat, wall), "statuses": sorted({o.status for o in flat}),
-            "all_200_or_503_in_time": all(o.status in (200, 503) and o.e2e_s <= timeout_s for o in flat),
-            "healthy_after": healthy and after.status == 200 and not after.error}
+    return {
+        **summary(flat, wall),
+        "statuses": sorted({o.status for o in flat}),
+        "all_200_or_503_in_time": all(o.status in (200, 503) and o.e2e_s <= timeout_s for o in flat),
+        "healthy_after": healthy and after.status == 200 and not after.error,
+    }
 
 
-def run_serve_bench(config: Config, config_path: Path | None, pipeline: Any, prompts: list[str], clients: int,
-                    requests: int, max_tokens: int, pairs: int, overflow_queue: int, threads: int | None,
-                    timeout_s: float, log_dir: Path, step: Step) -> ServeBenchResult:
+def run_serve_bench(
+    config: Config,
+    config_path: Path | None,
+    pipeline: Any,
+    prompts: list[str],
+    clients: int,
+    requests: int,
+    max_tokens: int,
+    pairs: int,
+    overflow_queue: int,
+    threads: int | None,
+    timeout_s: float,
+    log_dir: Path,
+    step: Step,
+) -> ServeBenchResult:
     if threads:
         torch.set_num_threads(threads)
-    result = ServeBenchResult({"clients": clients, "requests": requests, "max_tokens": max_tokens, "pairs": pairs,
-                               "overflow_queue": overflow_queue, "threads": threads, "timeout_s": timeout_s,
-                               "prompts": len(prompts), "config": config.name})
+    result = ServeBenchResult(
+        {
+            "clients": clients,
+            "requests": requests,
+            "max_tokens": max_tokens,
+            "pairs": pairs,
+            "overflow_queue": overflow_queue,
+            "threads": threads,
+            "timeout_s": timeout_s,
+            "prompts": len(prompts),
+            "config": config.name,
+        }
+    )
     server = start_server(config_path, max_queue=max(clients * requests, 1), threads=threads, log_dir=log_dir)
     try:
         result.overhead = measure_overhead(pipeline, server.url, prompts, max_tokens, pairs, timeout_s, step)
@@ -266,8 +320,15 @@ def total_steps(clients: int, requests: int, pairs: int) -> int:
 REPEATED_CLIENTS = {"greedy": {}, "T=0.5+seed": {"temperature": 0.5}}  # plus a fixed seed per prompt
 
 
-def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: int, threads: int | None,
-                                timeout_s: float, log_dir: Path, step: Step) -> dict[str, Any]:
+def run_repeated_through_server(
+    config: Config,
+    prompts: list[str],
+    max_tokens: int,
+    threads: int | None,
+    timeout_s: float,
+    log_dir: Path,
+    step: Step,
+) -> dict[str, Any]:
     """The prompt set twice through a fresh suffix-drafter server per kind of client; the gain per kind."""
     data = config.model_dump(mode="json", exclude_none=True)  # unset fields stay unset (and keep their defaults)
     data["speculation"]["drafter"] = "suffix"
@@ -280,15 +341,28 @@ def run_repeated_through_server(config: Config, prompts: list[str], max_tokens: 
             passes = [_one_pass(server.url, prompts, max_tokens, sampling, timeout_s, step) for _ in range(2)]
         finally:
             exit_code = server.stop()
-        kinds[kind] = {"first": passes[0], "second": passes[1], "exit_code": exit_code,
-                       "gain": passes[1]["tokens_per_s"] / passes[0]["tokens_per_s"] if passes[0]["tokens_per_s"]
-                       else 0.0}
-    return {"settings": {"prompts": len(prompts), "max_tokens": max_tokens, "threads": threads,
-                         "config": config.name, "drafter": "suffix", "clients": REPEATED_CLIENTS}, "kinds": kinds}
+        kinds[kind] = {
+            "first": passes[0],
+            "second": passes[1],
+            "exit_code": exit_code,
+            "gain": passes[1]["tokens_per_s"] / passes[0]["tokens_per_s"] if passes[0]["tokens_per_s"] else 0.0,
+        }
+    return {
+        "settings": {
+            "prompts": len(prompts),
+            "max_tokens": max_tokens,
+            "threads": threads,
+            "config": config.name,
+            "drafter": "suffix",
+            "clients": REPEATED_CLIENTS,
+        },
+        "kinds": kinds,
+    }
 
 
-def _one_pass(url: str, prompts: list[str], max_tokens: int, sampling: dict[str, Any], timeout_s: float,
-              step: Step) -> dict[str, Any]:
+def _one_pass(
+    url: str, prompts: list[str], max_tokens: int, sampling: dict[str, Any], timeout_s: float, step: Step
+) -> dict[str, Any]:
     """One client, the prompts in order, non-streamed; prompt i samples with seed i in every pass."""
     tokens = calls = errors = 0
     wall = 0.0
@@ -305,8 +379,13 @@ def _one_pass(url: str, prompts: list[str], max_tokens: int, sampling: dict[str,
                 tokens += answer["usage"]["completion_tokens"]
                 calls += answer["speculative"]["target_calls"]
             step("request")
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0, "errors": errors,
-            "tokens_per_call": tokens / calls if calls else 0.0}
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "errors": errors,
+        "tokens_per_call": tokens / calls if calls else 0.0,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -57,27 +57,51 @@ def mode_configs(config: Config, max_batch: int, out_dir: Path) -> dict[str, Pat
 def measures(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
     ok = [o for o in outcomes if o.status == 200 and not o.error]
     per_token = [(o.e2e_s - o.ttft_s) / (o.tokens - 1) for o in ok if o.tokens > 1]
-    return {"requests": len(outcomes), "errors": len(outcomes) - len(ok), "tokens": sum(o.tokens for o in ok),
-            "wall_s": wall_s, "output_tokens_per_s": sum(o.tokens for o in ok) / wall_s if wall_s else 0.0,
-            **{f"ttft_p{q}_s": percentile([o.ttft_s for o in ok], q) for q in (50, 95)},
-            **{f"tpot_p{q}_s": percentile(per_token, q) for q in (50, 95)}}
+    return {
+        "requests": len(outcomes),
+        "errors": len(outcomes) - len(ok),
+        "tokens": sum(o.tokens for o in ok),
+        "wall_s": wall_s,
+        "output_tokens_per_s": sum(o.tokens for o in ok) / wall_s if wall_s else 0.0,
+        **{f"ttft_p{q}_s": percentile([o.ttft_s for o in ok], q) for q in (50, 95)},
+        **{f"tpot_p{q}_s": percentile(per_token, q) for q in (50, 95)},
+    }
 
 
-def run_sweep(config: Config, prompts: list[str], concurrency: tuple[int, ...], requests: int, max_tokens: int,
-              max_batch: int, threads: int | None, timeout_s: float, log_dir: Path, step: Step) -> SweepResult:
-    result = SweepResult({"concurrency": list(concurrency), "requests_per_client": requests,
-                          "max_tokens": max_tokens, "max_batch": max_batch, "threads": threads,
-                          "prompts": len(prompts), "config": config.name, "drafter": config.speculation.drafter,
-                          "policy": config.speculation.policy, "k": config.speculation.k})
+def run_sweep(
+    config: Config,
+    prompts: list[str],
+    concurrency: tuple[int, ...],
+    requests: int,
+    max_tokens: int,
+    max_batch: int,
+    threads: int | None,
+    timeout_s: float,
+    log_dir: Path,
+    step: Step,
+) -> SweepResult:
+    result = SweepResult(
+        {
+            "concurrency": list(concurrency),
+            "requests_per_client": requests,
+            "max_tokens": max_tokens,
+            "max_batch": max_batch,
+            "threads": threads,
+            "prompts": len(prompts),
+            "config": config.name,
+            "drafter": config.speculation.drafter,
+            "policy": config.speculation.policy,
+            "k": config.speculation.k,
+        }
+    )
     servers: dict[str, ServerProcess] = {}
     try:
         for mode, path in mode_configs(config, max_batch, log_dir).items():
-            servers[mode] = start_server(path, max_queue=max(concurrency) * requests, threads=threads,
-                                         log_dir=log_dir)
+            servers[mode] = start_server(path, max_queue=max(concurrency) * requests, threads=threads, log_dir=log_dir)
             step("server")
         texts: dict[tuple[int, int, int], str] = {}  # (c, client, request) -> the first server's text
         for turn, c in enumerate(concurrency):
-            for mode in MODES[turn % len(MODES):] + MODES[: turn % len(MODES)]:
+            for mode in MODES[turn % len(MODES) :] + MODES[: turn % len(MODES)]:
                 outcomes, wall = run_clients(servers[mode].url, prompts, c, requests, max_tokens, timeout_s, step)
                 result.runs.setdefault(mode, {})[c] = measures([o for client in outcomes for o in client], wall)
                 for client, outs in enumerate(outcomes):
@@ -110,7 +134,8 @@ def targets(result: SweepResult) -> list[tuple[str, str, str, bool]]:
         rows.append((f"c={c}: vs batching, no speculation", f"{r:.3f}x", f">= {goal}x", r >= goal))
     if 1 in levels and 8 in levels:
         one, eight = result.runs[spec][1]["tpot_p95_s"], result.runs[spec][8]["tpot_p95_s"]
-        rows.append(("c=8 TPOT p95 / c=1", f"{eight / one:.2f}x" if one else "n/a", "<= 2x", bool(one)
-                     and eight <= 2 * one))
+        rows.append(
+            ("c=8 TPOT p95 / c=1", f"{eight / one:.2f}x" if one else "n/a", "<= 2x", bool(one) and eight <= 2 * one)
+        )
     rows.append(("greedy outputs differing", str(result.outputs_differing), "0", result.outputs_differing == 0))
     return rows

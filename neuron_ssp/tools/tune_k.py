@@ -81,8 +81,9 @@ class TuneKResult:
         return min(row.k for row in self.rows if row.speedup_measured >= best * (1.0 - RECOMMEND_TOLERANCE))
 
 
-def tune_k(groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens: int,
-           on_step: StepCallback | None = None) -> TuneKResult:
+def tune_k(
+    groups: Iterable[KGroup], prompts: list[BenchPrompt], max_new_tokens: int, on_step: StepCallback | None = None
+) -> TuneKResult:
     """Run every prompt plainly and with each k of each group; one row per k."""
     plain_runs: dict[int, list[GenerationStats]] = {}
     ssp_runs: dict[int, list[GenerationStats]] = {}
@@ -127,7 +128,7 @@ def _measure(group: KGroup, prompt: BenchPrompt, max_new_tokens: int, turn: int)
     pipeline = group.pipeline
     ids, eos = pipeline.encode(prompt.text), pipeline.eos_token_ids
     keys = [PLAIN, *group.generators]
-    keys = keys[turn % len(keys):] + keys[:turn % len(keys)]
+    keys = keys[turn % len(keys) :] + keys[: turn % len(keys)]
     runs = {}
     for key in keys:
         if key == PLAIN:
@@ -137,8 +138,14 @@ def _measure(group: KGroup, prompt: BenchPrompt, max_new_tokens: int, turn: int)
     return runs
 
 
-def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationStats], setup: KSetup,
-          cost: WidthCost | None = None, padded: bool = False) -> KRow:
+def k_row(
+    k: int,
+    plain_runs: list[GenerationStats],
+    ssp_runs: list[GenerationStats],
+    setup: KSetup,
+    cost: WidthCost | None = None,
+    padded: bool = False,
+) -> KRow:
     """One row from the runs of the same prompts, plain and with window k."""
     plain, ssp = merge_stats(plain_runs), merge_stats(ssp_runs)
     lengths: Counter[int] = sum((draft_length_counts(run) for run in ssp_runs), Counter())
@@ -147,15 +154,25 @@ def k_row(k: int, plain_runs: list[GenerationStats], ssp_runs: list[GenerationSt
     draft_s_per_token = ssp.time_draft_s / ssp.draft_tokens if ssp.draft_tokens else 0.0
     c = draft_s_per_token / plain_s_per_token if plain_s_per_token else 0.0
     return KRow(
-        k=k, alpha=alpha, c=c, mean_accepted_length=ssp.mean_accepted_length,
-        per_position_acceptance=ssp.per_position_acceptance, full_draft_fraction=full_draft_fraction(lengths, k),
-        ms_per_token=ssp.ms_per_token, plain_ms_per_token=plain.ms_per_token,
-        plain_call_ms=_call_ms(plain_runs), ssp_call_ms=_call_ms(ssp_runs),
+        k=k,
+        alpha=alpha,
+        c=c,
+        mean_accepted_length=ssp.mean_accepted_length,
+        per_position_acceptance=ssp.per_position_acceptance,
+        full_draft_fraction=full_draft_fraction(lengths, k),
+        ms_per_token=ssp.ms_per_token,
+        plain_ms_per_token=plain.ms_per_token,
+        plain_call_ms=_call_ms(plain_runs),
+        ssp_call_ms=_call_ms(ssp_runs),
         speedup_measured=throughput_ratio(ssp, plain),
         speedup_predicted=predicted_speedup_for_drafts(alpha, c, lengths),
-        speedup_leviathan=predicted_speedup(alpha, k, c), setup=setup,
-        speedup_width_model=(predicted_speedup_for_widths(plain, ssp, len(ssp_runs), lengths, cost,
-                                                          k if padded else None) if cost else 0.0),
+        speedup_leviathan=predicted_speedup(alpha, k, c),
+        setup=setup,
+        speedup_width_model=(
+            predicted_speedup_for_widths(plain, ssp, len(ssp_runs), lengths, cost, k if padded else None)
+            if cost
+            else 0.0
+        ),
     )
 
 

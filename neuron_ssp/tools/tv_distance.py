@@ -39,16 +39,27 @@ def tv_upper_bound(tv: float, n_a: int, n_b: int, confidence: float = 0.95) -> f
     return min(1.0, tv + margin)
 
 
-def estimate_tv(a: Sequence[Hashable], b: Sequence[Hashable], confidence: float = 0.95,
-                permutations: int = 500, seed: int = 0) -> TvEstimate:
+def estimate_tv(
+    a: Sequence[Hashable], b: Sequence[Hashable], confidence: float = 0.95, permutations: int = 500, seed: int = 0
+) -> TvEstimate:
     codes_a, codes_b, kinds = _codes(a, b)
     observed = _tv(codes_a, codes_b, kinds)
-    test = scipy_stats().permutation_test((codes_a, codes_b), lambda x, y: _tv(x, y, kinds),
-                                          permutation_type="independent", vectorized=False,
-                                          n_resamples=permutations, alternative="greater",
-                                          rng=np.random.default_rng(seed))
-    return TvEstimate(observed, tv_upper_bound(observed, len(a), len(b), confidence), confidence,
-                      float(np.mean(test.null_distribution)), float(test.pvalue))
+    test = scipy_stats().permutation_test(
+        (codes_a, codes_b),
+        lambda x, y: _tv(x, y, kinds),
+        permutation_type="independent",
+        vectorized=False,
+        n_resamples=permutations,
+        alternative="greater",
+        rng=np.random.default_rng(seed),
+    )
+    return TvEstimate(
+        observed,
+        tv_upper_bound(observed, len(a), len(b), confidence),
+        confidence,
+        float(np.mean(test.null_distribution)),
+        float(test.pvalue),
+    )
 
 
 def _codes(a: Sequence[Hashable], b: Sequence[Hashable]) -> tuple[np.ndarray, np.ndarray, int]:

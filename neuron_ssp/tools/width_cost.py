@@ -30,9 +30,14 @@ def host_ms_per_call(stats: GenerationStats) -> float:
     return 1000.0 * max(stats.wall_s - stats.time_target_s, 0.0) / stats.target_calls if stats.target_calls else 0.0
 
 
-def predicted_speedup_for_widths(plain: GenerationStats, ssp: GenerationStats, runs: int,
-                                 draft_lengths: Mapping[int, int], cost: WidthCost,
-                                 padded_width: int | None) -> float:
+def predicted_speedup_for_widths(
+    plain: GenerationStats,
+    ssp: GenerationStats,
+    runs: int,
+    draft_lengths: Mapping[int, int],
+    cost: WidthCost,
+    padded_width: int | None,
+) -> float:
     """Speculative over plain tokens/s, both loops priced with the width curve (module docstring).
 
     `plain`/`ssp` are the summed stats of `runs` generations each; `draft_lengths` = {m: calls that

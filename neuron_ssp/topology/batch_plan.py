@@ -49,12 +49,18 @@ def memory_at(placed: Mapping[str, Placed], batch: int, usable_bytes_per_core: i
     usages = {role: at_batch(p, batch).footprint() for role, p in placed.items()}
     per_core = {role: usage.bytes_per_core for role, usage in usages.items()}
     busiest = busiest_core_bytes({role: core_set(p.model) for role, p in placed.items()}, per_core)
-    return BatchMemory(batch, {role: usage.kv_bytes_per_core for role, usage in usages.items()}, per_core, busiest,
-                       busiest <= usable_bytes_per_core)
+    return BatchMemory(
+        batch,
+        {role: usage.kv_bytes_per_core for role, usage in usages.items()},
+        per_core,
+        busiest,
+        busiest <= usable_bytes_per_core,
+    )
 
 
-def memory_per_batch(placed: Mapping[str, Placed], usable_bytes_per_core: int,
-                     batches: Sequence[int]) -> list[BatchMemory]:
+def memory_per_batch(
+    placed: Mapping[str, Placed], usable_bytes_per_core: int, batches: Sequence[int]
+) -> list[BatchMemory]:
     return [memory_at(placed, batch, usable_bytes_per_core) for batch in batches]
 
 

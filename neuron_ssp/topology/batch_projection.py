@@ -54,8 +54,9 @@ class CallCost:
 def call_cost(placed: Placed, ms_at_batch_1: float, positions_read: float) -> CallCost:
     """The model's weights per core and one row's KV cache per core at `positions_read` positions."""
     model, architecture = placed.model, placed.architecture
-    per_position = footprint(architecture, model.dtype, model.tp_degree, 1, 1, placed.library,
-                             placed.kv_rule).kv_bytes_per_core
+    per_position = footprint(
+        architecture, model.dtype, model.tp_degree, 1, 1, placed.library, placed.kv_rule
+    ).kv_bytes_per_core
     weights = placed.footprint().weight_bytes_per_core
     return CallCost(ms_at_batch_1, weights, per_position * positions_read)
 
@@ -84,27 +85,45 @@ class BatchProjection:
     assumptions: tuple[str, ...] = ASSUMPTIONS
 
     def to_dict(self) -> dict[str, object]:
-        return {"engine": self.engine, "k": self.k, "alpha": self.alpha, "notes": self.notes,
-                "assumptions": list(self.assumptions),
-                "rows": [{**row.__dict__, "speedup": row.speedup} for row in self.rows]}
+        return {
+            "engine": self.engine,
+            "k": self.k,
+            "alpha": self.alpha,
+            "notes": self.notes,
+            "assumptions": list(self.assumptions),
+            "rows": [{**row.__dict__, "speedup": row.speedup} for row in self.rows],
+        }
 
 
-def project_batches(engine: str, k: int, alpha: float, instance: str, target: Placed, draft: Placed | None,
-                    positions_read: dict[str, float], batches: Sequence[int], target_ms: float | None = None,
-                    draft_ms: float | None = None) -> BatchProjection:
+def project_batches(
+    engine: str,
+    k: int,
+    alpha: float,
+    instance: str,
+    target: Placed,
+    draft: Placed | None,
+    positions_read: dict[str, float],
+    batches: Sequence[int],
+    target_ms: float | None = None,
+    draft_ms: float | None = None,
+) -> BatchProjection:
     """Tokens per second of all rows together at each of `batches`; `draft` None: a model-free drafter (free)."""
-    target_ms, target_note = published_or_given(target.architecture.name, instance, target_ms, "--ms-per-token",
-                                                "published plain decoding")
+    target_ms, target_note = published_or_given(
+        target.architecture.name, instance, target_ms, "--ms-per-token", "published plain decoding"
+    )
     notes = [f"target: {target_note}"]
     draft_cost: CallCost | None = None
     if draft is not None:
-        draft_ms, draft_note = published_or_given(draft.architecture.name, instance, draft_ms,
-                                                  "--draft-ms-per-token", "published")
+        draft_ms, draft_note = published_or_given(
+            draft.architecture.name, instance, draft_ms, "--draft-ms-per-token", "published"
+        )
         notes.append(f"draft: {draft_note}")
         if draft_ms is not None:
             draft_cost = call_cost(draft, draft_ms, positions_read["draft"])
-    notes.append("KV positions read per row and call: " + ", ".join(
-        f"{role} {positions:.0f}" for role, positions in positions_read.items()))
+    notes.append(
+        "KV positions read per row and call: "
+        + ", ".join(f"{role} {positions:.0f}" for role, positions in positions_read.items())
+    )
     target_cost = None if target_ms is None else call_cost(target, target_ms, positions_read["target"])
     tau, steps = tokens_per_call(alpha, k), draft_steps(engine, k)
     rows = []
@@ -118,9 +137,15 @@ def project_batches(engine: str, k: int, alpha: float, instance: str, target: Pl
     return BatchProjection(engine, k, alpha, rows, notes)
 
 
-def plan_batch_projection(config: Config, deployment: DeploymentPlan, engine: str, alpha: float,
-                          batches: Sequence[int], target_ms: float | None = None,
-                          draft_ms: float | None = None) -> BatchProjection:
+def plan_batch_projection(
+    config: Config,
+    deployment: DeploymentPlan,
+    engine: str,
+    alpha: float,
+    batches: Sequence[int],
+    target_ms: float | None = None,
+    draft_ms: float | None = None,
+) -> BatchProjection:
     """`project_batches` for a config as planned: its models laid out as the plan lays them out, each row reading
     the KV positions of a generation of max_new_tokens after a max_prompt_tokens prompt (default: the longest prompt
     n_positions leaves room for) in the model's decoding buckets."""
@@ -130,5 +155,15 @@ def plan_batch_projection(config: Config, deployment: DeploymentPlan, engine: st
     for role, p in placed.items():
         prompt = config.generation.max_prompt_tokens or max(p.model.n_positions - new_tokens, 0)
         positions[role] = mean_positions_read(prompt, new_tokens, deployment.models[role].decoding_buckets)
-    return project_batches(engine, config.speculation.k, alpha, deployment.instance.name, placed["target"],
-                           placed.get("draft"), positions, batches, target_ms, draft_ms)
+    return project_batches(
+        engine,
+        config.speculation.k,
+        alpha,
+        deployment.instance.name,
+        placed["target"],
+        placed.get("draft"),
+        positions,
+        batches,
+        target_ms,
+        draft_ms,
+    )

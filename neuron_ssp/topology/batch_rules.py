@@ -33,8 +33,10 @@ BATCHED_TNX_INSTALL = "install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25; 
 
 _HOST_ACCEPTOR = "our acceptor on the host, per row (engines/batch.py)"
 _TNX_BATCH_RAISES = "SpeculativeGenerator raises for batch > 1 (speculation.py:345-347 at 7a30b42, same at c8d6bdc)"
-_TNX_SPEC_BATCHED = ("2-D cache_ids, start_ids as sequence ids, attention_mask required (speculation.py:718-730 at "
-                     "1ade6d7); a speculation network per (k, batch size) (base.py:129-132)")
+_TNX_SPEC_BATCHED = (
+    "2-D cache_ids, start_ids as sequence ids, attention_mask required (speculation.py:718-730 at "
+    "1ade6d7); a speculation network per (k, batch size) (base.py:129-132)"
+)
 
 
 @dataclass(frozen=True)
@@ -53,49 +55,108 @@ class BatchRule:
 
     def cells(self) -> list[str]:
         """The row as docs/neuron.md prints it."""
-        return [self.library, self.engine, GENERATIONS[self.generation],
-                *(f"{'yes' if flag else 'no'}: {source}" for flag, source in (
-                    (self.batch, self.batch_source), (self.continuous, self.continuous_source),
-                    (self.sampling, self.sampling_source)))]
+        return [
+            self.library,
+            self.engine,
+            GENERATIONS[self.generation],
+            *(
+                f"{'yes' if flag else 'no'}: {source}"
+                for flag, source in (
+                    (self.batch, self.batch_source),
+                    (self.continuous, self.continuous_source),
+                    (self.sampling, self.sampling_source),
+                )
+            ),
+        ]
 
 
 BATCH_RULES: tuple[BatchRule, ...] = (
-    BatchRule(TNX, "native", TNX_UNBATCHED,
-              False, f"batched speculative inputs (2-D cache_ids, sequence ids) arrive with 0.13; {_TNX_BATCH_RAISES}",
-              False, "batch 1", True, _HOST_ACCEPTOR),
-    BatchRule(TNX, "library", TNX_UNBATCHED,
-              False, _TNX_BATCH_RAISES,
-              False, "batch 1",
-              True, "DefaultTokenAcceptor (speculation.py:156-197 at 7a30b42); the last <= k tokens greedy "
-                    "(target.sample(top_k=1), :436)"),
-    BatchRule(TNX, "native", TNX_BATCHED,
-              True, f"one speculative_forward for all rows: {_TNX_SPEC_BATCHED}",
-              True, "rows padded to the compiled batch by sequence id; the speculative branch of continuous batching "
-                    "takes only a compiled batch size (base.py:539-562 at 1ade6d7)",
-              True, _HOST_ACCEPTOR),
-    BatchRule(TNX, "library", TNX_BATCHED,
-              True, f"SpeculativeGenerator.sample: {_TNX_SPEC_BATCHED}",
-              False, "sample takes its batch at the start; rows only leave (done_flags, speculation.py:778-786)",
-              True, "DefaultTokenAcceptor per row (speculation.py:227-283); the first token is the argmax "
-                    "(select_tokens, top_k=1, :744)"),
-    BatchRule(TNX, "fused", TNX_BATCHED,
-              True, "FusedSpeculativeDecoder.sample: attention_mask required, 2-D cache_ids "
-                    "(fused_speculation.py:555-560 at 1ade6d7); a graph per (batch size, bucket) (:464-470)",
-              False, "this engine runs sample over a fixed batch; the library's speculative_iteration "
-                     "(fused_speculation.py:746) is not driven",
-              True, "on device, GenerationConfig(do_sample=True) (config.py:106-118)"),
-    BatchRule(NXDI, "native", NXDI_PINNED,
-              False, "'Speculative decoding with a draft model currently supports only batch sizes of 1' "
-                     "(feature-guide.rst:516, aws-neuron-sdk 81ce03ae)",
-              False, "batch 1", True, _HOST_ACCEPTOR),
-    BatchRule(NXDI, "fused", NXDI_PINNED,
-              True, "the fused graph is traced at tkg_batch_size for draft and target (model_base.py:3078-3084 at "
-                    "4bcdc54b); one batch size: batch bucketing is refused with speculation (config.py:645-689)",
-              True, "is_continuous_batching with ctx_batch_size 1: a prefill writes one seq_id "
-                    "(kv_cache_manager.py:483-484), as vLLM's NxDI loader sets it (neuronx_distributed.py "
-                    "_get_default_speculation_config at vllm 02f0c7b2)",
-              False, "greedy only: with do_sample the target samples only the window's last position "
-                     "(model_base.py:1162, a FIXME)"),
+    BatchRule(
+        TNX,
+        "native",
+        TNX_UNBATCHED,
+        False,
+        f"batched speculative inputs (2-D cache_ids, sequence ids) arrive with 0.13; {_TNX_BATCH_RAISES}",
+        False,
+        "batch 1",
+        True,
+        _HOST_ACCEPTOR,
+    ),
+    BatchRule(
+        TNX,
+        "library",
+        TNX_UNBATCHED,
+        False,
+        _TNX_BATCH_RAISES,
+        False,
+        "batch 1",
+        True,
+        "DefaultTokenAcceptor (speculation.py:156-197 at 7a30b42); the last <= k tokens greedy "
+        "(target.sample(top_k=1), :436)",
+    ),
+    BatchRule(
+        TNX,
+        "native",
+        TNX_BATCHED,
+        True,
+        f"one speculative_forward for all rows: {_TNX_SPEC_BATCHED}",
+        True,
+        "rows padded to the compiled batch by sequence id; the speculative branch of continuous batching "
+        "takes only a compiled batch size (base.py:539-562 at 1ade6d7)",
+        True,
+        _HOST_ACCEPTOR,
+    ),
+    BatchRule(
+        TNX,
+        "library",
+        TNX_BATCHED,
+        True,
+        f"SpeculativeGenerator.sample: {_TNX_SPEC_BATCHED}",
+        False,
+        "sample takes its batch at the start; rows only leave (done_flags, speculation.py:778-786)",
+        True,
+        "DefaultTokenAcceptor per row (speculation.py:227-283); the first token is the argmax "
+        "(select_tokens, top_k=1, :744)",
+    ),
+    BatchRule(
+        TNX,
+        "fused",
+        TNX_BATCHED,
+        True,
+        "FusedSpeculativeDecoder.sample: attention_mask required, 2-D cache_ids "
+        "(fused_speculation.py:555-560 at 1ade6d7); a graph per (batch size, bucket) (:464-470)",
+        False,
+        "this engine runs sample over a fixed batch; the library's speculative_iteration "
+        "(fused_speculation.py:746) is not driven",
+        True,
+        "on device, GenerationConfig(do_sample=True) (config.py:106-118)",
+    ),
+    BatchRule(
+        NXDI,
+        "native",
+        NXDI_PINNED,
+        False,
+        "'Speculative decoding with a draft model currently supports only batch sizes of 1' "
+        "(feature-guide.rst:516, aws-neuron-sdk 81ce03ae)",
+        False,
+        "batch 1",
+        True,
+        _HOST_ACCEPTOR,
+    ),
+    BatchRule(
+        NXDI,
+        "fused",
+        NXDI_PINNED,
+        True,
+        "the fused graph is traced at tkg_batch_size for draft and target (model_base.py:3078-3084 at "
+        "4bcdc54b); one batch size: batch bucketing is refused with speculation (config.py:645-689)",
+        True,
+        "is_continuous_batching with ctx_batch_size 1: a prefill writes one seq_id "
+        "(kv_cache_manager.py:483-484), as vLLM's NxDI loader sets it (neuronx_distributed.py "
+        "_get_default_speculation_config at vllm 02f0c7b2)",
+        False,
+        "greedy only: with do_sample the target samples only the window's last position (model_base.py:1162, a FIXME)",
+    ),
 )
 
 
@@ -116,41 +177,62 @@ def neuronx_generation_for_version(version: str) -> str:
     return TNX_BATCHED if batched else TNX_UNBATCHED
 
 
-def check_batch(config: Config, models: dict[str, ModelConfig], report: ValidationReport,
-                neuronx_generation: str = TNX_BATCHED) -> None:
+def check_batch(
+    config: Config, models: dict[str, ModelConfig], report: ValidationReport, neuronx_generation: str = TNX_BATCHED
+) -> None:
     """Every batch, continuous-batching and sampling problem of a Neuron config against its row of the table."""
     library, engine = config.neuron.library, config.speculation.engine
     generation = generation_of(library, neuronx_generation)
     rule = rule_for(library, engine, generation)
     if rule is None:
         if library == TNX and engine == "fused":
-            report.errors.append(Problem(
-                "speculation.engine", engine,
-                f"transformers-neuronx {GENERATIONS[generation]} has no FusedSpeculativeDecoder (fused_speculation.py "
-                "first ships at 1ade6d7, 0.13)", f"{BATCHED_TNX_INSTALL}, or use speculation.engine: native"))
+            report.errors.append(
+                Problem(
+                    "speculation.engine",
+                    engine,
+                    f"transformers-neuronx {GENERATIONS[generation]} has no FusedSpeculativeDecoder "
+                    "(fused_speculation.py first ships at 1ade6d7, 0.13)",
+                    f"{BATCHED_TNX_INSTALL}, or use speculation.engine: native",
+                )
+            )
         return  # engine library on NxDI is refused by engine_rules
     batch = models["target"].batch_size
     report.errors.extend(_batch_problems(rule, models))
     draft = models.get("draft")
     if rule.batch and draft is not None and draft.batch_size != batch:
-        report.errors.append(Problem(
-            "draft.batch_size", draft.batch_size,
-            f"the draft proposes for every row of the target's batch ({batch}): {_same_batch_reason(rule)}",
-            f"set draft.batch_size: {batch}, like the target"))
+        report.errors.append(
+            Problem(
+                "draft.batch_size",
+                draft.batch_size,
+                f"the draft proposes for every row of the target's batch ({batch}): {_same_batch_reason(rule)}",
+                f"set draft.batch_size: {batch}, like the target",
+            )
+        )
     if config.sampling.temperature > 0 and not rule.sampling:
-        report.errors.append(Problem(
-            "sampling.temperature", config.sampling.temperature,
-            f"{_named(rule)} decodes greedily only: {rule.sampling_source}",
-            f"set sampling.temperature: 0{_alternatives(rule, 'sampling')}"))
+        report.errors.append(
+            Problem(
+                "sampling.temperature",
+                config.sampling.temperature,
+                f"{_named(rule)} decodes greedily only: {rule.sampling_source}",
+                f"set sampling.temperature: 0{_alternatives(rule, 'sampling')}",
+            )
+        )
     _check_serve_batch(config, rule, batch, report)
 
 
 def _batch_problems(rule: BatchRule, models: dict[str, ModelConfig]) -> list[Problem]:
     if rule.batch:
         return []
-    return [Problem(f"{role}.batch_size", model.batch_size, f"{_named(rule)} runs one sequence at a time: "
-                    f"{rule.batch_source}", f"set {role}.batch_size: 1{_alternatives(rule, 'batch')}")
-            for role, model in models.items() if model.batch_size > 1]
+    return [
+        Problem(
+            f"{role}.batch_size",
+            model.batch_size,
+            f"{_named(rule)} runs one sequence at a time: {rule.batch_source}",
+            f"set {role}.batch_size: 1{_alternatives(rule, 'batch')}",
+        )
+        for role, model in models.items()
+        if model.batch_size > 1
+    ]
 
 
 def _check_serve_batch(config: Config, rule: BatchRule, batch: int, report: ValidationReport) -> None:
@@ -161,18 +243,30 @@ def _check_serve_batch(config: Config, rule: BatchRule, batch: int, report: Vali
     if wanted == ServeConfig.model_fields["max_batch"].default:
         return
     if wanted > batch:
-        report.errors.append(Problem(
-            "serve.max_batch", wanted,
-            f"the target is compiled for batch {batch} (target.batch_size); a Neuron model runs only the batch sizes "
-            "it was compiled for", f"lower serve.max_batch to {batch}" + (
-                ", or compile a larger batch (target.batch_size and draft.batch_size)" if rule.batch
-                else _alternatives(rule, "batch"))))
+        report.errors.append(
+            Problem(
+                "serve.max_batch",
+                wanted,
+                f"the target is compiled for batch {batch} (target.batch_size); a Neuron model runs only the "
+                "batch sizes it was compiled for",
+                f"lower serve.max_batch to {batch}"
+                + (
+                    ", or compile a larger batch (target.batch_size and draft.batch_size)"
+                    if rule.batch
+                    else _alternatives(rule, "batch")
+                ),
+            )
+        )
     elif wanted > 1 and rule.batch and not rule.continuous:  # batch 1 engines: the batch_size errors say it
-        report.warnings.append(Problem(
-            "serve.max_batch", wanted,
-            f"{_named(rule)} cannot add a request to a running batch ({rule.continuous_source}): requests that "
-            "arrive while it runs wait for the whole batch",
-            f"set serve.max_batch: 1{_alternatives(rule, 'continuous')}"))
+        report.warnings.append(
+            Problem(
+                "serve.max_batch",
+                wanted,
+                f"{_named(rule)} cannot add a request to a running batch ({rule.continuous_source}): requests that "
+                "arrive while it runs wait for the whole batch",
+                f"set serve.max_batch: 1{_alternatives(rule, 'continuous')}",
+            )
+        )
 
 
 def _named(rule: BatchRule) -> str:
@@ -182,13 +276,19 @@ def _named(rule: BatchRule) -> str:
 
 def _alternatives(rule: BatchRule, flag: str) -> str:
     """', or ...': the other engines of this generation, or the newer generation, that have `flag`."""
-    engines = [r.engine for r in BATCH_RULES if (r.library, r.generation) == (rule.library, rule.generation)
-               and r.engine != rule.engine and getattr(r, flag)]
+    engines = [
+        r.engine
+        for r in BATCH_RULES
+        if (r.library, r.generation) == (rule.library, rule.generation) and r.engine != rule.engine and getattr(r, flag)
+    ]
     greedy = {r.engine for r in BATCH_RULES if not r.sampling and r.library == rule.library}
-    options = [f"speculation.engine: {e}" + (" (greedy only)" if e in greedy and flag != "sampling" else "")
-               for e in engines]
-    newer = any((r.library, r.engine) == (rule.library, rule.engine) and r.generation != rule.generation
-                and getattr(r, flag) for r in BATCH_RULES)
+    options = [
+        f"speculation.engine: {e}" + (" (greedy only)" if e in greedy and flag != "sampling" else "") for e in engines
+    ]
+    newer = any(
+        (r.library, r.engine) == (rule.library, rule.engine) and r.generation != rule.generation and getattr(r, flag)
+        for r in BATCH_RULES
+    )
     if newer and rule.library == TNX:
         options.append(BATCHED_TNX_INSTALL)
     return "".join(f", or {option}" for option in options)

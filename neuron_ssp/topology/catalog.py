@@ -37,8 +37,11 @@ class Instance:
     @property
     def cores_text(self) -> str:
         """'32 NeuronCores', or on trn2 '64 logical NeuronCores (LNC=2)': two physical cores per logical one."""
-        return f"{self.neuron_cores} logical NeuronCores (LNC=2)" if self.generation == "trn2" else \
-            f"{self.neuron_cores} NeuronCores"
+        return (
+            f"{self.neuron_cores} logical NeuronCores (LNC=2)"
+            if self.generation == "trn2"
+            else f"{self.neuron_cores} NeuronCores"
+        )
 
     @property
     def hbm_per_core_bytes(self) -> int:

@@ -56,8 +56,10 @@ class CompileEstimate:
 
     @property
     def peak_host_bytes(self) -> int:
-        return max((m.weights_on_host_bytes + min(self.workers, m.networks.total) * self.process_bytes
-                    for m in self.models), default=0)
+        return max(
+            (m.weights_on_host_bytes + min(self.workers, m.networks.total) * self.process_bytes for m in self.models),
+            default=0,
+        )
 
     @property
     def minutes(self) -> float:
@@ -67,9 +69,12 @@ class CompileEstimate:
         """The estimate in words, each figure beside its basis."""
         per_model = "; ".join(
             f"{m.role}: {m.networks.total} ({m.networks.token} token, {m.networks.context} context, "
-            f"{m.networks.speculation} speculation{_rows(m.networks)})" for m in self.models)
-        available = ("unknown" if self.host_available_bytes is None
-                     else f"{self.host_available_bytes / GIB:.0f} GiB available")
+            f"{m.networks.speculation} speculation{_rows(m.networks)})"
+            for m in self.models
+        )
+        available = (
+            "unknown" if self.host_available_bytes is None else f"{self.host_available_bytes / GIB:.0f} GiB available"
+        )
         return [
             f"networks to compile: {per_model} (transformers-neuronx bucket rules, topology/networks.py)",
             f"neuronx-cc processes at once: {self.workers} ({'bounded by host memory: ' if self.bounded else ''}"
@@ -98,11 +103,18 @@ def _rows(networks: Networks) -> str:
     return f", each for batch {networks.batch}" if networks.batch > 1 else ""
 
 
-def estimate_compile(placed: Mapping[str, Placed], host_available_bytes: int | None,
-                     process_bytes: int = PROCESS_BYTES) -> CompileEstimate:
+def estimate_compile(
+    placed: Mapping[str, Placed], host_available_bytes: int | None, process_bytes: int = PROCESS_BYTES
+) -> CompileEstimate:
     """Networks per model and how many neuronx-cc processes fit beside the largest checkpoint."""
-    models = [ModelCompile(role, compiled_networks(p.model.n_positions, p.windows, p.model.batch_size),
-                           p.architecture.params * DTYPE_BYTES[p.model.dtype]) for role, p in placed.items()]
+    models = [
+        ModelCompile(
+            role,
+            compiled_networks(p.model.n_positions, p.windows, p.model.batch_size),
+            p.architecture.params * DTYPE_BYTES[p.model.dtype],
+        )
+        for role, p in placed.items()
+    ]
     most = max((m.networks.total for m in models), default=1)
     if host_available_bytes is None:
         return CompileEstimate(models, most, process_bytes, None, False)

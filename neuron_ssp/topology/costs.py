@@ -17,10 +17,13 @@ class Latency:
     source: str
 
 
-_AWS_BLOG = ('AWS Machine Learning Blog, "Faster LLMs with speculative decoding and AWS Inferentia2", '
-             "2024-08-05: Trainium, batch 1")
-_INF2_TABLES = ("AWS Neuron docs, transformers-neuronx performance tables: inf2.48xlarge tp 24, batch 1, "
-                "midpoint of 33-35 ms")
+_AWS_BLOG = (
+    'AWS Machine Learning Blog, "Faster LLMs with speculative decoding and AWS Inferentia2", '
+    "2024-08-05: Trainium, batch 1"
+)
+_INF2_TABLES = (
+    "AWS Neuron docs, transformers-neuronx performance tables: inf2.48xlarge tp 24, batch 1, midpoint of 33-35 ms"
+)
 
 # (architecture, instance) -> published latency of plain decoding. Latency depends on the cores used,
 # so a figure is only quoted for the instance it was measured on; trn1n.32xlarge has the same
@@ -28,14 +31,14 @@ _INF2_TABLES = ("AWS Neuron docs, transformers-neuronx performance tables: inf2.
 PUBLISHED_LATENCY: dict[tuple[str, str], Latency] = {
     **{
         (architecture, instance): Latency(ms, _AWS_BLOG)
-        for architecture, ms in (("llama-3-70b", 21.4), ("llama-3-8b", 4.7), ("llama-2-70b", 20.6),
-                                 ("llama-2-7b", 3.7))
+        for architecture, ms in (("llama-3-70b", 21.4), ("llama-3-8b", 4.7), ("llama-2-70b", 20.6), ("llama-2-7b", 3.7))
         for instance in ("trn1.32xlarge", "trn1n.32xlarge")
     },
     ("llama-2-70b", "inf2.48xlarge"): Latency(34.0, _INF2_TABLES),
     (TRN2_LLAMA_33_70B.target, TRN2_LLAMA_33_70B.instance): Latency(
         TRN2_LLAMA_33_70B.plain_ms_per_token,
-        f"{TUTORIAL_SOURCE}, its setup without speculation (NxD Inference, tp 64, NKI kernels)"),
+        f"{TUTORIAL_SOURCE}, its setup without speculation (NxD Inference, tp 64, NKI kernels)",
+    ),
 }
 
 

@@ -32,23 +32,33 @@ DEVICE_LOGIT_BOUND = 100.0
 DTYPE_MAX = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "fp16": 65504.0}
 
 
-def check_engine(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
-                 report: ValidationReport) -> None:
+def check_engine(
+    config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture], report: ValidationReport
+) -> None:
     nxdi = config.platform.backend == "neuron" and config.neuron.library == "nxdi"
     if config.speculation.engine == "library" and nxdi:
-        report.errors.append(Problem(
-            "speculation.engine", "library", "engine 'library' is transformers-neuronx's SpeculativeGenerator loop",
-            "use engine: native (our loop on the NxD Inference models) or fused (NxDI's fused speculation), "
-            "or neuron.library: transformers-neuronx"))
+        report.errors.append(
+            Problem(
+                "speculation.engine",
+                "library",
+                "engine 'library' is transformers-neuronx's SpeculativeGenerator loop",
+                "use engine: native (our loop on the NxD Inference models) or fused (NxDI's fused speculation), "
+                "or neuron.library: transformers-neuronx",
+            )
+        )
     if config.speculation.engine == "fused":
         report.errors.extend(nxdi_fused_problems(config, models) if nxdi else fused_problems(config, models))
     if config.speculation.engine == "library" and token_zero_is_ordinary(config.target, architectures.get("target")):
-        report.warnings.append(Problem(
-            "speculation.engine", "library",
-            "token id 0 is an ordinary token of this vocabulary (Llama-3: '!'); transformers-neuronx 0.13's "
-            "SpeculativeGenerator counts accepted tokens with count_nonzero, so a generation that accepts it "
-            "stops with an error half-way",
-            "use speculation.engine: native (same models, our loop) or fused (on device, SDK 2.21+)"))
+        report.warnings.append(
+            Problem(
+                "speculation.engine",
+                "library",
+                "token id 0 is an ordinary token of this vocabulary (Llama-3: '!'); transformers-neuronx 0.13's "
+                "SpeculativeGenerator counts accepted tokens with count_nonzero, so a generation that accepts it "
+                "stops with an error half-way",
+                "use speculation.engine: native (same models, our loop) or fused (on device, SDK 2.21+)",
+            )
+        )
 
 
 def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
@@ -56,40 +66,76 @@ def fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Probl
     spec, problems = config.speculation, []
     native = "or use speculation.engine: native"
     if config.platform.backend != "neuron":
-        problems.append(Problem("speculation.engine", "fused", "the fused decoder runs on Neuron only",
-                                "set platform.backend: neuron, or use engine: native"))
+        problems.append(
+            Problem(
+                "speculation.engine",
+                "fused",
+                "the fused decoder runs on Neuron only",
+                "set platform.backend: neuron, or use engine: native",
+            )
+        )
     if spec.drafter != "model":
-        problems.append(Problem("speculation.drafter", spec.drafter,
-                                "engine fused drafts with a draft model on device; model-free drafters (ngram, "
-                                "suffix) run on the host", f"set drafter: model with a draft section, {native}"))
+        problems.append(
+            Problem(
+                "speculation.drafter",
+                spec.drafter,
+                "engine fused drafts with a draft model on device; model-free drafters (ngram, suffix) run on the host",
+                f"set drafter: model with a draft section, {native}",
+            )
+        )
     if spec.policy != "fixed":
-        problems.append(Problem("speculation.policy", spec.policy,
-                                "engine fused always speculates k-1 tokens (its graph is compiled for one k)",
-                                f"use policy: fixed, {native}"))
+        problems.append(
+            Problem(
+                "speculation.policy",
+                spec.policy,
+                "engine fused always speculates k-1 tokens (its graph is compiled for one k)",
+                f"use policy: fixed, {native}",
+            )
+        )
     if spec.acceptor not in FUSED_ACCEPTORS:
         kind = "a plug-in acceptor" if spec.acceptor not in BUILTIN_ACCEPTORS else f"acceptor '{spec.acceptor}'"
-        problems.append(Problem("speculation.acceptor", spec.acceptor,
-                                f"engine fused accepts tokens on device; {kind} cannot run there",
-                                f"use acceptor: greedy or probabilistic, {native}"))
+        problems.append(
+            Problem(
+                "speculation.acceptor",
+                spec.acceptor,
+                f"engine fused accepts tokens on device; {kind} cannot run there",
+                f"use acceptor: greedy or probabilistic, {native}",
+            )
+        )
     # greedy with a temperature is refused for every engine (generic_rules.check_acceptor)
     problems.extend(device_temperature_problems(config.sampling.temperature, models))
     if spec.k > FUSED_MAX_WINDOW:
-        problems.append(Problem("speculation.k", spec.k,
-                                f"engine fused commits at most {FUSED_MAX_WINDOW} tokens per iteration "
-                                "(FusedSpeculativeDecoder.sample's 10-column histogram)",
-                                f"use k <= {FUSED_MAX_WINDOW}, {native}"))
+        problems.append(
+            Problem(
+                "speculation.k",
+                spec.k,
+                f"engine fused commits at most {FUSED_MAX_WINDOW} tokens per iteration "
+                "(FusedSpeculativeDecoder.sample's 10-column histogram)",
+                f"use k <= {FUSED_MAX_WINDOW}, {native}",
+            )
+        )
     draft, target = models.get("draft"), models["target"]
     if draft is not None and draft.tp_degree != target.tp_degree:
-        problems.append(Problem("draft.tp_degree", draft.tp_degree,
-                                f"engine fused needs the same tp_degree for draft and target ({target.tp_degree}); "
-                                "FusedSpeculativeDecoder asserts it",
-                                f"set draft.tp_degree: {target.tp_degree}"))
+        problems.append(
+            Problem(
+                "draft.tp_degree",
+                draft.tp_degree,
+                f"engine fused needs the same tp_degree for draft and target ({target.tp_degree}); "
+                "FusedSpeculativeDecoder asserts it",
+                f"set draft.tp_degree: {target.tp_degree}",
+            )
+        )
     # the slots a generation writes (P+N+k-1) are checked for every engine by generic_rules.check_positions
     if draft is not None and draft.n_positions < target.n_positions:
-        problems.append(Problem("draft.n_positions", draft.n_positions,
-                                f"engine fused needs the draft's n_positions >= the target's ({target.n_positions}): "
-                                f"{FUSED_DRAFT_RULE}",
-                                f"set draft.n_positions: {target.n_positions}"))
+        problems.append(
+            Problem(
+                "draft.n_positions",
+                draft.n_positions,
+                f"engine fused needs the draft's n_positions >= the target's ({target.n_positions}): "
+                f"{FUSED_DRAFT_RULE}",
+                f"set draft.n_positions: {target.n_positions}",
+            )
+        )
     return problems
 
 
@@ -102,10 +148,16 @@ def device_temperature_problems(temperature: float, models: dict[str, ModelConfi
         return []
     fix = "set sampling.temperature: 0 (greedy: the limit of a vanishing temperature)"
     fix += f" or >= {lowest:.3g}" + (", or use bf16 (fp32's range)" if dtype == "fp16" else "")
-    return [Problem("sampling.temperature", temperature,
-                    f"engine fused samples on device in {dtype}, dividing the logits by the temperature before the "
-                    f"softmax: every logit above {temperature * DTYPE_MAX[dtype]:.3g} becomes inf and the sampler "
-                    f"draws from NaN (logits up to {DEVICE_LOGIT_BOUND:g} must stay finite)", fix)]
+    return [
+        Problem(
+            "sampling.temperature",
+            temperature,
+            f"engine fused samples on device in {dtype}, dividing the logits by the temperature before the "
+            f"softmax: every logit above {temperature * DTYPE_MAX[dtype]:.3g} becomes inf and the sampler "
+            f"draws from NaN (logits up to {DEVICE_LOGIT_BOUND:g} must stay finite)",
+            fix,
+        )
+    ]
 
 
 def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[Problem]:
@@ -119,31 +171,57 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
     parallel_state.py:1533 at fbac349b), and its cache is read at the target's positions."""
     spec, problems, native = config.speculation, [], "or use speculation.engine: native"
     if spec.drafter != "model":
-        problems.append(Problem("speculation.drafter", spec.drafter,
-                                "NxDI fused speculation drafts with a draft model inside its graph",
-                                f"set drafter: model with a draft section, {native}"))
+        problems.append(
+            Problem(
+                "speculation.drafter",
+                spec.drafter,
+                "NxDI fused speculation drafts with a draft model inside its graph",
+                f"set drafter: model with a draft section, {native}",
+            )
+        )
     if spec.policy != "fixed":
-        problems.append(Problem("speculation.policy", spec.policy,
-                                "NxDI fused speculation drafts k-1 tokens every call (speculation_length is compiled)",
-                                f"use policy: fixed, {native}"))
+        problems.append(
+            Problem(
+                "speculation.policy",
+                spec.policy,
+                "NxDI fused speculation drafts k-1 tokens every call (speculation_length is compiled)",
+                f"use policy: fixed, {native}",
+            )
+        )
     if spec.acceptor not in FUSED_ACCEPTORS:
-        problems.append(Problem("speculation.acceptor", spec.acceptor,
-                                "NxDI fused speculation accepts on device (a draft token is kept while it equals the "
-                                "target's own token)", f"use acceptor: greedy, {native}"))
+        problems.append(
+            Problem(
+                "speculation.acceptor",
+                spec.acceptor,
+                "NxDI fused speculation accepts on device (a draft token is kept while it equals the "
+                "target's own token)",
+                f"use acceptor: greedy, {native}",
+            )
+        )
     # greedy only (model_base.py:1162): the sampling column of topology/batch_rules.py
     draft, target = models.get("draft"), models["target"]
     if draft is not None and target.tp_degree % draft.tp_degree:
-        problems.append(Problem("draft.tp_degree", draft.tp_degree,
-                                f"NxDI fused speculation runs the draft on a group of ranks that divides the "
-                                f"target's tp ({target.tp_degree})",
-                                f"use a draft tp_degree that divides {target.tp_degree}"))
+        problems.append(
+            Problem(
+                "draft.tp_degree",
+                draft.tp_degree,
+                f"NxDI fused speculation runs the draft on a group of ranks that divides the "
+                f"target's tp ({target.tp_degree})",
+                f"use a draft tp_degree that divides {target.tp_degree}",
+            )
+        )
     # its draft starts on the target's first core like every NxDI draft (neuron_rules: NxDI placement)
     if draft is not None and draft.n_positions != target.n_positions:
-        problems.append(Problem("draft.n_positions", draft.n_positions,
-                                f"NxDI fused speculation sizes the draft's KV cache by the draft's own n_positions "
-                                f"(kv_cache_manager.py:197) but feeds it the target's bucket and attention mask "
-                                f"(model_base.py:1832), so the two must be equal (target: {target.n_positions})",
-                                f"set draft.n_positions: {target.n_positions}"))
+        problems.append(
+            Problem(
+                "draft.n_positions",
+                draft.n_positions,
+                f"NxDI fused speculation sizes the draft's KV cache by the draft's own n_positions "
+                f"(kv_cache_manager.py:197) but feeds it the target's bucket and attention mask "
+                f"(model_base.py:1832), so the two must be equal (target: {target.n_positions})",
+                f"set draft.n_positions: {target.n_positions}",
+            )
+        )
     return problems
 
 

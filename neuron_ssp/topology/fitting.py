@@ -28,8 +28,16 @@ class Placed:
     def footprint(self, tp_degree: int | None = None) -> Footprint:
         """Its device memory at `tp_degree` (default: the configured one)."""
         tp = self.model.tp_degree if tp_degree is None else tp_degree
-        return footprint(self.architecture, self.model.dtype, tp, self.model.n_positions, self.model.batch_size,
-                         self.library, self.kv_rule, self.windows)
+        return footprint(
+            self.architecture,
+            self.model.dtype,
+            tp,
+            self.model.n_positions,
+            self.model.batch_size,
+            self.library,
+            self.kv_rule,
+            self.windows,
+        )
 
 
 def shared_bytes_per_core(models: list[Placed], tp_degree: int) -> int:
@@ -43,7 +51,8 @@ def fitting_tp_degrees(models: list[Placed], instance: Instance) -> list[int]:
         return []
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
     return [
-        tp for tp in allowed_tp_degrees(instance.generation, instance.neuron_cores)
+        tp
+        for tp in allowed_tp_degrees(instance.generation, instance.neuron_cores)
         if shared_bytes_per_core(models, tp) <= usable
     ]
 

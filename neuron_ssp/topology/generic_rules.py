@@ -18,9 +18,14 @@ def check_window(config: Config, models: dict[str, ModelConfig], report: Validat
     k = config.speculation.k
     for role, model in models.items():
         if k > model.n_positions:
-            report.errors.append(Problem(
-                "speculation.k", k, f"exceeds {role}.n_positions ({model.n_positions})",
-                f"lower speculation.k or raise {role}.n_positions"))
+            report.errors.append(
+                Problem(
+                    "speculation.k",
+                    k,
+                    f"exceeds {role}.n_positions ({model.n_positions})",
+                    f"lower speculation.k or raise {role}.n_positions",
+                )
+            )
 
 
 def check_positions(config: Config, models: dict[str, ModelConfig], report: ValidationReport) -> None:
@@ -32,18 +37,27 @@ def check_positions(config: Config, models: dict[str, ModelConfig], report: Vali
     generation, engine, k = config.generation, config.speculation.engine, config.speculation.k
     prompt, new = generation.max_prompt_tokens or 1, generation.max_new_tokens
     library = slot_library(config)
-    needs = {"target": target_slots(prompt, new, engine, k, library),
-             "draft": draft_slots(prompt, new, engine, k, library)}
-    prompt_text = (f"max_prompt_tokens ({prompt})" if generation.max_prompt_tokens
-                   else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)")
+    needs = {
+        "target": target_slots(prompt, new, engine, k, library),
+        "draft": draft_slots(prompt, new, engine, k, library),
+    }
+    prompt_text = (
+        f"max_prompt_tokens ({prompt})"
+        if generation.max_prompt_tokens
+        else "a 1-token prompt (set generation.max_prompt_tokens for real prompts)"
+    )
     for role, model in models.items():
         needed = needs[role]
         if model.n_positions < needed:
-            report.errors.append(Problem(
-                f"{role}.n_positions", model.n_positions,
-                f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes "
-                f"{slot_rule(engine, role, library)} = {needed} positions",
-                f"set {role}.n_positions to at least {needed}, or lower generation.max_new_tokens"))
+            report.errors.append(
+                Problem(
+                    f"{role}.n_positions",
+                    model.n_positions,
+                    f"must cover {prompt_text} and max_new_tokens ({new}): the {role} writes "
+                    f"{slot_rule(engine, role, library)} = {needed} positions",
+                    f"set {role}.n_positions to at least {needed}, or lower generation.max_new_tokens",
+                )
+            )
 
 
 def check_acceptor(config: Config, report: ValidationReport) -> None:
@@ -53,19 +67,23 @@ def check_acceptor(config: Config, report: ValidationReport) -> None:
         report.errors.append(problem)
 
 
-def check_vocabulary(architectures: dict[str, Architecture], draft: ModelConfig | None,
-                     report: ValidationReport) -> None:
+def check_vocabulary(
+    architectures: dict[str, Architecture], draft: ModelConfig | None, report: ValidationReport
+) -> None:
     """Draft and target must share a vocabulary: the target scores the draft's token ids."""
     if draft is None or "target" not in architectures or "draft" not in architectures:
         return
     target, drafted = architectures["target"], architectures["draft"]
     if target.vocab == drafted.vocab:
         return
-    same_family = [a.name for a in ARCHITECTURES.values()
-                   if a.vocab == target.vocab and a.params < target.params]
+    same_family = [a.name for a in ARCHITECTURES.values() if a.vocab == target.vocab and a.params < target.params]
     suggestion = f" (e.g. {', '.join(same_family)})" if same_family else ""
-    report.errors.append(Problem(
-        "draft.path", draft.path,
-        f"the draft's vocabulary ({drafted.name}, {drafted.vocab} tokens) differs from the target's "
-        f"({target.name}, {target.vocab} tokens), so its token ids mean other words",
-        f"pick a draft with the target's tokenizer{suggestion}"))
+    report.errors.append(
+        Problem(
+            "draft.path",
+            draft.path,
+            f"the draft's vocabulary ({drafted.name}, {drafted.vocab} tokens) differs from the target's "
+            f"({target.name}, {target.vocab} tokens), so its token ids mean other words",
+            f"pick a draft with the target's tokenizer{suggestion}",
+        )
+    )

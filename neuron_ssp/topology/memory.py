@@ -51,9 +51,16 @@ class Footprint:
         return self.weight_bytes_per_core + self.kv_bytes_per_core + self.network_bytes_per_core
 
 
-def footprint(architecture: Architecture, dtype: str, tp_degree: int, n_positions: int, batch_size: int,
-              library: str = "transformers-neuronx", kv_rule: str = KV_PADDING,
-              windows: Sequence[int] = ()) -> Footprint:
+def footprint(
+    architecture: Architecture,
+    dtype: str,
+    tp_degree: int,
+    n_positions: int,
+    batch_size: int,
+    library: str = "transformers-neuronx",
+    kv_rule: str = KV_PADDING,
+    windows: Sequence[int] = (),
+) -> Footprint:
     """Weights: params x bytes, split over tp, plus the attention weights that padding and replication
     add (`device_heads`: each library's rule, and transformers-neuronx's `kv_rule` by version): 70B's 64
     heads become 72 at tp 12 or 24. KV: 2 (k and v) x layers x kv heads x head dim x bytes per token,

@@ -67,13 +67,16 @@ def resolve_architecture(model: ModelConfig, role: str) -> Architecture:
     by_name = architecture_for_name(model.path)
     if by_name is not None:
         return by_name
-    raise UsageError(Problem(
-        f"{role}.path", model.path,
-        "cannot tell the model's architecture: the directory name matches no catalog entry "
-        "and no config.json is readable there",
-        f"add `architecture:` to the {role} section (one of {', '.join(ARCHITECTURES)}), "
-        "or run where the model directory and its config.json exist",
-    ))
+    raise UsageError(
+        Problem(
+            f"{role}.path",
+            model.path,
+            "cannot tell the model's architecture: the directory name matches no catalog entry "
+            "and no config.json is readable there",
+            f"add `architecture:` to the {role} section (one of {', '.join(ARCHITECTURES)}), "
+            "or run where the model directory and its config.json exist",
+        )
+    )
 
 
 def architecture_for_name(path: str) -> Architecture | None:
@@ -95,12 +98,24 @@ def read_config_json(path: Path, role: str) -> Architecture:
         head_dim = int(data.get("head_dim") or hidden // heads)
         intermediate = int(data["intermediate_size"])
     except (OSError, ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
-        raise UsageError(Problem(
-            f"{role}.path", str(path), f"config.json is not a readable Llama config ({_describe(exc)})",
-            f"fix the file, or add `architecture:` to the {role} section naming a catalog entry",
-        )) from None
-    params = _llama_params(layers, hidden, heads, kv_heads, head_dim, vocab, intermediate,
-                           tied=bool(data.get("tie_word_embeddings", False)))
+        raise UsageError(
+            Problem(
+                f"{role}.path",
+                str(path),
+                f"config.json is not a readable Llama config ({_describe(exc)})",
+                f"fix the file, or add `architecture:` to the {role} section naming a catalog entry",
+            )
+        ) from None
+    params = _llama_params(
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab,
+        intermediate,
+        tied=bool(data.get("tie_word_embeddings", False)),
+    )
     known = architecture_for_name(str(path.parent))
     name = known.name if known is not None else path.parent.name
     return Architecture(name, layers, hidden, heads, kv_heads, head_dim, vocab, params, source=str(path))
@@ -109,16 +124,20 @@ def read_config_json(path: Path, role: str) -> Architecture:
 def _from_hint(hint: str, role: str) -> Architecture:
     architecture = ARCHITECTURES.get(hint.strip().lower())
     if architecture is None:
-        raise UsageError(Problem(f"{role}.architecture", hint, "not a catalog architecture",
-                                 f"use one of {', '.join(ARCHITECTURES)}"))
+        raise UsageError(
+            Problem(
+                f"{role}.architecture", hint, "not a catalog architecture", f"use one of {', '.join(ARCHITECTURES)}"
+            )
+        )
     return architecture
 
 
 def _from_embedded(path: str, role: str) -> Architecture:
     architecture = EMBEDDED_ARCHITECTURES.get(path)
     if architecture is None:
-        raise UsageError(Problem(f"{role}.path", path, "not an embedded model",
-                                 f"use {EMBEDDED_DEFAULT} or a local model directory"))
+        raise UsageError(
+            Problem(f"{role}.path", path, "not an embedded model", f"use {EMBEDDED_DEFAULT} or a local model directory")
+        )
     return architecture
 
 
@@ -130,8 +149,9 @@ def _config_json(path: str) -> Path | None:
         return None
 
 
-def _llama_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, vocab: int,
-                  intermediate: int, tied: bool) -> int:
+def _llama_params(
+    layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, vocab: int, intermediate: int, tied: bool
+) -> int:
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2  # q, o and k, v
     per_layer = attention + 3 * hidden * intermediate + 2 * hidden  # gate/up/down, two RMSNorms
     embeddings = vocab * hidden * (1 if tied else 2)
@@ -140,4 +160,3 @@ def _llama_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim:
 
 def _describe(exc: Exception) -> str:
     return f"missing key {exc}" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
-

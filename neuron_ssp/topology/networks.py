@@ -51,12 +51,14 @@ class Networks:
         return self.token + self.context + self.speculation
 
 
-def compiled_networks(n_positions: int, windows: Sequence[int] = (), batch: int = 1,
-                      continuous: bool = False) -> Networks:
+def compiled_networks(
+    n_positions: int, windows: Sequence[int] = (), batch: int = 1, continuous: bool = False
+) -> Networks:
     """The networks of a model compiled for `n_positions`, `batch` rows and speculation windows `windows` (none: a
     draft). Decoder programs are built per (bucket, batch size) (decoder.py:608 and :619 at 1ade6d7); the context
     networks take the same batch sizes, or batch 1 with continuous batching (llama/model.py:82-84), which our loop
     (engine native) compiles at batch > 1 so that a request joins with a prefill of its own row."""
     tokens = len(token_buckets(n_positions))
-    return Networks(tokens, len(context_buckets(n_positions)), tokens * len(set(windows)), batch,
-                    1 if continuous else batch)
+    return Networks(
+        tokens, len(context_buckets(n_positions)), tokens * len(set(windows)), batch, 1 if continuous else batch
+    )

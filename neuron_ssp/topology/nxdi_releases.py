@@ -37,8 +37,12 @@ class NxdiRelease:
 
     @property
     def packages(self) -> dict[str, str]:
-        return {"neuronx-distributed-inference": self.nxdi, "neuronx-distributed": self.nxd,
-                "torch-neuronx": self.torch_neuronx, "neuronx-cc": self.neuronx_cc}
+        return {
+            "neuronx-distributed-inference": self.nxdi,
+            "neuronx-distributed": self.nxd,
+            "torch-neuronx": self.torch_neuronx,
+            "neuronx-cc": self.neuronx_cc,
+        }
 
     def pip_install(self) -> str:
         """The whole stack pinned: NxDI leaves neuronx-distributed unpinned, which would pull a newer SDK's."""
@@ -46,19 +50,28 @@ class NxdiRelease:
         return f"pip install {pins} --extra-index-url={NEURON_INDEX}"
 
     def advice(self) -> str:
-        return (f"Neuron SDK {self.sdk}: on its DLAMI source {self.venv}/bin/activate; elsewhere "
-                f"{self.pip_install()}")
+        return f"Neuron SDK {self.sdk}: on its DLAMI source {self.venv}/bin/activate; elsewhere {self.pip_install()}"
 
 
 SDK_2_28 = NxdiRelease(
-    sdk="2.28", nxdi="0.8.16251", nxd="0.17.26814", torch_neuronx="2.9.0.2.12.22436", neuronx_cc="2.23.6484.0",
+    sdk="2.28",
+    nxdi="0.8.16251",
+    nxd="0.17.26814",
+    torch_neuronx="2.9.0.2.12.22436",
+    neuronx_cc="2.23.6484.0",
     dlc=NXDI_DLC.format(sdk="2.28.0"),
     support="NxD Inference 0.8: the last SDK whose NxDI models run on Trn1/Inf2 (an older release: no fixes for "
-            "Trn1/Inf2 after it)")
+    "Trn1/Inf2 after it)",
+)
 SDK_2_31 = NxdiRelease(
-    sdk="2.31", nxdi="0.10.18399", nxd="0.19.28492", torch_neuronx="2.9.0.2.15.32035", neuronx_cc="2.26.6360.0",
+    sdk="2.31",
+    nxdi="0.10.18399",
+    nxd="0.19.28492",
+    torch_neuronx="2.9.0.2.15.32035",
+    neuronx_cc="2.26.6360.0",
     dlc=NXDI_DLC.format(sdk="2.31.1"),
-    support="NxD Inference 0.10: supported in maintenance mode (critical fixes only)")
+    support="NxD Inference 0.10: supported in maintenance mode (critical fixes only)",
+)
 
 # instance family (catalog.Instance.generation; trn1n.32xlarge is a trn1) -> the release that runs NxDI there
 NXDI_BY_FAMILY: dict[str, NxdiRelease] = {"trn1": SDK_2_28, "inf2": SDK_2_28, "trn2": SDK_2_31}

@@ -67,9 +67,9 @@ KV_PADDING = "padding"  # from c8d6bdc (June 2024, pip 0.11 / SDK 2.19) on: util
 KV_REPLICATED_TO_HEADS = "replicated-to-heads"  # 0.10 (SDK 2.18; 7a30b42, 0623de2)
 KV_RULES = {
     KV_PADDING: "transformers-neuronx 0.11+ (utils.get_qkv_padding): kv heads replicated only up to tp where "
-                "that maps each core's query heads onto one kv head",
+    "that maps each core's query heads onto one kv head",
     KV_REPLICATED_TO_HEADS: "transformers-neuronx 0.10 (decoder.py to_neuron at 7a30b42/0623de2): every kv head "
-                            "repeated up to the query heads (GQA.REPLICATED_HEADS)",
+    "repeated up to the query heads (GQA.REPLICATED_HEADS)",
 }
 
 
@@ -98,8 +98,11 @@ def heads_on_device(heads: int, kv_heads: int, tp_degree: int, kv_rule: str = KV
     if kv_rule == KV_REPLICATED_TO_HEADS:
         return q_heads, q_heads
     extra = q_heads - heads
-    if kv_heads < tp_degree and tp_degree % kv_heads == 0 and (heads % tp_degree == 0 or
-                                                              (extra > 0 and extra % kv_heads == 0)):
+    if (
+        kv_heads < tp_degree
+        and tp_degree % kv_heads == 0
+        and (heads % tp_degree == 0 or (extra > 0 and extra % kv_heads == 0))
+    ):
         replicas = tp_degree // kv_heads
     elif q_heads * kv_heads == heads * tp_degree:  # each core's query heads share one kv head
         replicas = 1
@@ -125,8 +128,7 @@ def nxdi_heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int
     return q_heads, q_heads
 
 
-def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int,
-                 kv_rule: str = KV_PADDING) -> tuple[int, int]:
+def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int, kv_rule: str = KV_PADDING) -> tuple[int, int]:
     """The head counts on device under the library that shards them (transformers-neuronx: by version)."""
     if library == "nxdi":
         return nxdi_heads_on_device(heads, kv_heads, tp_degree)

@@ -134,17 +134,23 @@ class DeploymentPlan:
         }
 
 
-def plan_deployment(config: Config, instance_type: str | None = None, ms_per_token: float | None = None,
-                    kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None,
-                    batches: Sequence[int] | None = None) -> DeploymentPlan:
+def plan_deployment(
+    config: Config,
+    instance_type: str | None = None,
+    ms_per_token: float | None = None,
+    kv_rule: str = KV_PADDING,
+    windows: Sequence[int] | None = None,
+    batches: Sequence[int] | None = None,
+) -> DeploymentPlan:
     """The plan of `config` on `instance_type` (default: the config's), for the transformers-neuronx
     generation `kv_rule` and a target compiled for `windows` (default: speculation.k), with the memory at each of
     `batches` (default: 1, 2, 4, ... the target's batch_size). UsageError when there is no known instance or a
     model's architecture cannot be told. It plans what is asked even if it does not fit (`fits` says so);
     `validate_config` says what to change."""
     instance = _instance(instance_type or config.platform.instance_type)
-    placed = place_models(loaded_models(config), config.neuron.library, kv_rule,
-                          tuple(windows or (config.speculation.k,)))
+    placed = place_models(
+        loaded_models(config), config.neuron.library, kv_rule, tuple(windows or (config.speculation.k,))
+    )
     plans = {role: _model_plan(config, role, p, instance) for role, p in placed.items()}
     sets = {role: core_set(p.model) for role, p in placed.items()}
     per_core = {role: plan.footprint.bytes_per_core for role, plan in plans.items()}
@@ -182,24 +188,31 @@ def refusal(models: list[Placed], instance: Instance) -> str:
     """Why no tp degree hosts `models` on `instance`: the library, the total memory, or the largest tp."""
     library = models[0].library
     if not runs_on(library, instance.generation):
-        return (f"{library} does not support {instance.generation} (NxD Inference does: set neuron.library: nxdi, "
-                "with a DLAMI of SDK 2.29 or later)")
+        return (
+            f"{library} does not support {instance.generation} (NxD Inference does: set neuron.library: nxdi, "
+            "with a DLAMI of SDK 2.29 or later)"
+        )
     need = sum(cores_needed(p.footprint(1), instance.hbm_per_core_bytes) for p in models)
     if need > instance.neuron_cores:
         return f"weights + KV cache fill {need:.1f} cores' usable HBM; it has {instance.neuron_cores} cores"
     tp = max(allowed_tp_degrees(instance.generation, instance.neuron_cores))
     usable = usable_bytes_per_core(instance.hbm_per_core_bytes)
-    reason = (f"at tp {tp} (its largest) a core holds {gib(shared_bytes_per_core(models, tp)):.2f} GiB, "
-              f"over the {gib(usable):.2f} GiB usable")
-    padded = [f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
-              for p in models
-              for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp, p.kv_rule)]
-              if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)]
+    reason = (
+        f"at tp {tp} (its largest) a core holds {gib(shared_bytes_per_core(models, tp)):.2f} GiB, "
+        f"over the {gib(usable):.2f} GiB usable"
+    )
+    padded = [
+        f"{p.architecture.name} heads {p.architecture.heads}/{p.architecture.kv_heads} -> {q}/{kv}"
+        for p in models
+        for q, kv in [device_heads(p.library, p.architecture.heads, p.architecture.kv_heads, tp, p.kv_rule)]
+        if (q, kv) != (p.architecture.heads, p.architecture.kv_heads)
+    ]
     return reason + (f" (padded and replicated, query/kv: {'; '.join(padded)})" if padded else "")
 
 
-def plan_all_instances(config: Config, ms_per_token: float | None = None,
-                       kv_rule: str = KV_PADDING) -> list[DeploymentPlan]:
+def plan_all_instances(
+    config: Config, ms_per_token: float | None = None, kv_rule: str = KV_PADDING
+) -> list[DeploymentPlan]:
     """The config on every catalog instance, each at its recommended tp for all models (first core
     0), or as configured where nothing fits, so `fits` and the costs compare across instances."""
     plans = []
@@ -214,26 +227,40 @@ def plan_all_instances(config: Config, ms_per_token: float | None = None,
 
 def _instance(instance_type: str | None) -> Instance:
     if instance_type is None:
-        raise UsageError(Problem("platform.instance_type", None, "a plan needs an instance type",
-                                 "pass --instance TYPE (e.g. trn1.32xlarge) or set platform.instance_type"))
+        raise UsageError(
+            Problem(
+                "platform.instance_type",
+                None,
+                "a plan needs an instance type",
+                "pass --instance TYPE (e.g. trn1.32xlarge) or set platform.instance_type",
+            )
+        )
     instance = find_instance(instance_type)
     if instance is None:
         near = similar_instances(instance_type)
         hint = f"did you mean {' or '.join(near)}? " if near else ""
-        raise UsageError(Problem("platform.instance_type", instance_type, "not a known instance type",
-                                 f"{hint}use one of {', '.join(INSTANCES)}"))
+        raise UsageError(
+            Problem(
+                "platform.instance_type",
+                instance_type,
+                "not a known instance type",
+                f"{hint}use one of {', '.join(INSTANCES)}",
+            )
+        )
     return instance
 
 
-def place_models(models: dict[str, ModelConfig], library: str, kv_rule: str,
-                 windows: tuple[int, ...]) -> dict[str, Placed]:
+def place_models(
+    models: dict[str, ModelConfig], library: str, kv_rule: str, windows: tuple[int, ...]
+) -> dict[str, Placed]:
     """Each model with its architecture (UsageError naming every one that cannot be told), laid out as
     `library` (and transformers-neuronx's `kv_rule`) does; the target holds the speculation `windows`."""
     problems, placed = [], {}
     for role, model in models.items():
         try:
-            placed[role] = Placed(model, resolve_architecture(model, role), library, kv_rule,
-                                  windows if role == "target" else ())
+            placed[role] = Placed(
+                model, resolve_architecture(model, role), library, kv_rule, windows if role == "target" else ()
+            )
         except UsageError as exc:
             problems.extend(exc.problems)
     if problems:
@@ -253,12 +280,21 @@ def _model_plan(config: Config, role: str, placed: Placed, instance: Instance) -
         graphs = compiled_networks(model.n_positions, placed.windows, model.batch_size, continuous)
         buckets = (context_buckets(model.n_positions), token_buckets(model.n_positions))
     return ModelPlan(
-        role=role, path=model.path, architecture=architecture, dtype=model.dtype,
-        tp_degree=model.tp_degree, first_core=model.first_core, n_positions=model.n_positions,
-        batch_size=model.batch_size, footprint=usage,
+        role=role,
+        path=model.path,
+        architecture=architecture,
+        dtype=model.dtype,
+        tp_degree=model.tp_degree,
+        first_core=model.first_core,
+        n_positions=model.n_positions,
+        batch_size=model.batch_size,
+        footprint=usage,
         cores_needed=cores_needed(usage, instance.hbm_per_core_bytes),
-        smallest_fitting_tp=alone[0] if alone else None, cores=core_set(model),
-        graphs=graphs, context_buckets=buckets[0], decoding_buckets=buckets[1],
+        smallest_fitting_tp=alone[0] if alone else None,
+        cores=core_set(model),
+        graphs=graphs,
+        context_buckets=buckets[0],
+        decoding_buckets=buckets[1],
     )
 
 
@@ -273,14 +309,24 @@ def _with_tp(config: Config, tp_degree: int) -> Config:
 def _model_dict(plan: ModelPlan) -> dict[str, Any]:
     usage = plan.footprint
     return {
-        "path": plan.path, "architecture": asdict(plan.architecture), "dtype": plan.dtype,
-        "tp_degree": plan.tp_degree, "first_core": plan.first_core, "cores": str(plan.cores),
-        "n_positions": plan.n_positions, "batch_size": plan.batch_size,
-        "weight_bytes": usage.weight_bytes, "kv_bytes": usage.kv_bytes,
-        "weight_bytes_per_core": usage.weight_bytes_per_core, "kv_bytes_per_core": usage.kv_bytes_per_core,
-        "extra_networks": usage.extra_networks, "network_bytes_per_core": usage.network_bytes_per_core,
-        "bytes_per_core": usage.bytes_per_core, "cores_needed": plan.cores_needed,
+        "path": plan.path,
+        "architecture": asdict(plan.architecture),
+        "dtype": plan.dtype,
+        "tp_degree": plan.tp_degree,
+        "first_core": plan.first_core,
+        "cores": str(plan.cores),
+        "n_positions": plan.n_positions,
+        "batch_size": plan.batch_size,
+        "weight_bytes": usage.weight_bytes,
+        "kv_bytes": usage.kv_bytes,
+        "weight_bytes_per_core": usage.weight_bytes_per_core,
+        "kv_bytes_per_core": usage.kv_bytes_per_core,
+        "extra_networks": usage.extra_networks,
+        "network_bytes_per_core": usage.network_bytes_per_core,
+        "bytes_per_core": usage.bytes_per_core,
+        "cores_needed": plan.cores_needed,
         "smallest_fitting_tp": plan.smallest_fitting_tp,
         "graphs": {**asdict(plan.graphs), "total": plan.graphs.total},
-        "context_buckets": plan.context_buckets, "decoding_buckets": plan.decoding_buckets,
+        "context_buckets": plan.context_buckets,
+        "decoding_buckets": plan.decoding_buckets,
     }

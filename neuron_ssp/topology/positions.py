@@ -29,8 +29,10 @@ from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 
 TNX, NXDI = "transformers-neuronx", "nxdi"
-FUSED_DRAFT_RULE = ("the fused graph is compiled for the target's buckets and binds the draft's KV cache at "
-                    "those sizes (fused_speculation.py _fused_hlo_with_standalone_draft)")
+FUSED_DRAFT_RULE = (
+    "the fused graph is compiled for the target's buckets and binds the draft's KV cache at "
+    "those sizes (fused_speculation.py _fused_hlo_with_standalone_draft)"
+)
 
 
 def slot_library(config: Config) -> str:
@@ -45,13 +47,11 @@ def extra_target_slots(engine: str, k: int, library: str = TNX) -> int:
     return k if engine in ("library", "fused") else 0
 
 
-def target_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0,
-                 library: str = TNX) -> int:
+def target_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0, library: str = TNX) -> int:
     return prompt_len + max_new_tokens - 1 + extra_target_slots(engine, k, library)
 
 
-def draft_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0,
-                library: str = TNX) -> int:
+def draft_slots(prompt_len: int, max_new_tokens: int, engine: str = "native", k: int = 0, library: str = TNX) -> int:
     if library == NXDI and engine == "fused":
         return target_slots(prompt_len, max_new_tokens, engine, k, library)
     if library == TNX and engine in ("library", "fused"):
@@ -76,9 +76,13 @@ def max_new_tokens_within(n_positions: int, prompt_len: int, extra_slots: int = 
 def require_room(n_positions: int, needed: int, prompt_len: int, max_new_tokens: int, field: str) -> None:
     """Refuse before the first call, not when the cache overflows half-way."""
     if needed > n_positions:
-        raise UsageError(Problem(
-            field, n_positions,
-            f"a prompt of {prompt_len} tokens and max_new_tokens {max_new_tokens} write {needed} cache "
-            f"positions, more than the {n_positions} this model has",
-            f"raise {field} to at least {needed} (within the model's limit), "
-            "or shorten the prompt / lower --max-new-tokens"))
+        raise UsageError(
+            Problem(
+                field,
+                n_positions,
+                f"a prompt of {prompt_len} tokens and max_new_tokens {max_new_tokens} write {needed} cache "
+                f"positions, more than the {n_positions} this model has",
+                f"raise {field} to at least {needed} (within the model's limit), "
+                "or shorten the prompt / lower --max-new-tokens",
+            )
+        )

@@ -42,8 +42,7 @@ class Projection:
         return next(f.value for f in self.figures if f.name == "speedup")
 
     def to_dict(self) -> dict[str, object]:
-        return {"engine": self.engine, "k": self.k,
-                "figures": [f.__dict__ for f in self.figures]}
+        return {"engine": self.engine, "k": self.k, "figures": [f.__dict__ for f in self.figures]}
 
 
 def tokens_per_call(alpha: float, k: int) -> float:
@@ -55,8 +54,9 @@ def draft_steps(engine: str, k: int) -> int:
     return k if engine == "fused" else k - 1
 
 
-def published_or_given(arch: str, instance: str, given_ms: float | None, flag: str, published_label: str
-             ) -> tuple[float | None, str]:
+def published_or_given(
+    arch: str, instance: str, given_ms: float | None, flag: str, published_label: str
+) -> tuple[float | None, str]:
     """ms/token and where it comes from: given with `flag`, else published, else None (pass `flag`)."""
     if given_ms is not None:
         return given_ms, f"given ({flag})"
@@ -66,40 +66,64 @@ def published_or_given(arch: str, instance: str, given_ms: float | None, flag: s
     return None, f"no published latency of {arch} on {instance}: pass {flag}"
 
 
-def project(engine: str, k: int, alpha: float, instance: str, target_arch: str, draft_arch: str | None,
-            target_ms: float | None = None, draft_ms: float | None = None, library: str = "transformers-neuronx",
-            published: tuple[PublishedRun, list[str]] | None = None) -> Projection:
+def project(
+    engine: str,
+    k: int,
+    alpha: float,
+    instance: str,
+    target_arch: str,
+    draft_arch: str | None,
+    target_ms: float | None = None,
+    draft_ms: float | None = None,
+    library: str = "transformers-neuronx",
+    published: tuple[PublishedRun, list[str]] | None = None,
+) -> Projection:
     """Every figure with the assumption it rests on; None where a latency is neither published nor given.
     `published`: a run AWS measured of this pair and instance, and where this config differs from it."""
-    target_ms, target_note = published_or_given(target_arch, instance, target_ms, "--ms-per-token",
-                                                "published plain decoding")
+    target_ms, target_note = published_or_given(
+        target_arch, instance, target_ms, "--ms-per-token", "published plain decoding"
+    )
     if draft_arch is None:
         draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
     else:
-        draft_ms, draft_note = published_or_given(draft_arch, instance, draft_ms, "--draft-ms-per-token",
-                                                  "published")
+        draft_ms, draft_note = published_or_given(draft_arch, instance, draft_ms, "--draft-ms-per-token", "published")
     tau = tokens_per_call(alpha, k)
     steps = draft_steps(engine, k)
     iteration = None if target_ms is None or draft_ms is None else target_ms + steps * draft_ms
     ms = None if iteration is None else iteration / tau
     speedup = None if ms is None or target_ms is None else target_ms / ms
-    overhead = ("host round trip per draft token not counted (native pays it, fused does not)"
-                if engine == "native" else "no host round trip: draft loop and acceptance on device")
-    fused_draft = ("NeuronFusedSpecModel runs the draft k times (the last fills its cache)" if library == "nxdi"
-                   else "FusedSpeculativeDecoder runs the draft its k + 1 = our k times")
-    return Projection(engine, k, [
-        Figure("target ms/token", target_ms, "ms", target_note),
-        Figure("draft ms/token", draft_ms, "ms", draft_note),
-        Figure("α", alpha, "", "assumed acceptance rate, i.i.d. per token (measure it: neuron-ssp tune-k)"),
-        Figure("tokens per target call τ", tau, "", f"(1-α^k)/(1-α) with k={k} (Leviathan et al.)"),
-        Figure("draft steps per call", float(steps), "",
-               "k-1 drafted tokens" if engine == "native" else fused_draft),
-        Figure("target call ms", target_ms, "ms",
-               "a k-wide call priced like a one-token call (batch 1 reads the weights once); tune-k measures it"),
-        Figure("projected ms/token", ms, "ms", f"(target call + steps × draft) / τ; {overhead}"),
-        Figure("speedup", speedup, "x", "target ms/token ÷ projected ms/token, same instance and tp"),
-        *(_published_figures(*published) if published else []),
-    ])
+    overhead = (
+        "host round trip per draft token not counted (native pays it, fused does not)"
+        if engine == "native"
+        else "no host round trip: draft loop and acceptance on device"
+    )
+    fused_draft = (
+        "NeuronFusedSpecModel runs the draft k times (the last fills its cache)"
+        if library == "nxdi"
+        else "FusedSpeculativeDecoder runs the draft its k + 1 = our k times"
+    )
+    return Projection(
+        engine,
+        k,
+        [
+            Figure("target ms/token", target_ms, "ms", target_note),
+            Figure("draft ms/token", draft_ms, "ms", draft_note),
+            Figure("α", alpha, "", "assumed acceptance rate, i.i.d. per token (measure it: neuron-ssp tune-k)"),
+            Figure("tokens per target call τ", tau, "", f"(1-α^k)/(1-α) with k={k} (Leviathan et al.)"),
+            Figure(
+                "draft steps per call", float(steps), "", "k-1 drafted tokens" if engine == "native" else fused_draft
+            ),
+            Figure(
+                "target call ms",
+                target_ms,
+                "ms",
+                "a k-wide call priced like a one-token call (batch 1 reads the weights once); tune-k measures it",
+            ),
+            Figure("projected ms/token", ms, "ms", f"(target call + steps × draft) / τ; {overhead}"),
+            Figure("speedup", speedup, "x", "target ms/token ÷ projected ms/token, same instance and tp"),
+            *(_published_figures(*published) if published else []),
+        ],
+    )
 
 
 def _published_figures(run: PublishedRun, differences: list[str]) -> list[Figure]:
@@ -111,6 +135,10 @@ def _published_figures(run: PublishedRun, differences: list[str]) -> list[Figure
         basis = "measured by AWS for exactly this setup"
     return [
         Figure("published ms/token", run.ms_per_token, "ms", f"{basis} ({run.source})"),
-        Figure("published speedup", run.plain_ms_per_token / run.ms_per_token, "x",
-               f"{run.plain_ms_per_token:g} ms without speculation ÷ {run.ms_per_token:g} ms with it, same setup"),
+        Figure(
+            "published speedup",
+            run.plain_ms_per_token / run.ms_per_token,
+            "x",
+            f"{run.plain_ms_per_token:g} ms without speculation ÷ {run.ms_per_token:g} ms with it, same setup",
+        ),
     ]

@@ -16,9 +16,11 @@ from typing import Any
 
 from neuron_ssp.config import Config
 
-TUTORIAL_SOURCE = ("AWS Neuron docs, NxD Inference tutorial 'Using Speculative Decoding to improve Llama-3.3-70B "
-                   "inference performance on Trn2 instances' (llama70b_perf_comparison.csv): batch 1, 10,000-token "
-                   "prompts, 1,500 new tokens, P50")
+TUTORIAL_SOURCE = (
+    "AWS Neuron docs, NxD Inference tutorial 'Using Speculative Decoding to improve Llama-3.3-70B "
+    "inference performance on Trn2 instances' (llama70b_perf_comparison.csv): batch 1, 10,000-token "
+    "prompts, 1,500 new tokens, P50"
+)
 
 
 @dataclass(frozen=True)
@@ -34,32 +36,52 @@ class PublishedRun:
     def differences(self, config: Config) -> list[str]:
         """'field value (published: value)' for every field of the setup this config does not share."""
         data = config.model_dump()
-        return [f"{field} {got!r} (published: {want!r})" for field, want in self.setup.items()
-                if (got := _pick(data, field)) != want]
+        return [
+            f"{field} {got!r} (published: {want!r})"
+            for field, want in self.setup.items()
+            if (got := _pick(data, field)) != want
+        ]
 
 
 TRN2_LLAMA_33_70B = PublishedRun(
-    instance="trn2.48xlarge", target="llama-3.3-70b", draft="llama-3.2-1b",
+    instance="trn2.48xlarge",
+    target="llama-3.3-70b",
+    draft="llama-3.2-1b",
     setup={
-        "neuron.library": "nxdi", "speculation.engine": "fused", "speculation.k": 7,
+        "neuron.library": "nxdi",
+        "speculation.engine": "fused",
+        "speculation.k": 7,
         "target.batch_size": 1,  # --batch-size 1 (trn2-llama3.3-70b-tutorial.rst:376)
-        "speculation.drafter": "model", "sampling.temperature": 0.0,
-        "target.dtype": "bf16", "draft.dtype": "bf16", "target.tp_degree": 64, "draft.tp_degree": 64,
-        "target.n_positions": 12800, "draft.n_positions": 12800, "generation.max_prompt_tokens": 12288,
+        "speculation.drafter": "model",
+        "sampling.temperature": 0.0,
+        "target.dtype": "bf16",
+        "draft.dtype": "bf16",
+        "target.tp_degree": 64,
+        "draft.tp_degree": 64,
+        "target.n_positions": 12800,
+        "draft.n_positions": 12800,
+        "generation.max_prompt_tokens": 12288,
         "neuron.nxdi.context_encoding_buckets": [2048, 4096, 8192, 12288],
         "neuron.nxdi.token_generation_buckets": [2048, 4096, 8192, 12800],
-        "neuron.nxdi.fused_qkv": True, "neuron.nxdi.sequence_parallel_enabled": True,
-        "neuron.nxdi.qkv_kernel_enabled": True, "neuron.nxdi.attn_kernel_enabled": True,
-        "neuron.nxdi.mlp_kernel_enabled": True, "neuron.nxdi.cc_pipeline_tiling_factor": 1,
+        "neuron.nxdi.fused_qkv": True,
+        "neuron.nxdi.sequence_parallel_enabled": True,
+        "neuron.nxdi.qkv_kernel_enabled": True,
+        "neuron.nxdi.attn_kernel_enabled": True,
+        "neuron.nxdi.mlp_kernel_enabled": True,
+        "neuron.nxdi.cc_pipeline_tiling_factor": 1,
     },
-    ms_per_token=5.3, plain_ms_per_token=19.6, source=TUTORIAL_SOURCE)
+    ms_per_token=5.3,
+    plain_ms_per_token=19.6,
+    source=TUTORIAL_SOURCE,
+)
 PUBLISHED_RUNS = (TRN2_LLAMA_33_70B,)
 
 
 def published_run(instance: str, target: str, draft: str | None) -> PublishedRun | None:
     """The run AWS published for this model pair on this instance, if any."""
-    return next((run for run in PUBLISHED_RUNS if (run.instance, run.target, run.draft) == (instance, target, draft)),
-                None)
+    return next(
+        (run for run in PUBLISHED_RUNS if (run.instance, run.target, run.draft) == (instance, target, draft)), None
+    )
 
 
 def _pick(data: dict[str, Any], dotted: str) -> Any:

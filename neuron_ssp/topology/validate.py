@@ -27,8 +27,12 @@ from neuron_ssp.topology.placement import core_set, load_order, loaded_models
 from neuron_ssp.topology.report import ValidationReport
 
 
-def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence[int] | None = None,
-                    neuronx_generation: str = TNX_BATCHED) -> ValidationReport:
+def validate_config(
+    config: Config,
+    kv_rule: str = KV_PADDING,
+    windows: Sequence[int] | None = None,
+    neuronx_generation: str = TNX_BATCHED,
+) -> ValidationReport:
     """All errors and warnings of `config`, plus the load order its placement implies, for the
     transformers-neuronx version's `kv_rule` and API generation (batch_rules: 0.13's batched loops by default, what
     the SDK 2.25 DLAMI installs) and a target compiled for `windows` (default: speculation.k)."""
@@ -45,13 +49,27 @@ def validate_config(config: Config, kv_rule: str = KV_PADDING, windows: Sequence
     check_acceptor(config, report)
     check_nxdi_settings(config, models, report)
     if on_neuron:
-        _check_neuron(config, models, architectures, report, kv_rule, tuple(windows or (config.speculation.k,)),
-                      neuronx_generation)
+        _check_neuron(
+            config,
+            models,
+            architectures,
+            report,
+            kv_rule,
+            tuple(windows or (config.speculation.k,)),
+            neuronx_generation,
+        )
     return report
 
 
-def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture],
-                  report: ValidationReport, kv_rule: str, windows: tuple[int, ...], neuronx_generation: str) -> None:
+def _check_neuron(
+    config: Config,
+    models: dict[str, ModelConfig],
+    architectures: dict[str, Architecture],
+    report: ValidationReport,
+    kv_rule: str,
+    windows: tuple[int, ...],
+    neuronx_generation: str,
+) -> None:
     check_batch(config, models, report, neuronx_generation)
     instance = check_instance(config.platform.instance_type, report, config.neuron.library)
     if instance is None:
@@ -59,14 +77,17 @@ def _check_neuron(config: Config, models: dict[str, ModelConfig], architectures:
     for role, model in models.items():
         check_tp(role, model, architectures.get(role), instance, report)
     if len(architectures) == len(models):
-        placed = {role: Placed(model, architectures[role], config.neuron.library, kv_rule,
-                               windows if role == "target" else ()) for role, model in models.items()}
+        placed = {
+            role: Placed(
+                model, architectures[role], config.neuron.library, kv_rule, windows if role == "target" else ()
+            )
+            for role, model in models.items()
+        }
         check_memory(placed, instance, report)
     check_placement(models, instance, report, config.neuron.library)
 
 
-def _resolve(models: dict[str, ModelConfig], report: ValidationReport,
-             required: bool) -> dict[str, Architecture]:
+def _resolve(models: dict[str, ModelConfig], report: ValidationReport, required: bool) -> dict[str, Architecture]:
     """Architectures that can be told. An unknown one is an error on Neuron (memory and tp rules need
     it) or when an `architecture:` hint names nothing; on torch it is skipped, as that backend reads
     the model's own config when it loads."""

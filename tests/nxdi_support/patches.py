@@ -55,7 +55,8 @@ def _require(source_of: Any, text: str, what: str) -> None:
     source = inspect.getsource(source_of)
     assert text in source, (
         f"NxDI changed: {source_of.__qualname__} no longer contains {text!r} ({what}); revisit tests/nxdi_support/"
-        "patches.py")
+        "patches.py"
+    )
 
 
 def _require_parameters(func: Any, names: tuple[str, ...]) -> None:
@@ -75,20 +76,37 @@ def cpu_device() -> Iterator[None]:
     _require_parameters(app_cls.load, ("self", "compiled_model_path", "start_rank_id", "local_ranks_size"))
     _require(app_cls.to_cpu, CPU_GUARD, "the CPU guard on speculation")
     _require(app_cls.to_cpu, "initialize_model_parallel(", "model parallelism set up in to_cpu")
-    _require(NeuronBaseForCausalLM._copy_past_key_values, "self.token_generation_model.model.kv_mgr",
-             "the KV copy-back through token_generation_model")
+    _require(
+        NeuronBaseForCausalLM._copy_past_key_values,
+        "self.token_generation_model.model.kv_mgr",
+        "the KV copy-back through token_generation_model",
+    )
     _require(NeuronBaseForCausalLM._copy_past_key_values, FUSED_COPY_BUG, "the fused KV copy-back")
-    _require(NeuronApplicationBase.checkpoint_loader_fn, 'self.__class__._FUSED_PREFIX = "target_model"',
-             "the class-wide fused checkpoint prefix")
-    _require(model_base.NeuronBaseModel.__init__, "self.speculation_length = config.neuron_config.speculation_length",
-             "the eager model's copy of speculation_length")
-    _require(model_wrapper.DecoderModelInstance.get, "self.module.n_positions = bucket_value",
-             "a bucket's graph traced at n_positions = the bucket")
+    _require(
+        NeuronApplicationBase.checkpoint_loader_fn,
+        'self.__class__._FUSED_PREFIX = "target_model"',
+        "the class-wide fused checkpoint prefix",
+    )
+    _require(
+        model_base.NeuronBaseModel.__init__,
+        "self.speculation_length = config.neuron_config.speculation_length",
+        "the eager model's copy of speculation_length",
+    )
+    _require(
+        model_wrapper.DecoderModelInstance.get,
+        "self.module.n_positions = bucket_value",
+        "a bucket's graph traced at n_positions = the bucket",
+    )
     _require(model_wrapper.ModelWrapper.forward, PADDED_CPU_COPY, "the padded batch's CPU copy-back")
     _require(app_cls.to_cpu, "for model_wrapper in self.models:", "an eager model per wrapper (continuous batching)")
 
-    saved = (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
-             application_base.initialize_model_parallel, model_wrapper.ModelWrapper._forward)
+    saved = (
+        app_cls.compile,
+        app_cls.load,
+        NeuronBaseForCausalLM._copy_past_key_values,
+        application_base.initialize_model_parallel,
+        model_wrapper.ModelWrapper._forward,
+    )
     prefixes = {cls: cls.__dict__["_FUSED_PREFIX"] for cls in _subclasses(app_cls) if "_FUSED_PREFIX" in cls.__dict__}
     app_cls.compile = _compile
     app_cls.load = _load
@@ -97,8 +115,13 @@ def cpu_device() -> Iterator[None]:
     try:
         yield
     finally:
-        (app_cls.compile, app_cls.load, NeuronBaseForCausalLM._copy_past_key_values,
-         application_base.initialize_model_parallel, model_wrapper.ModelWrapper._forward) = saved
+        (
+            app_cls.compile,
+            app_cls.load,
+            NeuronBaseForCausalLM._copy_past_key_values,
+            application_base.initialize_model_parallel,
+            model_wrapper.ModelWrapper._forward,
+        ) = saved
         for cls in _subclasses(app_cls):  # patch 5
             if cls in prefixes:
                 cls._FUSED_PREFIX = prefixes[cls]
@@ -117,14 +140,24 @@ def _compile(self: Any, compiled_model_path: str, *args: Any, **kwargs: Any) -> 
     self.is_compiled = True
 
 
-def _load(self: Any, compiled_model_path: str, start_rank_id: int | None = None,
-          local_ranks_size: int | None = None, skip_warmup: bool = False) -> None:
+def _load(
+    self: Any,
+    compiled_model_path: str,
+    start_rank_id: int | None = None,
+    local_ranks_size: int | None = None,
+    skip_warmup: bool = False,
+) -> None:
     saved = json.loads((Path(compiled_model_path) / "neuron_config.json").read_text())
-    assert saved["neuron_config"]["speculation_length"] == self.neuron_config.speculation_length, \
+    assert saved["neuron_config"]["speculation_length"] == self.neuron_config.speculation_length, (
         "loading a directory compiled for another speculation_length"
-    DEVICE_CALLS.append((Path(self.model_path).name, "load", {"path": compiled_model_path,
-                                                               "start_rank_id": start_rank_id,
-                                                               "local_ranks_size": local_ranks_size}))
+    )
+    DEVICE_CALLS.append(
+        (
+            Path(self.model_path).name,
+            "load",
+            {"path": compiled_model_path, "start_rank_id": start_rank_id, "local_ranks_size": local_ranks_size},
+        )
+    )
     to_cpu(self)
 
 
@@ -192,8 +225,11 @@ def _at_bucket(original: Any) -> Any:
 
     def forward(self: Any, *args: Any) -> Any:
         module = self.model
-        modules = [module, module.draft_model, module.target_model] if self.neuron_config.enable_fused_speculation \
+        modules = (
+            [module, module.draft_model, module.target_model]
+            if self.neuron_config.enable_fused_speculation
             else [module]
+        )
         saved = [m.n_positions for m in modules]
         for m in modules:
             m.n_positions = args[1].shape[1]  # the attention mask, padded to the bucket by pad_inputs

@@ -125,8 +125,11 @@ class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def install() -> list[str]:
     """Append the finder (once) and give `torch.classes` a `neuron` namespace when no real one is
     registered; returns what was stubbed, for the test report."""
-    stubbed = [name for name in STUBBED_PACKAGES if importlib.util.find_spec(name) is None
-               or isinstance(sys.modules.get(name), StubModule)]
+    stubbed = [
+        name
+        for name in STUBBED_PACKAGES
+        if importlib.util.find_spec(name) is None or isinstance(sys.modules.get(name), StubModule)
+    ]
     if not any(isinstance(finder, StubFinder) for finder in sys.meta_path):
         sys.meta_path.append(StubFinder())
     if not _real_neuron_classes():

@@ -163,7 +163,11 @@ def load_neuronx() -> NeuronxApi:
     """The installed library, or a RuntimeProblem that says what is missing and how to install it."""
     package, llama, speculation = import_library(
         ("transformers_neuronx", "transformers_neuronx.llama.model", "transformers_neuronx.speculation"),
-        "platform.backend", "neuron", "transformers-neuronx", INSTALL)
+        "platform.backend",
+        "neuron",
+        "transformers-neuronx",
+        INSTALL,
+    )
     version = str(getattr(package, "__version__", "unknown"))
     llama_class = getattr(llama, "LlamaForSampling", None)
     missing = [name for name in REQUIRED_METHODS if not hasattr(llama_class, name)]

@@ -46,8 +46,17 @@ PAD_TOKEN = 0  # what the library's own padding feeds (base.py line 576)
 class BatchedNeuronBackend(NeuronBackend):
     """`slots` sequences on one model; knows nothing of acceptance."""
 
-    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int, speculation_length: int | None,
-                 compiled_windows: list[int] | None = None, *, slots: int):
+    def __init__(
+        self,
+        model: Any,
+        name: str,
+        vocab_size: int,
+        n_positions: int,
+        speculation_length: int | None,
+        compiled_windows: list[int] | None = None,
+        *,
+        slots: int,
+    ):
         super().__init__(model, name, vocab_size, n_positions, speculation_length, compiled_windows)
         self.slots = slots
         self.longest_context = context_buckets(n_positions)[-1]
@@ -81,8 +90,11 @@ class BatchedNeuronBackend(NeuronBackend):
         width = k if k and longest > 1 else 1
         scored: list[list[torch.Tensor]] = [[] for _ in segments]
         for offset in range(0, longest, width):  # one call, unless a segment is wider than the window
-            parts = {s.slot: (s.start + offset, s.tokens[offset : offset + width]) for s in segments
-                     if s.tokens.shape[0] > offset}
+            parts = {
+                s.slot: (s.start + offset, s.tokens[offset : offset + width])
+                for s in segments
+                if s.tokens.shape[0] > offset
+            }
             logits = self._call(parts, width)
             for rows, segment in zip(scored, segments, strict=True):
                 if segment.slot in parts:
@@ -107,8 +119,10 @@ class BatchedNeuronBackend(NeuronBackend):
             if slot in parts:
                 start, tokens = parts[slot]
                 if width > 1 and start == 0:
-                    raise ValueError(f"slot {slot}: a window at position 0 would be taken for a context encoding; "
-                                     "prefill_slot encodes a prompt")
+                    raise ValueError(
+                        f"slot {slot}: a window at position 0 would be taken for a context encoding; "
+                        "prefill_slot encodes a prompt"
+                    )
                 input_ids[slot, : tokens.shape[0]] = tokens
                 input_ids[slot, tokens.shape[0] :] = tokens[-1]
             else:
@@ -118,6 +132,7 @@ class BatchedNeuronBackend(NeuronBackend):
         if width == 1:
             logits = self.model.forward(input_ids, cache_ids=cache_ids, start_ids=seq_ids)  # (B, vocab)
             return [row[: self.vocab_size].float().view(1, -1) for row in logits]
-        logits = self.model.speculative_forward(input_ids, cache_ids=cache_ids, start_ids=seq_ids,
-                                                speculation_length=width)  # (k, vocab, B)
+        logits = self.model.speculative_forward(
+            input_ids, cache_ids=cache_ids, start_ids=seq_ids, speculation_length=width
+        )  # (k, vocab, B)
         return [logits[:, : self.vocab_size, slot].float() for slot in range(self.slots)]

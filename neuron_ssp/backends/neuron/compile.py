@@ -70,8 +70,14 @@ def compile_jobs(plan: DeploymentPlan, ks: list[int], one_k_per_model: bool = Fa
 class Compiler:
     """Checks everything before the first compile (so errors come before a progress bar), then runs jobs."""
 
-    def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False,
-                 process_bytes: int = PROCESS_BYTES):
+    def __init__(
+        self,
+        config: Config,
+        plan: DeploymentPlan,
+        ks: list[int],
+        force: bool = False,
+        process_bytes: int = PROCESS_BYTES,
+    ):
         if config.speculation.engine == "fused":
             raise UsageError(
                 Problem(

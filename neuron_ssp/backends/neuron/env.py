@@ -26,8 +26,18 @@ DEFAULT_COMPILE_CACHE = "/var/tmp/neuron-compile-cache"
 # The Neuron venv's own builds (transformers-neuronx or NxD Inference venvs): installing neuron-ssp must not
 # replace any of them, so the EC2 bootstrap and the SageMaker Dockerfile pin exactly these as constraints,
 # and `doctor` reports their versions.
-NEURON_STACK = ("torch", "torch-neuronx", "torch-xla", "transformers", "transformers-neuronx",
-                "neuronx-distributed", "neuronx-distributed-inference", "neuronx-cc", "libneuronxla", "numpy")
+NEURON_STACK = (
+    "torch",
+    "torch-neuronx",
+    "torch-xla",
+    "transformers",
+    "transformers-neuronx",
+    "neuronx-distributed",
+    "neuronx-distributed-inference",
+    "neuronx-cc",
+    "libneuronxla",
+    "numpy",
+)
 # NeuronCore count -> instance, only where the count alone tells (2 cores: inf2.xlarge/8xlarge, trn1.2xlarge)
 INSTANCE_BY_CORES = {12: "inf2.24xlarge", 24: "inf2.48xlarge"}
 
@@ -124,9 +134,11 @@ def stack_warning(versions: dict[str, str | None]) -> str | None:
     """A combination nobody has run: transformers 5 beside transformers-neuronx (the DLAMI venvs carry 4.x)."""
     transformers = versions.get("transformers")
     if versions.get("transformers-neuronx") and transformers and not transformers.startswith("4."):
-        return (f"transformers {transformers} beside transformers-neuronx {versions['transformers-neuronx']}: the "
-                "Neuron venvs ship 4.x and nobody has run this pair; reinstall neuron-ssp with the venv's own "
-                "versions as constraints (docs/neuron.md, 'Install on a Neuron DLAMI')")
+        return (
+            f"transformers {transformers} beside transformers-neuronx {versions['transformers-neuronx']}: the "
+            "Neuron venvs ship 4.x and nobody has run this pair; reinstall neuron-ssp with the venv's own "
+            "versions as constraints (docs/neuron.md, 'Install on a Neuron DLAMI')"
+        )
     return None
 
 

@@ -53,8 +53,14 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         windows, artifacts = ([k] if k else None), None
         options = scoring_options(api, config, model_cfg)
         if store is not None:
-            spec = artifact_spec(role, model_dir, artifact_constructor(api, model_cfg, options), windows,
-                                 api.version, one_k_per_model=not api.speculation_takes_k_list)
+            spec = artifact_spec(
+                role,
+                model_dir,
+                artifact_constructor(api, model_cfg, options),
+                windows,
+                api.version,
+                one_k_per_model=not api.speculation_takes_k_list,
+            )
             if k is None:
                 artifacts = store.find(spec)
             elif found := store.find_for_window(spec, k):
@@ -63,8 +69,8 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         vocab_size = int(model.config.vocab_size)
         backends[role] = (
             BatchedNeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows, slots=model_cfg.batch_size)
-            if "continuous_batching" in options else NeuronBackend(model, role, vocab_size, model_cfg.n_positions, k,
-                                                                   windows)
+            if "continuous_batching" in options
+            else NeuronBackend(model, role, vocab_size, model_cfg.n_positions, k, windows)
         )
     if config.neuron.self_test:
         if skipped := static_batch_self_test_skip(config):
@@ -74,8 +80,9 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
     return backends["target"], backends.get("draft")
 
 
-def load_on_device_backends(api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
-                            ) -> tuple[Any, Any]:
+def load_on_device_backends(
+    api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
+) -> tuple[Any, Any]:
     """engine fused: both models with on-device embedding and generation, no speculation network of their
     own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
@@ -168,12 +175,14 @@ def set_visible_cores(cores: str) -> None:
     os.environ[VISIBLE_CORES_ENV] = cores
 
 
-def compile_estimate(config: Config, windows: list[int] | None = None,
-                     process_bytes: int = PROCESS_BYTES) -> CompileEstimate:
+def compile_estimate(
+    config: Config, windows: list[int] | None = None, process_bytes: int = PROCESS_BYTES
+) -> CompileEstimate:
     """Networks, parallel neuronx-cc processes, host memory and time of compiling `config`'s models (the
     target with `windows`, default speculation.k) on this host."""
-    placed = place_models(loaded_models(config), config.neuron.library, KV_PADDING,
-                          tuple(windows or (config.speculation.k,)))
+    placed = place_models(
+        loaded_models(config), config.neuron.library, KV_PADDING, tuple(windows or (config.speculation.k,))
+    )
     return estimate_compile(placed, host_memory_available(), process_bytes)
 
 

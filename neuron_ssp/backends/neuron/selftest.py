@@ -92,11 +92,13 @@ def static_batch_self_test_skip(config: Config) -> str | None:
     engine, batch = config.speculation.engine, config.target.batch_size
     if engine == "native" or batch == 1:
         return None
-    return (f"Neuron self-test skipped: engine {engine} at target.batch_size {batch} runs models compiled for a "
-            f"static batch of {batch} rows, which the one-row self-test cannot score; NOT checked: whether this "
-            f"transformers-neuronx build's k={config.speculation.k} window scores as one-token decoding does. Check "
-            "the build with the same config at target.batch_size: 1 and draft.batch_size: 1 (neuron-ssp doctor "
-            "--self-test), or with speculation.engine: native at this batch")
+    return (
+        f"Neuron self-test skipped: engine {engine} at target.batch_size {batch} runs models compiled for a "
+        f"static batch of {batch} rows, which the one-row self-test cannot score; NOT checked: whether this "
+        f"transformers-neuronx build's k={config.speculation.k} window scores as one-token decoding does. Check "
+        "the build with the same config at target.batch_size: 1 and draft.batch_size: 1 (neuron-ssp doctor "
+        "--self-test), or with speculation.engine: native at this batch"
+    )
 
 
 def self_test(target: ModelBackend, config: Config, library_version: str) -> SelfTestResult:
@@ -109,8 +111,9 @@ def self_test(target: ModelBackend, config: Config, library_version: str) -> Sel
 
 
 @torch.inference_mode()
-def run_self_test(target: ModelBackend, tokens: torch.Tensor, library_version: str, text: str,
-                  min_agreement: float) -> SelfTestResult:
+def run_self_test(
+    target: ModelBackend, tokens: torch.Tensor, library_version: str, text: str, min_agreement: float
+) -> SelfTestResult:
     """Score `tokens` both ways from slot PROMPT_TOKENS on and judge the regions before and from the edge."""
     k = getattr(target, "speculation_length", None)
     if not k:
@@ -124,26 +127,35 @@ def check_self_test(result: SelfTestResult) -> None:
     """RuntimeProblem when the window fails; a warning when it passes but is not exact or not complete."""
     judgement = result.judgement
     if not judgement.rows:
-        warnings.warn(f"Neuron self-test skipped: n_positions leaves no room for a k={judgement.k} window after "
-                      f"the {PROMPT_TOKENS}-token prompt", stacklevel=2)
+        warnings.warn(
+            f"Neuron self-test skipped: n_positions leaves no room for a k={judgement.k} window after "
+            f"the {PROMPT_TOKENS}-token prompt",
+            stacklevel=2,
+        )
         return
     if not judgement.passed:
-        raise RuntimeProblem(Problem(
-            "neuron.self_test",
-            "; ".join(judgement.failures),
-            f"{library_label(result.library_version)}: the k={judgement.k} window scores {result.text} "
-            f"differently from one-token calls at the same cache positions ({judgement.summary()})",
-            _cause(result),
-        ))
+        raise RuntimeProblem(
+            Problem(
+                "neuron.self_test",
+                "; ".join(judgement.failures),
+                f"{library_label(result.library_version)}: the k={judgement.k} window scores {result.text} "
+                f"differently from one-token calls at the same cache positions ({judgement.summary()})",
+                _cause(result),
+            )
+        )
     notes = []
     if judgement.short_of_edge:
-        notes.append(f"only {judgement.past.positions} positions from slot {judgement.edge} fit in n_positions "
-                     f"(the test judges {MIN_PAST_EDGE} where there is room)")
+        notes.append(
+            f"only {judgement.past.positions} positions from slot {judgement.edge} fit in n_positions "
+            f"(the test judges {MIN_PAST_EDGE} where there is room)"
+        )
     if result.text == FIXED_IDS:
         notes.append("it scored fixed ids, not text: add the tokenizer to the model directory for a sharper test")
     if not judgement.exact:
-        notes.append("the k-wide and one-token graphs are not bit-identical (bf16 on a device), so greedy "
-                     "speculative output equals plain greedy output only up to such near-ties")
+        notes.append(
+            "the k-wide and one-token graphs are not bit-identical (bf16 on a device), so greedy "
+            "speculative output equals plain greedy output only up to such near-ties"
+        )
     if notes:
         warnings.warn(f"Neuron self-test passed ({judgement.summary()}); " + "; ".join(notes), stacklevel=2)
 
@@ -151,14 +163,20 @@ def check_self_test(result: SelfTestResult) -> None:
 def _cause(result: SelfTestResult) -> str:
     judgement = result.judgement
     if result.library_version.startswith(NXDI):
-        return ("reinstall neuronx-distributed-inference from the Neuron repository and recompile "
-                "(neuron-ssp compile --force); every engine on this target scores through the same "
-                "speculation model, so report the versions if it persists")
+        return (
+            "reinstall neuronx-distributed-inference from the Neuron repository and recompile "
+            "(neuron-ssp compile --force); every engine on this target scores through the same "
+            "speculation model, so report the versions if it persists"
+        )
     if any(failure.startswith(judgement.past.name) for failure in judgement.failures):
-        return ("windows from the first context bucket on disagree: the cache_ids capping of "
-                "transformers-neuronx snapshot 0623de2 (April 2024). Install another build: pip install -U "
-                f"'transformers-neuronx<0.14' --extra-index-url={NEURON_INDEX} (on a DLAMI: the SDK 2.24-2.25 "
-                "venv ships a later one)")
-    return ("reinstall transformers-neuronx from the Neuron repository, recompile (neuron-ssp compile --force), "
-            "and report the versions if it persists; speculation.engine: native with policy fixed cannot "
-            "help, as it uses the same window")
+        return (
+            "windows from the first context bucket on disagree: the cache_ids capping of "
+            "transformers-neuronx snapshot 0623de2 (April 2024). Install another build: pip install -U "
+            f"'transformers-neuronx<0.14' --extra-index-url={NEURON_INDEX} (on a DLAMI: the SDK 2.24-2.25 "
+            "venv ships a later one)"
+        )
+    return (
+        "reinstall transformers-neuronx from the Neuron repository, recompile (neuron-ssp compile --force), "
+        "and report the versions if it persists; speculation.engine: native with policy fixed cannot "
+        "help, as it uses the same window"
+    )

@@ -34,8 +34,10 @@ from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
 from neuron_ssp.topology.nxdi_releases import install_advice
 
-SUPPORTED = ("neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
-             "cd3abf3, the SDK 2.28 release)")
+SUPPORTED = (
+    "neuronx-distributed-inference 0.8.x to 0.10.x (Neuron SDK 2.28 to 2.31; read at 4bcdc54b, 0.9.0, and "
+    "cd3abf3, the SDK 2.28 release)"
+)
 INSTALL = f"{install_advice()}. Without Neuron hardware use platform.backend: torch"
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 LNC = {"trn2": 2}  # logical NeuronCore config per instance generation; 1 elsewhere
@@ -51,8 +53,9 @@ class NxdiApi:
     hf_adapter: ModuleType  # neuronx_distributed_inference.utils.hf_adapter
     family: str | None = None  # the instance family it runs on (catalog generation): its messages name its release
 
-    def neuron_config_kwargs(self, config: Config, role: str, speculation_length: int, fused: bool = False,
-                             lnc: int = 1) -> dict[str, Any]:
+    def neuron_config_kwargs(
+        self, config: Config, role: str, speculation_length: int, fused: bool = False, lnc: int = 1
+    ) -> dict[str, Any]:
         """The allow-list of NeuronConfig arguments for one model; identical for compile and load. Context
         encoding is bucketed (topology/nxdi_graphs.py), and the config's neuron.nxdi settings are passed as given."""
         model = config.target if role == "target" else config.draft
@@ -84,14 +87,16 @@ class NxdiApi:
 
     def inference_config(self, model_dir: Path, neuron_config: Any) -> Any:
         return self.llama.LlamaInferenceConfig(
-            neuron_config, load_config=self.hf_adapter.load_pretrained_config(str(model_dir)))
+            neuron_config, load_config=self.hf_adapter.load_pretrained_config(str(model_dir))
+        )
 
     def application(self, model_dir: Path, inference_config: Any) -> Any:
         return self.llama.NeuronLlamaForCausalLM(str(model_dir), inference_config)
 
     def fused_spec_config(self, draft_dir: Path, draft_config: Any) -> Any:
         return self.config.FusedSpecNeuronConfig(
-            self.llama.NeuronLlamaForCausalLM._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir))
+            self.llama.NeuronLlamaForCausalLM._model_cls, draft_config=draft_config, draft_model_path=str(draft_dir)
+        )
 
     def config_sha256(self, neuron_config: Any) -> str:
         """A digest of everything NxDI compiles from (its own serialisation, `models.config.to_dict`)."""
@@ -125,33 +130,57 @@ def check_applied(built: Any, kwargs: dict[str, Any], version: str, family: str 
         if got != expected:
             wrong.append(f"{name} (passed {value!r}, got {got!r})")
     if wrong:
-        raise RuntimeProblem(Problem(
-            "neuronx-distributed-inference", version,
-            f"NeuronConfig did not take {', '.join(wrong)}; supported: {SUPPORTED}",
-            f"install the release of the instance: {install_advice(family)}"))
+        raise RuntimeProblem(
+            Problem(
+                "neuronx-distributed-inference",
+                version,
+                f"NeuronConfig did not take {', '.join(wrong)}; supported: {SUPPORTED}",
+                f"install the release of the instance: {install_advice(family)}",
+            )
+        )
 
 
 def load_nxdi(family: str | None = None) -> NxdiApi:
     """The installed NxDI, or a RuntimeProblem that says what is missing and how to install it (for `family`,
     the instance family it is to run on, when known)."""
     config, llama, hf_adapter = import_library(
-        tuple(f"neuronx_distributed_inference.{name}" for name in ("models.config", "models.llama.modeling_llama",
-                                                                    "utils.hf_adapter")),
-        "neuron.library", "nxdi", "neuronx-distributed-inference", INSTALL)
-    missing = [f"models.config.{name}" for name in ("NeuronConfig", "OnDeviceSamplingConfig", "FusedSpecNeuronConfig",
-                                                      "to_dict") if not hasattr(config, name)]
-    missing += [f"modeling_llama.{name}" for name in ("NeuronLlamaForCausalLM", "LlamaInferenceConfig")
-                if not hasattr(llama, name)]
+        tuple(
+            f"neuronx_distributed_inference.{name}"
+            for name in ("models.config", "models.llama.modeling_llama", "utils.hf_adapter")
+        ),
+        "neuron.library",
+        "nxdi",
+        "neuronx-distributed-inference",
+        INSTALL,
+    )
+    missing = [
+        f"models.config.{name}"
+        for name in ("NeuronConfig", "OnDeviceSamplingConfig", "FusedSpecNeuronConfig", "to_dict")
+        if not hasattr(config, name)
+    ]
+    missing += [
+        f"modeling_llama.{name}"
+        for name in ("NeuronLlamaForCausalLM", "LlamaInferenceConfig")
+        if not hasattr(llama, name)
+    ]
     app = getattr(llama, "NeuronLlamaForCausalLM", None)
-    missing += [f"NeuronLlamaForCausalLM.{name}" for name in ("compile", "load", "forward")
-                if app is not None and not hasattr(app, name)]
+    missing += [
+        f"NeuronLlamaForCausalLM.{name}"
+        for name in ("compile", "load", "forward")
+        if app is not None and not hasattr(app, name)
+    ]
     if not hasattr(hf_adapter, "load_pretrained_config"):
         missing.append("utils.hf_adapter.load_pretrained_config")
     version = installed_version()
     if missing:
-        raise RuntimeProblem(Problem("neuronx-distributed-inference", version,
-                                     f"this version lacks {', '.join(missing)}; supported: {SUPPORTED}",
-                                     f"install the release of the instance: {install_advice(family)}"))
+        raise RuntimeProblem(
+            Problem(
+                "neuronx-distributed-inference",
+                version,
+                f"this version lacks {', '.join(missing)}; supported: {SUPPORTED}",
+                f"install the release of the instance: {install_advice(family)}",
+            )
+        )
     return NxdiApi(version, config, llama, hf_adapter, family)
 
 

@@ -17,8 +17,14 @@ class NxdiCompiler:
 
     def __init__(self, config: Config, plan: DeploymentPlan, ks: list[int], force: bool = False):
         if config.speculation.engine == "fused" and len(set(ks)) > 1:
-            raise UsageError(Problem("--k", ks, "NxDI fused speculation compiles draft and target into one graph "
-                                     "per k; compile one k at a time", "pass one k, e.g. --k 5"))
+            raise UsageError(
+                Problem(
+                    "--k",
+                    ks,
+                    "NxDI fused speculation compiles draft and target into one graph per k; compile one k at a time",
+                    "pass one k, e.g. --k 5",
+                )
+            )
         self.models = NxdiModels(config, plan, prepare_nxdi(config, plan))
         self.force = force
         self.fused = config.speculation.engine == "fused"
@@ -32,8 +38,10 @@ class NxdiCompiler:
     def lines(self) -> list[str]:
         counts = self.graph_counts()
         per_job = ", ".join(f"{label}: {count}" for label, count in counts.items())
-        return [f"graphs to compile: {sum(counts.values())} ({per_job}), one per context-encoding and decoding "
-                "bucket; `neuron-ssp plan` lists the buckets"]
+        return [
+            f"graphs to compile: {sum(counts.values())} ({per_job}), one per context-encoding and decoding "
+            "bucket; `neuron-ssp plan` lists the buckets"
+        ]
 
     def run(self, job: CompileJob) -> CompileResult:
         k = job.speculation_lengths[0] if job.speculation_lengths else 0

@@ -59,11 +59,18 @@ class NxdiModels:
         app = self.api.application(model_dir, self.api.inference_config(model_dir, neuron_config))
         return app, self.spec(role, model_dir, kwargs, neuron_config, speculation_length)
 
-    def spec(self, role: str, model_dir: Path, kwargs: dict[str, Any], neuron_config: Any,
-             speculation_length: int) -> ArtifactSpec:
+    def spec(
+        self, role: str, model_dir: Path, kwargs: dict[str, Any], neuron_config: Any, speculation_length: int
+    ) -> ArtifactSpec:
         identity = {**kwargs, "nxdi_config_sha256": self.api.config_sha256(neuron_config)}
-        return artifact_spec(role, model_dir, identity, [speculation_length] if speculation_length else None,
-                             f"neuronx-distributed-inference {self.api.version}", one_k_per_model=True)
+        return artifact_spec(
+            role,
+            model_dir,
+            identity,
+            [speculation_length] if speculation_length else None,
+            f"neuronx-distributed-inference {self.api.version}",
+            one_k_per_model=True,
+        )
 
     def compiled(self, app: Any, spec: ArtifactSpec, force: bool = False) -> tuple[Path, float | None]:
         """The compiled directory for `spec`: reused when its manifest matches, else compiled now

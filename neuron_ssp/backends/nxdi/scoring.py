@@ -48,10 +48,14 @@ class NxdiBackend(SingleSlot):
     def with_window(self, k: int) -> NxdiBackend:
         """NxDI compiles one speculation model of one width per target (speculation_length is one int)."""
         if k != self.speculation_length:
-            raise UsageError(Problem(
-                "speculation.k", k,
-                f"an NxD Inference target holds one speculation model (k={self.speculation_length}), not several",
-                f"load the target compiled for k={k} (neuron-ssp compile CONFIG --k {k}; tune-k loads one per k)"))
+            raise UsageError(
+                Problem(
+                    "speculation.k",
+                    k,
+                    f"an NxD Inference target holds one speculation model (k={self.speculation_length}), not several",
+                    f"load the target compiled for k={k} (neuron-ssp compile CONFIG --k {k}; tune-k loads one per k)",
+                )
+            )
         return self
 
     @torch.inference_mode()
@@ -84,15 +88,22 @@ class NxdiBackend(SingleSlot):
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, committed: int) -> torch.Tensor:
         """One NxDI call; `committed` slots (0..committed-1) are visible through the attention mask."""
-        out = self.app(input_ids=input_ids.to(torch.int64), seq_ids=SEQ_IDS,
-                       attention_mask=torch.ones(1, committed, dtype=torch.int64),
-                       position_ids=position_ids.to(torch.int64))
+        out = self.app(
+            input_ids=input_ids.to(torch.int64),
+            seq_ids=SEQ_IDS,
+            attention_mask=torch.ones(1, committed, dtype=torch.int64),
+            position_ids=position_ids.to(torch.int64),
+        )
         return out.logits
 
     def _check_room(self, start: int, n: int) -> None:
         if start + n > self.n_positions:
-            raise RuntimeProblem(Problem(
-                f"{self.name}.n_positions", self.n_positions,
-                f"scoring cache slots {start}..{start + n - 1} runs past the compiled positions (an NxD Inference "
-                "target scores every window k wide)",
-                f"raise {self.name}.n_positions (and recompile) or lower generation.max_new_tokens"))
+            raise RuntimeProblem(
+                Problem(
+                    f"{self.name}.n_positions",
+                    self.n_positions,
+                    f"scoring cache slots {start}..{start + n - 1} runs past the compiled positions (an NxD Inference "
+                    "target scores every window k wide)",
+                    f"raise {self.name}.n_positions (and recompile) or lower generation.max_new_tokens",
+                )
+            )

@@ -53,16 +53,22 @@ class HfForward:
 
     def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
         cache = self._caches[slot] = self._new_cache()
-        out = self.model(input_ids=prompt_ids.view(1, -1).to(self.device), **{self._cache_name: cache},
-                         use_cache=True, **self._keep_last)
+        out = self.model(
+            input_ids=prompt_ids.view(1, -1).to(self.device),
+            **{self._cache_name: cache},
+            use_cache=True,
+            **self._keep_last,
+        )
         if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
             cache.activate_past_recording()
         return out.logits[0, -1]
 
     def score(self, segments: Sequence[Segment]) -> torch.Tensor:
         """Segment after segment, each against its slot's cache; rows in segment order."""
-        parts = [self._score_slot(segment.slot, segment.tokens, segment.start)
-                 [len(segment.tokens) - segment.returned_rows:] for segment in segments]
+        parts = [
+            self._score_slot(segment.slot, segment.tokens, segment.start)[len(segment.tokens) - segment.returned_rows :]
+            for segment in segments
+        ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _score_slot(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:
@@ -74,8 +80,13 @@ class HfForward:
             cache.crop(-stale)
         n = token_ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)
-        out = self.model(input_ids=token_ids.view(1, -1).to(self.device), **{self._cache_name: cache},
-                         position_ids=positions.view(1, -1), cache_position=positions, use_cache=True)
+        out = self.model(
+            input_ids=token_ids.view(1, -1).to(self.device),
+            **{self._cache_name: cache},
+            position_ids=positions.view(1, -1),
+            cache_position=positions,
+            use_cache=True,
+        )
         return out.logits[0]
 
     def _new_cache(self) -> DynamicCache:
@@ -106,12 +117,16 @@ def _needs_past_recording(cache: DynamicCache, name: str) -> bool:
     if not forgetful:
         return False
     if not hasattr(cache, "activate_past_recording"):
-        raise UsageError(Problem(
-            f"{name}.path", ", ".join(forgetful),
-            f"the model's KV cache keeps only a sliding window (or a linear-attention state), and transformers "
-            f"{transformers.__version__} cannot roll such a cache back after a rejected draft",
-            "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
-            "full attention in every layer"))
+        raise UsageError(
+            Problem(
+                f"{name}.path",
+                ", ".join(forgetful),
+                f"the model's KV cache keeps only a sliding window (or a linear-attention state), and transformers "
+                f"{transformers.__version__} cannot roll such a cache back after a rejected draft",
+                "install a transformers whose caches have activate_past_recording (5.x), or use a model with "
+                "full attention in every layer",
+            )
+        )
     return True
 
 

@@ -55,8 +55,9 @@ class CompactLlama:
     that llama_layer.c scores a vector of positions at a time; `keys` is then a transposed view of that storage,
     and the torch ops (long prefills) read and write it in the usual shape."""
 
-    def __init__(self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False,
-                 slots: int = 1):
+    def __init__(
+        self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False, slots: int = 1
+    ):
         self.w = weights
         self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
         shape = (len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim)
@@ -70,13 +71,23 @@ class CompactLlama:
         self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
         self._run: Callable[..., torch.Tensor] = _compiled(self._forward) if compile else self._forward
         self._rotary = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
-        self._shape = LayerShape(hidden=int(weights.embed.shape[1]), heads=weights.heads, kv_heads=weights.kv_heads,
-                                 head_dim=weights.head_dim, inter=weights.layers[0].gate_up.sizes[0] if weights.layers
-                                 else 0, eps=weights.eps)
+        self._shape = LayerShape(
+            hidden=int(weights.embed.shape[1]),
+            heads=weights.heads,
+            kv_heads=weights.kv_heads,
+            head_dim=weights.head_dim,
+            inter=weights.layers[0].gate_up.sizes[0] if weights.layers else 0,
+            eps=weights.eps,
+        )
         # what llama_layer.c takes per layer, gathered once rather than on every call
-        self._kernel_layers = [
-            (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys.transpose(-1, -2), values))
-            for layer, keys, values in self._layers] if self._kernel is not None else []
+        self._kernel_layers = (
+            [
+                (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys.transpose(-1, -2), values))
+                for layer, keys, values in self._layers
+            ]
+            if self._kernel is not None
+            else []
+        )
 
     def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
         """The prompt into positions 0.. of `slot`; beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as
@@ -95,8 +106,9 @@ class CompactLlama:
         parts, begin = [], 0
         for chunk in row_chunks(spans, MAX_ROWS):
             end = begin + sum(count for _, _, count in chunk)
-            parts.append(self._run(ids[begin:end], chunk,
-                                   None if kept is None else kept[(kept >= begin) & (kept < end)] - begin))
+            parts.append(
+                self._run(ids[begin:end], chunk, None if kept is None else kept[(kept >= begin) & (kept < end)] - begin)
+            )
             begin = end
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -127,25 +139,34 @@ class CompactLlama:
             q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin)
             k = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin)
             v = v.view(n, w.kv_heads, w.head_dim)
-            attn = [self._attend(q[begin:end], k[begin:end], v[begin:end], keys[slot:slot + 1], values[slot:slot + 1],
-                                 start) for (slot, start, _), (begin, end) in zip(spans, rows, strict=True)]
+            attn = [
+                self._attend(
+                    q[begin:end], k[begin:end], v[begin:end], keys[slot : slot + 1], values[slot : slot + 1], start
+                )
+                for (slot, start, _), (begin, end) in zip(spans, rows, strict=True)
+            ]
             x = x + layer.o((attn[0] if len(attn) == 1 else torch.cat(attn)).reshape(n, w.heads * w.head_dim))[0]
             gate, up = layer.gate_up(_rms_norm(x, layer.mlp_norm, w.eps))
             x = x + layer.down(F.silu(gate) * up)[0]
         return x
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                start: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
+    ) -> torch.Tensor:
         """One segment's rows (n, heads, head_dim) against its slot's cache (1, kv_heads, n_positions, head_dim):
         writes their keys and values at start.., attends to positions 0..each row's own."""
         n, end = q.shape[0], start + q.shape[0]
         keys[0, :, start:end] = k.transpose(0, 1)
         values[0, :, start:end] = v.transpose(0, 1)
         # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
-        attn = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), _head_dim_dense(keys[:, :, :end]),
-                                              values[:, :, :end], attn_mask=_causal_mask(n, start, q.device),
-                                              is_causal=start == 0 and n > 1,
-                                              enable_gqa=self.w.heads != self.w.kv_heads)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            _head_dim_dense(keys[:, :, :end]),
+            values[:, :, :end],
+            attn_mask=_causal_mask(n, start, q.device),
+            is_causal=start == 0 and n > 1,
+            enable_gqa=self.w.heads != self.w.kv_heads,
+        )
         return attn[0].transpose(0, 1)
 
 
@@ -189,7 +210,7 @@ def _row_ranges(spans: tuple[Span, ...]) -> list[tuple[int, int]]:
 
 def _at_positions(table: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
     """The rotary table's rows for every row of the call, segment after segment."""
-    parts = [table[start:start + count] for _, start, count in spans]
+    parts = [table[start : start + count] for _, start, count in spans]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -223,8 +244,9 @@ def _causal_mask(n: int, start: int, device: torch.device) -> torch.Tensor | Non
 
 
 @torch.no_grad()
-def _rotary_tables(rotary: torch.nn.Module, weights: LlamaWeights, n_positions: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _rotary_tables(
+    rotary: torch.nn.Module, weights: LlamaWeights, n_positions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sign-folded sin per position, shaped (n_positions, 1, head_dim) to broadcast over heads."""
     positions = torch.arange(n_positions, device=weights.device).unsqueeze(0)
     cos, sin = rotary(weights.embed[:1].unsqueeze(0), positions)

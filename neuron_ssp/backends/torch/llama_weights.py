@@ -64,8 +64,9 @@ class Linears:
         self.kernel = row_kernel() if pack else None
         fused = torch.cat(weights).contiguous() if pack else None
         self.panels = self.kernel.pack(fused) if self.kernel is not None else None
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(fused, PACK_ROWS_HINT) \
-            if pack and self.kernel is None else None
+        self.packed = (
+            torch.ops.mkldnn._reorder_linear_weight(fused, PACK_ROWS_HINT) if pack and self.kernel is None else None
+        )
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         rows = x.shape[0]
@@ -139,24 +140,35 @@ def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
     config = model.config
     heads = int(config.num_attention_heads)
     if pack and row_kernel() is None:
-        warnings.warn(f"the row kernel is unavailable ({unavailable_reason()}); wide calls use oneDNN's packed "
-                      "kernel, ~1.3x slower at width 8 (docs/benchmarks.md)", stacklevel=3)
+        warnings.warn(
+            f"the row kernel is unavailable ({unavailable_reason()}); wide calls use oneDNN's packed "
+            "kernel, ~1.3x slower at width 8 (docs/benchmarks.md)",
+            stacklevel=3,
+        )
     layers = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        layers.append(LlamaLayer(
-            attn_norm=layer.input_layernorm.weight,
-            qkv=Linears([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], pack),
-            o=Linears([attn.o_proj.weight], pack),
-            mlp_norm=layer.post_attention_layernorm.weight,
-            gate_up=Linears([mlp.gate_proj.weight, mlp.up_proj.weight], pack),
-            down=Linears([mlp.down_proj.weight], pack)))
+        layers.append(
+            LlamaLayer(
+                attn_norm=layer.input_layernorm.weight,
+                qkv=Linears([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], pack),
+                o=Linears([attn.o_proj.weight], pack),
+                mlp_norm=layer.post_attention_layernorm.weight,
+                gate_up=Linears([mlp.gate_proj.weight, mlp.up_proj.weight], pack),
+                down=Linears([mlp.down_proj.weight], pack),
+            )
+        )
     return LlamaWeights(
-        layers=layers, embed=model.model.embed_tokens.weight, norm=model.model.norm.weight,
-        head=Linears([model.get_output_embeddings().weight], pack), heads=heads,
+        layers=layers,
+        embed=model.model.embed_tokens.weight,
+        norm=model.model.norm.weight,
+        head=Linears([model.get_output_embeddings().weight], pack),
+        heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
-        eps=float(config.rms_norm_eps), layout=_layout_name(pack))
+        eps=float(config.rms_norm_eps),
+        layout=_layout_name(pack),
+    )
 
 
 def _layout_name(pack: bool) -> str:

@@ -39,8 +39,9 @@ def load_hf_model(path: Path, dtype: str, device: torch.device) -> PreTrainedMod
     return model.to(device).eval()
 
 
-def load_torch_backends(config: Config, slots: int = 1
-                        ) -> tuple[TorchBackend, TorchBackend | None, PreTrainedTokenizerBase]:
+def load_torch_backends(
+    config: Config, slots: int = 1
+) -> tuple[TorchBackend, TorchBackend | None, PreTrainedTokenizerBase]:
     """(target, draft, tokenizer); the draft is None unless `speculation.drafter` is 'model'. Both caches hold
     `slots` sequences (a request's draft model is its slot of the draft: base.SlotView)."""
     device = resolve_device(config.platform.device)
@@ -59,10 +60,18 @@ def load_torch_backends(config: Config, slots: int = 1
         caches.append((draft_model, draft_cfg.n_positions))
     check_caches_fit(caches, slots, device)
     platform = config.platform
-    target = TorchBackend(target_model, config.target.n_positions, "target", platform.forward, platform.compile,
-                          slots=slots, prompt_chunk=platform.prefill_chunk)
-    draft = TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots) \
-        if len(caches) > 1 else None
+    target = TorchBackend(
+        target_model,
+        config.target.n_positions,
+        "target",
+        platform.forward,
+        platform.compile,
+        slots=slots,
+        prompt_chunk=platform.prefill_chunk,
+    )
+    draft = (
+        TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots) if len(caches) > 1 else None
+    )
     return target, draft, tokenizer
 
 
@@ -72,10 +81,15 @@ def check_caches_fit(caches: list[tuple[PreTrainedModel, int]], slots: int, devi
     needed = sum(kv_cache_bytes(model, slots, n_positions) for model, n_positions in caches)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_memory_available()
     if free is not None and needed > free:
-        raise UsageError(Problem(
-            "serve.max_batch", slots,
-            f"KV caches of {slots} sequences take {needed / 2**30:.2f} GiB and {device} has {free / 2**30:.2f} GiB "
-            "free", "lower serve.max_batch, or target.n_positions (and draft.n_positions)"))
+        raise UsageError(
+            Problem(
+                "serve.max_batch",
+                slots,
+                f"KV caches of {slots} sequences take {needed / 2**30:.2f} GiB and {device} has {free / 2**30:.2f} GiB "
+                "free",
+                "lower serve.max_batch, or target.n_positions (and draft.n_positions)",
+            )
+        )
 
 
 def _check_if_embedded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: str, field: str) -> None:

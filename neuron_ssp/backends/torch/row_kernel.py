@@ -67,8 +67,10 @@ class LayerShape:
         q_width = self.heads * self.head_dim
         fused = max(q_width + 2 * self.kv_heads * self.head_dim, 2 * self.inter)
         group = self.heads // self.kv_heads
-        tasks = sum(count * group * (self.head_dim + start + count + 2) + query_block * self.head_dim
-                    for _, start, count in spans.segments)
+        tasks = sum(
+            count * group * (self.head_dim + start + count + 2) + query_block * self.head_dim
+            for _, start, count in spans.segments
+        )
         return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + self.kv_heads * tasks
 
 
@@ -100,10 +102,14 @@ class RowKernel:
         self._linear.restype = None
         self.panel_cols = int(library.panel_cols())
         self._layer = library.llama_layer
-        self._layer.argtypes = ([ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 9
-                                + [ctypes.c_int, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_ssize_t]
-                                + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p,
-                                                                                ctypes.c_int])
+        self._layer.argtypes = (
+            [ctypes.c_void_p, ctypes.c_int]
+            + [ctypes.c_void_p] * 9
+            + [ctypes.c_int, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_ssize_t]
+            + [ctypes.c_void_p] * 2
+            + [ctypes.c_int] * 5
+            + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+        )
         self._layer.restype = None
         self.query_block = int(library.query_block())
 
@@ -115,9 +121,16 @@ class RowKernel:
         self._pack(weight.data_ptr(), data.data_ptr(), out_features, in_features)
         return Panels(data, out_features, in_features)
 
-    def layer(self, x: torch.Tensor, spans: Spans, matrices: tuple[Panels, Panels, Panels, Panels],
-              norms: tuple[torch.Tensor, torch.Tensor], cache: tuple[torch.Tensor, torch.Tensor],
-              rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape) -> None:
+    def layer(
+        self,
+        x: torch.Tensor,
+        spans: Spans,
+        matrices: tuple[Panels, Panels, Panels, Panels],
+        norms: tuple[torch.Tensor, torch.Tensor],
+        cache: tuple[torch.Tensor, torch.Tensor],
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        shape: LayerShape,
+    ) -> None:
         """One decoder layer on x (rows, hidden), in place: the four products once over all rows, attention per
         segment against its own slot, whose positions start.. get the segment's keys and values.
         `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (slots, kv_heads, head_dim, n_positions:
@@ -126,28 +139,64 @@ class RowKernel:
         qkv, o, gate_up, down = matrices
         keys, values = cache
         key_stride = keys.stride(-2)
-        if not (x.is_contiguous() and values.is_contiguous() and keys.shape[-1] == values.shape[-2]
-                and keys.stride(-1) == 1 and key_stride >= keys.shape[-1]
-                and keys.stride(-3) == keys.shape[-2] * key_stride and keys.shape[0] == values.shape[0]):
+        if not (
+            x.is_contiguous()
+            and values.is_contiguous()
+            and keys.shape[-1] == values.shape[-2]
+            and keys.stride(-1) == 1
+            and key_stride >= keys.shape[-1]
+            and keys.stride(-3) == keys.shape[-2] * key_stride
+            and keys.shape[0] == values.shape[0]
+        ):
             raise ValueError("llama_layer.c reads x, the values and each head's keys as dense arrays")
         _check_spans(spans, x.shape[0], values.shape[0], values.shape[-2])
         scratch = torch.empty(shape.scratch_floats(spans, self.query_block), dtype=torch.float32)
-        self._layer(x.data_ptr(), len(spans.segments), spans.table.data_ptr(), norms[0].data_ptr(),
-                    qkv.data.data_ptr(), o.data.data_ptr(), norms[1].data_ptr(), gate_up.data.data_ptr(),
-                    down.data.data_ptr(), keys.data_ptr(), values.data_ptr(), key_stride, keys.stride(0),
-                    values.shape[-2], values.stride(0), rotary[0].data_ptr(), rotary[1].data_ptr(), shape.hidden,
-                    shape.heads, shape.kv_heads, shape.head_dim, shape.inter, shape.eps, scratch.data_ptr(),
-                    torch.get_num_threads())
+        self._layer(
+            x.data_ptr(),
+            len(spans.segments),
+            spans.table.data_ptr(),
+            norms[0].data_ptr(),
+            qkv.data.data_ptr(),
+            o.data.data_ptr(),
+            norms[1].data_ptr(),
+            gate_up.data.data_ptr(),
+            down.data.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            key_stride,
+            keys.stride(0),
+            values.shape[-2],
+            values.stride(0),
+            rotary[0].data_ptr(),
+            rotary[1].data_ptr(),
+            shape.hidden,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.inter,
+            shape.eps,
+            scratch.data_ptr(),
+            torch.get_num_threads(),
+        )
 
     def linear(self, x: torch.Tensor, panels: Panels) -> torch.Tensor:
         """x (rows <= MAX_ROWS, in) fp32 -> (rows, out)."""
         x = x.contiguous()
         if x.dim() != 2 or x.shape[1] != panels.in_features or x.shape[0] > MAX_ROWS:
-            raise ValueError(f"x is {tuple(x.shape)}, the matrix takes {panels.in_features} inputs a row, "
-                             f"at most {MAX_ROWS} rows a call")
+            raise ValueError(
+                f"x is {tuple(x.shape)}, the matrix takes {panels.in_features} inputs a row, "
+                f"at most {MAX_ROWS} rows a call"
+            )
         y = torch.empty(x.shape[0], panels.out_features, dtype=torch.float32)
-        self._linear(x.data_ptr(), panels.data.data_ptr(), y.data_ptr(), x.shape[0], panels.out_features,
-                     panels.in_features, torch.get_num_threads())
+        self._linear(
+            x.data_ptr(),
+            panels.data.data_ptr(),
+            y.data_ptr(),
+            x.shape[0],
+            panels.out_features,
+            panels.in_features,
+            torch.get_num_threads(),
+        )
         return y
 
 
@@ -201,9 +250,12 @@ def _compile(compiler: str, target: Path) -> str | None:
     for flags in FLAG_SETS:
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as partial:
             pass
-        result = subprocess.run([compiler, *flags, *DEFINES, "-shared", "-fPIC", *map(str, SOURCES), "-o", partial.name,
-                                 "-lm"],
-                                capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            [compiler, *flags, *DEFINES, "-shared", "-fPIC", *map(str, SOURCES), "-o", partial.name, "-lm"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode == 0:
             os.replace(partial.name, target)
             return None

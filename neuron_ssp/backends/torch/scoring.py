@@ -40,8 +40,17 @@ class TorchBackend:
 
     max_score_width: int | None = None
 
-    def __init__(self, model: PreTrainedModel, n_positions: int, name: str = "torch", forward: ForwardName = "auto",
-                 compile: bool = False, pack: bool | None = None, slots: int = 1, prompt_chunk: int = 0):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        n_positions: int,
+        name: str = "torch",
+        forward: ForwardName = "auto",
+        compile: bool = False,
+        pack: bool | None = None,
+        slots: int = 1,
+        prompt_chunk: int = 0,
+    ):
         """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32).
         `prompt_chunk`: chunked prefill in the batching loop (platform.prefill_chunk; 0: whole prompts)."""
         self.model = model
@@ -103,15 +112,27 @@ def _pick_forward(model: PreTrainedModel, forward: ForwardName, compile: bool, n
         raise ValueError("compile applies to the compact forward only (PlatformConfig refuses forward: hf with it)")
     reason = unsupported_reason(model)
     if compile and next(model.parameters()).device.type == "cpu" and not _has_cxx():
-        raise UsageError(Problem("platform.compile", True, "torch.compile on a CPU (inductor) builds C++ kernels, "
-                                 f"and no C++ compiler ({os.environ.get('CXX', 'g++')}) is on PATH",
-                                 "install g++ (apt-get install g++) or set platform.compile: false"))
+        raise UsageError(
+            Problem(
+                "platform.compile",
+                True,
+                "torch.compile on a CPU (inductor) builds C++ kernels, "
+                f"and no C++ compiler ({os.environ.get('CXX', 'g++')}) is on PATH",
+                "install g++ (apt-get install g++) or set platform.compile: false",
+            )
+        )
     if reason is None and forward != "hf":
         return "compact"
     if forward == "compact" or compile:
         field, value = ("platform.compile", True) if compile and forward != "compact" else ("platform.forward", forward)
-        raise UsageError(Problem(field, value, f"the compact forward cannot run {name}: {reason}",
-                                 "set platform.forward: hf (Hugging Face's forward) and compile: false"))
+        raise UsageError(
+            Problem(
+                field,
+                value,
+                f"the compact forward cannot run {name}: {reason}",
+                "set platform.forward: hf (Hugging Face's forward) and compile: false",
+            )
+        )
     return "hf"
 
 

@@ -45,8 +45,17 @@ LMI_IMAGE_TAG = "djl-inference:0.30.0-neuronx-sdk2.20.1"
 LMI_REGISTRIES = {
     **dict.fromkeys(
         (
-            "ap-northeast-1", "ap-south-1", "ap-southeast-1", "ap-southeast-2", "eu-central-1", "eu-west-1",
-            "eu-west-3", "sa-east-1", "us-east-1", "us-east-2", "us-west-2",
+            "ap-northeast-1",
+            "ap-south-1",
+            "ap-southeast-1",
+            "ap-southeast-2",
+            "eu-central-1",
+            "eu-west-1",
+            "eu-west-3",
+            "sa-east-1",
+            "us-east-1",
+            "us-east-2",
+            "us-west-2",
         ),
         "763104351884",
     ),
@@ -201,14 +210,19 @@ def lmi_options(config: Config, model_root: str = MODEL_MOUNT) -> LmiOptions:
 def lmi_batch_notes(config: Config) -> list[str]:
     """Each batch the config asks for that LMI will not run: the target's and draft's compiled batch, and a
     serve.max_batch the config sets (its default is neuron-ssp's server's, not a request of the user's)."""
-    asked = [(f"{role}.batch_size", model.batch_size) for role, model in (("target", config.target),
-                                                                        ("draft", config.draft))
-             if model is not None and model.batch_size > 1]
+    asked = [
+        (f"{role}.batch_size", model.batch_size)
+        for role, model in (("target", config.target), ("draft", config.draft))
+        if model is not None and model.batch_size > 1
+    ]
     if "max_batch" in config.serve.model_fields_set and config.serve.max_batch > 1:
         asked.append(("serve.max_batch", config.serve.max_batch))
     rows = serving_batch(config)
-    fix = (f"use --engine neuron-ssp, which serves {rows} requests at once with this config, or accept one at a "
-           "time with LMI (max_rolling_batch_size=1 is rendered either way)" if rows > 1 else
-           "to batch, compile the target for a batch (target.batch_size) and use --engine neuron-ssp; as it is, "
-           "this config serves one request at a time with either engine")
+    fix = (
+        f"use --engine neuron-ssp, which serves {rows} requests at once with this config, or accept one at a "
+        "time with LMI (max_rolling_batch_size=1 is rendered either way)"
+        if rows > 1
+        else "to batch, compile the target for a batch (target.batch_size) and use --engine neuron-ssp; as it is, "
+        "this config serves one request at a time with either engine"
+    )
     return [str(Problem(field, value, LMI_BATCH_RULE, fix)) for field, value in asked]

@@ -484,4 +484,3 @@ def _software(config: Config, options: EndpointOptions) -> str:
     pin = pin_for_config(config)
     base = pin.dlc or "deploy/sagemaker/Dockerfile's BASE_IMAGE (pytorch-inference-neuronx 2.7.0, SDK 2.25)"
     return f"{pin.describe(config.neuron.library)}; image FROM {base}"
-

@@ -117,7 +117,7 @@ class PrefixScorer:
         from neuron_ssp.backends.torch.hf_forward import cache_kwarg  # the cache's name moved in transformers 5.24
 
         cache = {cache_kwarg(self.model): self.cache}
-        for token in prefix[len(self.tokens):]:
+        for token in prefix[len(self.tokens) :]:
             out = self.model(input_ids=torch.tensor([[token]]), **cache, use_cache=True)
             self.tokens.append(token)
             self.rows.append(out.logits[0, -1])

@@ -63,6 +63,7 @@ class NeuronModelBase(PretrainedModel):
             self._enable(speculation_length, batch_sizes)
 
     if _standin.ONE_K:
+
         def enable_speculative_decoder(self, speculation_length, batch_sizes=None, token_tree=None):
             if not isinstance(speculation_length, int):
                 raise TypeError("this build compiles one speculation_length per model")
@@ -106,10 +107,12 @@ class NeuronModelBase(PretrainedModel):
             # context encoding
             n_active_seqs, n_active_tokens = input_ids.shape
             continuous_batching_n_positions = context_bucket(self.n_positions, n_active_tokens)
-            assert n_active_seqs == cache_ids.shape[0], \
+            assert n_active_seqs == cache_ids.shape[0], (
                 f"invalid n_active_seqs ({n_active_seqs} vs {cache_ids.shape[0]})"
-            assert n_active_tokens <= continuous_batching_n_positions, \
+            )
+            assert n_active_tokens <= continuous_batching_n_positions, (
                 f"invalid input prompt length ({n_active_tokens} <= {continuous_batching_n_positions})"
+            )
             cache_ids_pad = torch.zeros(n_active_seqs, continuous_batching_n_positions, dtype=cache_ids.dtype)
             for seq_id in range(n_active_seqs):
                 cache_ids_pad[seq_id, :n_active_tokens] = cache_ids[seq_id, :n_active_tokens]
@@ -122,15 +125,18 @@ class NeuronModelBase(PretrainedModel):
             speculation_bucket = find_bucket(prompt_buckets, n_active_tokens)
             # validate the speculative head was compiled for the given batch size
             speculation_batches = [batch_size for (k, batch_size) in self.speculation_decoders]
-            assert n_active_seqs in speculation_batches, \
+            assert n_active_seqs in speculation_batches, (
                 f"invalid batch size for speculative forward ({n_active_seqs} not in {speculation_batches})"
+            )
             if len(cache_ids.shape) == 1:
                 cache_ids = cache_ids.unsqueeze(0)
-            assert cache_ids.shape[0] == n_active_seqs, \
+            assert cache_ids.shape[0] == n_active_seqs, (
                 f"invalid n_active_seqs ({n_active_seqs} vs {cache_ids.shape[0]}) in speculative forward"
+            )
             # pad cache IDs with max(n_positions) - 1
-            cache_ids_pad = torch.full((n_active_seqs, speculation_bucket), max(context_buckets(self.n_positions)) - 1,
-                                       dtype=cache_ids.dtype)
+            cache_ids_pad = torch.full(
+                (n_active_seqs, speculation_bucket), max(context_buckets(self.n_positions)) - 1, dtype=cache_ids.dtype
+            )
             for seq_id in range(n_active_seqs):
                 cache_ids_pad[seq_id, :n_active_tokens] = cache_ids[seq_id, :n_active_tokens]
             return input_ids, cache_ids_pad, seq_ids

@@ -29,8 +29,11 @@ class ContinuousBatchingConfig:
     """1ade6d7 config.py lines 73-102: max_num_seqs, or its older name batch_size_for_shared_caches."""
 
     def __init__(self, **kwargs):
-        self.max_num_seqs = (kwargs.pop("max_num_seqs") if kwargs.get("max_num_seqs") is not None
-                             else kwargs.pop("batch_size_for_shared_caches"))
+        self.max_num_seqs = (
+            kwargs.pop("max_num_seqs")
+            if kwargs.get("max_num_seqs") is not None
+            else kwargs.pop("batch_size_for_shared_caches")
+        )
         self.max_model_len = kwargs.pop("max_model_len") if kwargs.get("max_model_len") is not None else None
         self.optimized_paged_attention = kwargs.pop("optimized_paged_attention", None) or False
         self.enable_chunked_prefill = kwargs.pop("enable_chunked_prefill", None) or False

@@ -42,9 +42,7 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         assert target.neuron_config.on_device_embedding == True, (  # noqa: E712
             "The target model must enable on-device embedding."
         )
-        assert target.neuron_config.on_device_generation is not None, (
-            "The target model must enable on-device sampling."
-        )
+        assert target.neuron_config.on_device_generation is not None, "The target model must enable on-device sampling."
         assert target.config.vocab_size == draft.config.vocab_size, (
             "The target model and draft model must have the same vocab size."
         )
@@ -60,8 +58,9 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             assert target.neuron_config.padding_side == "right", (
                 "The target model must set padding_side as right for batch size > 1."
             )
-        _standin.RUNTIME.record("fused", "FusedSpeculativeDecoder", k=k, pad_token_id=pad_token_id,
-                                eos_token_id=eos_token_id)
+        _standin.RUNTIME.record(
+            "fused", "FusedSpeculativeDecoder", k=k, pad_token_id=pad_token_id, eos_token_id=eos_token_id
+        )
         self.draft = draft
         self.target = target
         self.k = k
@@ -106,8 +105,9 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         sequences[:, :start] = input_ids
         if batch_size > 1:
             cache_ids = torch.count_nonzero(attention_mask, dim=1).view(-1, 1)
-            positions = torch.count_nonzero(attention_mask, dim=1).view(-1, 1) + \
-                torch.arange(self.k + 1, dtype=torch.int64).repeat((batch_size, 1))
+            positions = torch.count_nonzero(attention_mask, dim=1).view(-1, 1) + torch.arange(
+                self.k + 1, dtype=torch.int64
+            ).repeat((batch_size, 1))
             sequences.scatter_(1, torch.count_nonzero(attention_mask, dim=1).view(-1, 1), token_id.to(torch.int32))
             positions = positions + 1
         else:
@@ -127,8 +127,9 @@ class FusedSpeculativeDecoder(torch.nn.Module):
         rate = torch.zeros(batch_size, 10)
         while True:
             coverted_cache_ids = cache_ids.squeeze(1) if not self.target.neuron_config.use_2d_cache_ids else cache_ids
-            tokens, counts, token_id, *score = self.speculator.execute(token_id, coverted_cache_ids, start_ids,
-                                                                        return_ranks=1)
+            tokens, counts, token_id, *score = self.speculator.execute(
+                token_id, coverted_cache_ids, start_ids, return_ranks=1
+            )
             for batch in range(batch_size):
                 if not done[batch]:
                     accepts += counts
@@ -175,8 +176,10 @@ class _Speculator:
     def execute(self, token_id, cache_ids, start_ids, return_ranks=1):
         decoder = self.decoder
         positions = cache_ids.reshape(token_id.shape[0], -1)[:, 0].tolist()
-        rows = [self._row(row, int(token), int(position))
-                for row, (token, position) in enumerate(zip(token_id.view(-1).tolist(), positions, strict=True))]
+        rows = [
+            self._row(row, int(token), int(position))
+            for row, (token, position) in enumerate(zip(token_id.view(-1).tolist(), positions, strict=True))
+        ]
         tokens = torch.full((len(rows), decoder.k + 1), decoder.pad_token_id, dtype=torch.int32)
         for row, committed in enumerate(rows):
             tokens[row, : len(committed)] = torch.tensor(committed, dtype=torch.int32)

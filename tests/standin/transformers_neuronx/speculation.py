@@ -80,8 +80,10 @@ class DefaultTokenAcceptor(TokenAcceptor):
                     positions = torch.arange(target_token_len)
                 else:
                     index = indices[batch_dim]
-                    prob_diff = target_probabilities[batch_dim, index:index + 1] - \
-                        draft_probabilities[batch_dim, index: index + 1]
+                    prob_diff = (
+                        target_probabilities[batch_dim, index : index + 1]
+                        - draft_probabilities[batch_dim, index : index + 1]
+                    )
                     prob_diff = torch.clamp(prob_diff, min=0.0)
                     next_token = sample(prob_diff)
                     tokens = torch.cat((draft_ids[batch_dim, :index], next_token[0]), dim=-1)
@@ -169,8 +171,16 @@ class SpeculativeGenerator:
             streamer=None,
             output_logits=False,
         ):
-            return self._sample_2_21(input_ids, sequence_length, start_ids, eos_token_id, pad_token_id,
-                                     attention_mask, streamer, output_logits)
+            return self._sample_2_21(
+                input_ids,
+                sequence_length,
+                start_ids,
+                eos_token_id,
+                pad_token_id,
+                attention_mask,
+                streamer,
+                output_logits,
+            )
 
     def _sample_2_18(self, input_ids, sequence_length, start_ids, eos_token_id, streamer):
         """Variable-length acceptor results; a plain greedy `target.sample` finishes the last k tokens."""
@@ -232,8 +242,9 @@ class SpeculativeGenerator:
             streamer.end()
         return torch.cat(tokens, dim=-1)
 
-    def _sample_2_21(self, input_ids, sequence_length, start_ids, eos_token_id, pad_token_id, attention_mask,
-                     streamer, output_logits):
+    def _sample_2_21(
+        self, input_ids, sequence_length, start_ids, eos_token_id, pad_token_id, attention_mask, streamer, output_logits
+    ):
         """1ade6d7 speculation.py:718-867, statement for statement."""
         batch_size, context_len = input_ids.shape
         cache_ids = None
@@ -242,8 +253,9 @@ class SpeculativeGenerator:
             assert attention_mask is not None, (
                 "The attention mask needs to be provided for speculation where batch_size>1"
             )
-            cache_ids = torch.arange(context_len).reshape(1, context_len).expand(batch_size, context_len) \
-                .mul(attention_mask)
+            cache_ids = (
+                torch.arange(context_len).reshape(1, context_len).expand(batch_size, context_len).mul(attention_mask)
+            )
             if start_ids is None:
                 start_ids = torch.arange(batch_size)
         _draft_ids, _draft_scores = self.draft(input_ids, self.k, cache_ids, start_ids)
@@ -273,7 +285,7 @@ class SpeculativeGenerator:
         k_arange_tensor = torch.arange(self.k, dtype=torch.int64).repeat((batch_size, 1))
         while True:
             if early_stop:
-                done_flags |= (target_next_ids == eos_token)
+                done_flags |= target_next_ids == eos_token
                 if batch_size > 1:
                     target_next_ids[done_flags] = eos_token
             if done_flags.all():
@@ -287,8 +299,9 @@ class SpeculativeGenerator:
             else:
                 target_cache_ids = k_arange_tensor + cache_ids.view(-1, 1)
             target_input_ids = torch.cat([target_next_ids, draft_ids], dim=1)
-            target_next_scores = self.target.speculative_forward(input_ids=target_input_ids, cache_ids=target_cache_ids,
-                                                                 start_ids=start_ids, speculation_length=self.k)
+            target_next_scores = self.target.speculative_forward(
+                input_ids=target_input_ids, cache_ids=target_cache_ids, start_ids=start_ids, speculation_length=self.k
+            )
             draft_next_scores = torch.transpose(draft_next_scores, 0, 1)
             target_next_scores = torch.transpose(target_next_scores, 0, 2)
             target_next_scores = torch.transpose(target_next_scores, 1, 2)

@@ -219,17 +219,24 @@ class LlamaForSampling(NeuronModelBase):
             cache_ids = torch.arange(n_active, dtype=torch.int32).unsqueeze(0).expand(n_seqs, n_active)
         sent = _sent(input_ids, cache_ids, start_ids)
         if n_active > 1 and int(cache_ids.flatten()[0]) > 0:
-            raise NotImplementedError("the stand-in does not model forward() over several tokens past position 0 "
-                                      "(the library's windowed context); speculative_forward scores windows")
+            raise NotImplementedError(
+                "the stand-in does not model forward() over several tokens past position 0 "
+                "(the library's windowed context); speculative_forward scores windows"
+            )
         tokens, cache_ids, seq_ids = self._prepare_for_continuous_batching(input_ids, cache_ids, start_ids)
-        rows = self._static_rows(n_seqs) if seq_ids is None or self.neuron_config.continuous_batching is None \
+        rows = (
+            self._static_rows(n_seqs)
+            if seq_ids is None or self.neuron_config.continuous_batching is None
             else [int(s) for s in seq_ids.view(-1)]
+        )
         executed, logits = [], []
         if n_active > 1:
             bucket = context_bucket(self.n_positions, n_active)
             if n_active > bucket:
-                raise NotImplementedError(f"a static batch's context of {n_active} tokens runs past the largest "
-                                          f"context bucket ({bucket}): the library's leftover loop is not modelled")
+                raise NotImplementedError(
+                    f"a static batch's context of {n_active} tokens runs past the largest "
+                    f"context bucket ({bucket}): the library's leftover loop is not modelled"
+                )
             last = cache_ids.max(dim=1).values  # base.py line 443: the last token's index
             for index, row in enumerate(rows):
                 # base.py _pad_cache_ids (lines 452-490): a context shorter than its bucket is padded to it
@@ -259,8 +266,11 @@ class LlamaForSampling(NeuronModelBase):
                 "takes this call for a context encoding (base.py line 502) and pads it to a context bucket; the "
                 f"speculation network for {k} tokens then computes garbage"
             )
-        rows = self._static_rows(n_seqs) if seq_ids is None or self.neuron_config.continuous_batching is None \
+        rows = (
+            self._static_rows(n_seqs)
+            if seq_ids is None or self.neuron_config.continuous_batching is None
             else [int(s) for s in seq_ids.view(-1)]
+        )
         executed, logits = [], []
         for index, row in enumerate(rows):
             positions = [int(c) for c in cache_ids[index]]
