@@ -17,11 +17,18 @@ from neuron_ssp.errors import Problem, UsageError
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_DEFAULT = "embedded:smollm2-135m-instruct"
+EMBEDDED_EAGLE3 = "embedded:smollm2-135m-instruct-eagle3"  # the EAGLE-3 head shipped for the embedded model
 DEFAULT_CONFIG = Path(__file__).parent / "data" / "default.yaml"
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 BUILTIN_ACCEPTORS = ("probabilistic", "greedy", "typical")
 POLICIES = ("fixed", "adaptive", "draft-confidence", "target-confidence", "cost")
+# eagle3: an EAGLE-3 head drafts from the target's hidden states; eagle: an EAGLE-1 head (NxD Inference's fused
+# speculation only); ngram+eagle3: prompt lookup where its match is long, the head otherwise (torch backend only)
+DrafterName = Literal["ngram", "model", "suffix", "eagle3", "eagle", "ngram+eagle3", "none"]
+# drafters that read the `draft:` section: a draft model, or an EAGLE head's checkpoint directory
+DRAFTERS_WITH_DRAFT = ("model", "eagle", "eagle3", "ngram+eagle3")
+EAGLE_DRAFTERS = ("eagle", "eagle3", "ngram+eagle3")
 
 
 class _Strict(BaseModel):
@@ -57,7 +64,9 @@ class PlatformConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """One model (target or draft). `path` is a local HF directory or `embedded:smollm2-135m-instruct`."""
+    """One model (target or draft). `path` is a local HF directory or `embedded:smollm2-135m-instruct`; for the
+    EAGLE drafters the draft is a head: a checkpoint directory in the EAGLE-3 layout (config.json + safetensors) or
+    `embedded:smollm2-135m-instruct-eagle3`."""
 
     path: str = Field(min_length=1)
     dtype: Dtype = "fp32"
@@ -88,7 +97,7 @@ class SpeculationConfig(_Strict):
 
     k: int = Field(4, ge=2, le=64)
     # none: plain decoding through the same loop (continuous batching without speculation, the baseline)
-    drafter: Literal["ngram", "model", "suffix", "none"] = "ngram"
+    drafter: DrafterName = "ngram"
     acceptor: str = "probabilistic"  # a built-in name or `module:Class`
     # cost: keep the part of each proposal that maximises expected tokens per second, from the target's
     # measured cost per window width and the draft's evidence (speculation/cost_policy.py)
@@ -232,8 +241,14 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _draft_present(self) -> Config:
-        if self.speculation.drafter == "model" and self.draft is None:
-            raise ValueError("drafter 'model' needs a `draft:` section with the draft model's path")
+        drafter = self.speculation.drafter
+        if drafter in DRAFTERS_WITH_DRAFT and self.draft is None:
+            what = "the draft model's path" if drafter == "model" else "the path of the EAGLE head's checkpoint"
+            example = "path: <draft model dir>" if drafter == "model" else f"path: <head dir> (or {EMBEDDED_EAGLE3})"
+            raise ValueError(
+                f"drafter '{drafter}' needs a `draft:` section with {what}; add `draft:` with `{example}`, "
+                "or use drafter: ngram"
+            )
         if self.speculation.k > self.target.n_positions:
             raise ValueError(f"k ({self.speculation.k}) exceeds target.n_positions ({self.target.n_positions})")
         return self

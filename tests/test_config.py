@@ -99,3 +99,18 @@ def test_greedy_acceptor_with_a_temperature_is_a_validation_error(tmp_path):
     assert "temperature 0.8" in errors[0].rule and "sampling.temperature: 0" in errors[0].fix
     greedy = load_config(write(tmp_path, "speculation:\n  acceptor: greedy\nsampling:\n  temperature: 0\n"))
     assert validate_config(greedy).errors == []
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "eagle3", "ngram+eagle3"])
+def test_every_drafter_that_reads_a_draft_needs_a_draft_section(tmp_path, drafter):
+    problem = next(iter(problems(tmp_path, f"speculation:\n  drafter: {drafter}\n").values()))
+    assert f"drafter '{drafter}' needs a `draft:` section" in problem.rule
+    assert "add `draft:`" in problem.fix
+
+
+def test_eagle_drafters_are_config_values(tmp_path):
+    for drafter in ("eagle", "eagle3", "ngram+eagle3"):
+        text = f"speculation:\n  drafter: {drafter}\ndraft:\n  path: embedded:smollm2-135m-instruct-eagle3\n"
+        assert load_config(write(tmp_path, text)).speculation.drafter == drafter
+    problem = problems(tmp_path, "speculation:\n  drafter: eagle-3\n")["speculation.drafter"]
+    assert "did you mean 'eagle3'?" in problem.fix

@@ -46,8 +46,9 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--acceptor", help="probabilistic (lossless), greedy, typical (lossy) or module:Class."),
         click.option(
             "--drafter",
-            help="ngram (prompt lookup), suffix (learns across requests; both model-free) "
-            "or model (needs a draft: section).",
+            help="ngram (prompt lookup), suffix (learns across requests; both model-free), "
+            "model (a draft model), eagle3 (an EAGLE-3 head), ngram+eagle3 (prompt lookup or the head, per step) "
+            "or eagle (EAGLE-1, NxD Inference fused only); the last four need a draft: section.",
         ),
         click.option("--policy", help="fixed, adaptive, draft-confidence, target-confidence or cost."),
         click.option("--temperature", type=float, help="0 = greedy."),

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology.batch_rules import TNX_BATCHED, check_batch
+from neuron_ssp.topology.drafter_rules import check_drafter
 from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
 from neuron_ssp.topology.generic_rules import check_acceptor, check_positions, check_vocabulary, check_window
@@ -45,6 +46,7 @@ def validate_config(
     check_window(config, models, report)
     check_positions(config, models, report)
     check_vocabulary(architectures, models.get("draft"), report)
+    check_drafter(config, report)
     check_engine(config, models, architectures, report)
     check_acceptor(config, report)
     check_nxdi_settings(config, models, report)

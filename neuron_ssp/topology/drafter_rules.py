@@ -1,0 +1,63 @@
+"""Which backend runs which EAGLE drafter (issue 42, 43).
+
+eagle (EAGLE-1) runs only inside NxD Inference's fused speculation: the torch backend never drafts with it.
+eagle3 and ngram+eagle3 are drafted on the host by our loop from the target's hidden states; ngram+eagle3 is
+torch-only. What is not built yet is refused here, before anything loads, naming what is missing.
+"""
+
+from __future__ import annotations
+
+from neuron_ssp.config import Config
+from neuron_ssp.errors import Problem
+from neuron_ssp.topology.report import ValidationReport
+
+# set once the torch EAGLE-3 drafter lands (drafters/eagle.py, issue 42 item 2)
+TORCH_EAGLE3_BUILT = False
+
+
+def check_drafter(config: Config, report: ValidationReport) -> None:
+    drafter = config.speculation.drafter
+    if config.platform.backend == "torch":
+        report.errors.extend(_torch_problems(drafter))
+    elif drafter in ("eagle3", "ngram+eagle3", "eagle"):
+        report.errors.append(_neuron_problem(drafter))
+
+
+def _torch_problems(drafter: str) -> list[Problem]:
+    if drafter == "eagle":
+        return [
+            Problem(
+                "speculation.drafter",
+                drafter,
+                "EAGLE-1 heads run only inside NxD Inference's fused speculation; the torch backend drafts with "
+                "EAGLE-3 heads",
+                "use drafter: eagle3 with an EAGLE-3 head, or platform.backend: neuron with neuron.library: nxdi "
+                "and speculation.engine: fused",
+            )
+        ]
+    if drafter in ("eagle3", "ngram+eagle3") and not TORCH_EAGLE3_BUILT:
+        return [
+            Problem(
+                "speculation.drafter",
+                drafter,
+                "the torch backend's EAGLE-3 drafter is not built yet (issue 42 item 2)",
+                "use drafter: ngram, suffix or model for now",
+            )
+        ]
+    return []
+
+
+def _neuron_problem(drafter: str) -> Problem:
+    if drafter == "ngram+eagle3":
+        return Problem(
+            "speculation.drafter",
+            drafter,
+            "the combined drafter (prompt lookup + EAGLE-3 head) runs on the torch backend only",
+            "use drafter: eagle3 on Neuron, or platform.backend: torch",
+        )
+    return Problem(
+        "speculation.drafter",
+        drafter,
+        f"drafter {drafter} on Neuron is not built yet (issue 43)",
+        "use drafter: model or ngram on Neuron for now, or platform.backend: torch",
+    )
