@@ -92,7 +92,13 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
 @click.command("bench-serve")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="YAML config the servers run.")
 @click.option("--clients", type=click.IntRange(min=1), default=8, show_default=True, help="Concurrent clients.")
-@click.option("--requests", type=click.IntRange(min=1), default=4, show_default=True, help="Requests per client.")
+@click.option(
+    "--requests",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Requests per client (--sweep: per client at the highest concurrency).",
+)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True, help="Tokens per request.")
 @click.option(
     "--pairs",
@@ -127,7 +133,8 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     "--sweep",
     is_flag=True,
     help="Instead: concurrency sweep of three servers side by side (batch-1 speculation, continuous "
-    "batching without and with speculation): tokens/s, TTFT and time per output token per level.",
+    "batching without and with speculation), every level serving the same --requests x max(--concurrency) "
+    "requests: tokens/s, server CPU time per token, TTFT and time per output token per level.",
 )
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="--sweep: client counts, comma-separated.")
 @click.option(
@@ -278,8 +285,11 @@ def sweep_tables(result: SweepResult) -> Group:
     """Per mode and concurrency, then the targets (80 columns wide)."""
     from neuron_ssp.tools import serve_sweep
 
-    load = Table(title="bench-serve --sweep (tokens/s; seconds)", title_justify="left")
-    for name in ("mode", "c", "tok/s", "TTFT p50/p95", "TPOT p50/p95", "err"):
+    load = Table(
+        title=f"bench-serve --sweep, {result.settings['requests_per_pass']} requests a pass (tokens/s; seconds)",
+        title_justify="left",
+    )
+    for name in ("mode", "c", "tok/s", "CPU/tok", "TTFT p50/p95", "TPOT p50/p95", "err"):
         load.add_column(name, justify="right" if name != "mode" else "left")
     for mode in serve_sweep.MODES:
         for c, m in sorted(result.runs[mode].items()):
@@ -287,6 +297,7 @@ def sweep_tables(result: SweepResult) -> Group:
                 mode,
                 str(c),
                 f"{m['output_tokens_per_s']:.1f}",
+                f"{m['cpu_ms_per_token']:.1f} ms" if m["cpu_ms_per_token"] is not None else "n/a",
                 f"{m['ttft_p50_s']:.2f}/{m['ttft_p95_s']:.2f}",
                 f"{m['tpot_p50_s'] * 1000:.0f}/{m['tpot_p95_s'] * 1000:.0f} ms",
                 str(m["errors"]),
@@ -296,7 +307,8 @@ def sweep_tables(result: SweepResult) -> Group:
         goals.add_column(name)
     for name, measured, goal, met in serve_sweep.targets(result):
         goals.add_row(name, measured, goal, "yes" if met else "[red]no[/red]")
-    return Group(load, goals)
+    codes = "; ".join(f"{mode}: {code}" for mode, code in result.exit_codes.items())
+    return Group(load, goals, f"servers' exit codes on SIGTERM: {codes}")
 
 
 def serve_bench_tables(r: dict[str, Any]) -> Group:

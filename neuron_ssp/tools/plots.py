@@ -70,14 +70,22 @@ def plot_bench(result: BenchResult, path: Path, title: str) -> None:
 
 
 def plot_sweep(result: SweepResult, path: Path, title: str) -> None:
-    """Tokens/s and time per output token (p95) against concurrency, one line per way of serving."""
-    fig = figure_class()(figsize=(10, 4))
-    speed, latency = fig.subplots(1, 2)
+    """Tokens/s, the servers' CPU time per output token and time per output token (p95) against concurrency,
+    one line per way of serving."""
+    fig = figure_class()(figsize=(14, 4))
+    speed, cpu, latency = fig.subplots(1, 3)
     for mode in MODES:
         levels = sorted(result.runs[mode])
-        speed.plot(levels, [result.runs[mode][c]["output_tokens_per_s"] for c in levels], "o-", label=mode)
-        latency.plot(levels, [1000 * result.runs[mode][c]["tpot_p95_s"] for c in levels], "o-", label=mode)
-    for ax, label in ((speed, "output tokens/s (all clients)"), (latency, "time per output token, p95 (ms)")):
+        runs = [result.runs[mode][c] for c in levels]
+        speed.plot(levels, [run["output_tokens_per_s"] for run in runs], "o-", label=mode)
+        timed = [(c, run["cpu_ms_per_token"]) for c, run in zip(levels, runs, strict=True) if run["cpu_ms_per_token"]]
+        cpu.plot([c for c, _ in timed], [ms for _, ms in timed], "o-", label=mode)
+        latency.plot(levels, [1000 * run["tpot_p95_s"] for run in runs], "o-", label=mode)
+    for ax, label in (
+        (speed, "output tokens/s (all clients)"),
+        (cpu, "server CPU time per output token (ms)"),
+        (latency, "time per output token, p95 (ms)"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set(xlabel="concurrent streaming clients", ylabel=label)
         ax.grid(alpha=0.3)

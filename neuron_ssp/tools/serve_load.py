@@ -55,6 +55,10 @@ class ServerProcess:
     url: str
     log: Path
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds the server process has used so far, all its threads (Linux's /proc; None elsewhere)."""
+        return process_cpu_s(self.proc.pid)
+
     def stop(self, timeout_s: float = 120) -> int:
         """SIGTERM, as SageMaker stops a container; returns the exit code (0 is a clean drain)."""
         self.proc.terminate()
@@ -160,6 +164,45 @@ def run_clients(
     for thread in threads:
         thread.join(timeout_s * requests + 60)
     return outcomes, time.perf_counter() - start
+
+
+def serve_requests(
+    url: str, prompts: list[str], clients: int, max_tokens: int, timeout_s: float, step: Step
+) -> tuple[list[Outcome], float]:
+    """Every prompt once, through `clients` threads that each take the next unsent prompt when their last one
+    is answered (closed-loop clients sharing one queue); returns the outcomes in prompt order and the wall time."""
+    outcomes: list[Outcome | None] = [None] * len(prompts)
+    queue = iter(range(len(prompts)))
+    lock = threading.Lock()
+
+    def client_loop() -> None:
+        with httpx.Client() as client:
+            while True:
+                with lock:
+                    index = next(queue, None)
+                if index is None:
+                    return
+                outcomes[index] = stream_chat(client, url, prompts[index], max_tokens, timeout_s)
+                step("request")
+
+    threads = [threading.Thread(target=client_loop) for _ in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s * len(prompts) + 60)
+    wall = time.perf_counter() - start
+    return [outcome or Outcome(0, error="not sent: the clients timed out") for outcome in outcomes], wall
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` (/proc/<pid>/stat fields 14 and 15); None without /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def summary(outcomes: list[Outcome], wall_s: float) -> dict[str, Any]:
