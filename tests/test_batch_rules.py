@@ -180,3 +180,28 @@ def test_validate_plans_for_the_version_it_is_given() -> None:
 
 def test_generation_names_cover_every_row() -> None:
     assert {rule.generation for rule in BATCH_RULES} == set(GENERATIONS)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_nxdi_fused_samples_only_the_last_position_with_or_without_continuous_batching(batch: int) -> None:
+    """model_base.py:1162-1183 at 4bcdc54b: with do_sample the target's on-device sampler takes logits[:, -1, :],
+    whatever the batch (continuous batching is only on above batch 1); validate and a sampled request at join say
+    the same."""
+    from neuron_ssp.engines.nxdi_fused import refuse_sampled
+    from neuron_ssp.errors import UsageError
+    from neuron_ssp.speculation.sampling import SamplingParams
+
+    data = merged(
+        neuron_pair(target=LLAMA3_70B, draft=LLAMA3_8B),
+        target={"batch_size": batch},
+        draft={"batch_size": batch},
+        neuron={"library": "nxdi"},
+        speculation={"engine": "fused", "acceptor": "probabilistic"},
+        sampling={"temperature": 0.7},
+    )
+    (validated,) = [p for p in report(data)[0] if p.field == "sampling.temperature"]
+    with pytest.raises(UsageError) as joined:
+        refuse_sampled(SamplingParams(temperature=0.7))
+    for rule in (validated.rule, joined.value.problems[0].rule):
+        assert "logits[:, -1, :]" in rule and "model_base.py:1162-1183" in rule, rule
+        assert "whether or not continuous batching is on" in rule, rule

@@ -28,9 +28,9 @@ only acceptance can drop where rows sit at different positions.
 
 The accepted rows are `fused_outputs[0]` on a device (the KV cache stays there); on CPU NxDI keeps only the
 first output, the rows themselves (`_get_constructed_outputs`, model_base.py:3807). Greedy only: with do_sample
-the target samples just the window's last position (model_base.py:1162, a FIXME), refused by validate and,
-per request, at join. Acceptance statistics are exact (every call drafts k-1 and commits n); the draft/target
-time split is not observable inside one graph and reads zero.
+the target samples just the window's last position, batch 1 or continuous batching alike (model_base.py:1162-1183,
+a FIXME), refused by validate and, per request, at join. Acceptance statistics are exact (every call drafts k-1
+and commits n); the draft/target time split is not observable inside one graph and reads zero.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.topology.batch_rules import NXDI_FUSED_SAMPLING
 from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
 PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:1650)
@@ -188,15 +189,13 @@ def compiled_batch(app: Any) -> int:
 
 
 def refuse_sampled(sampling: SamplingParams) -> None:
-    """NxDI's fused speculation with a draft model is greedy only (model_base.py:1162, a FIXME: with do_sample
-    the target samples only the window's last position)."""
+    """NxDI's fused speculation with a draft model is greedy only (batch_rules.NXDI_FUSED_SAMPLING)."""
     if not sampling.greedy:
         raise UsageError(
             Problem(
                 "temperature",
                 sampling.temperature,
-                "NxD Inference's fused speculation decodes greedily (with sampling its graph would sample only the "
-                "last position of each window: model_base.py:1162 at 4bcdc54b, a FIXME there)",
+                f"NxD Inference's fused speculation decodes greedily: {NXDI_FUSED_SAMPLING}",
                 "leave temperature out or send 0, or serve with speculation.engine: native (samples losslessly)",
             )
         )

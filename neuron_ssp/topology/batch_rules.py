@@ -33,6 +33,10 @@ BATCHED_TNX_INSTALL = "install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25; 
 
 _HOST_ACCEPTOR = "our acceptor on the host, per row (engines/batch.py)"
 _TNX_BATCH_RAISES = "SpeculativeGenerator raises for batch > 1 (speculation.py:345-347 at 7a30b42, same at c8d6bdc)"
+NXDI_FUSED_SAMPLING = (
+    "with do_sample the target's on-device sampler takes only logits[:, -1, :], the window's last position, "
+    "whether or not continuous batching is on (model_base.py:1162-1183 at 4bcdc54b, a FIXME there)"
+)
 _TNX_SPEC_BATCHED = (
     "2-D cache_ids, start_ids as sequence ids, attention_mask required (speculation.py:718-730 at "
     "1ade6d7); a speculation network per (k, batch size) (base.py:129-132)"
@@ -155,7 +159,7 @@ BATCH_RULES: tuple[BatchRule, ...] = (
         "(kv_cache_manager.py:483-484), as vLLM's NxDI loader sets it (neuronx_distributed.py "
         "_get_default_speculation_config at vllm 02f0c7b2)",
         False,
-        "greedy only: with do_sample the target samples only the window's last position (model_base.py:1162, a FIXME)",
+        NXDI_FUSED_SAMPLING,
     ),
 )
 

@@ -166,7 +166,8 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
     Its graph drafts greedily k times and verifies the window with the target's on-device sampling
     (`_token_gen_forward`, model_base.py:1812); a draft token is accepted while it equals the target's own token
     (`_tkg_postprocessor`, model_base.py:2799). With do_sample the target samples only the window's last
-    position (`_sample_on_device`, model_base.py:1162, marked FIXME), so only greedy decoding is defined; the
+    position, with or without continuous batching (`_sample_on_device`, model_base.py:1162-1183, marked FIXME), so
+    only greedy decoding is defined; the
     draft's process group must divide the target's tp (`initialize_speculative_draft_group`, NxD
     parallel_state.py:1533 at fbac349b), and its cache is read at the target's positions."""
     spec, problems, native = config.speculation, [], "or use speculation.engine: native"
@@ -198,7 +199,7 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
                 f"use acceptor: greedy, {native}",
             )
         )
-    # greedy only (model_base.py:1162): the sampling column of topology/batch_rules.py
+    # greedy only (model_base.py:1162-1183): the sampling column of topology/batch_rules.py
     draft, target = models.get("draft"), models["target"]
     if draft is not None and target.tp_degree % draft.tp_degree:
         problems.append(
