@@ -17,18 +17,23 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+Scored = tuple[torch.Tensor, torch.Tensor | None]  # logits, and the taps of the rows asked for (None: none asked)
+
 
 @dataclass(frozen=True)
 class Segment:
     """One sequence's part of a batched call: `tokens` (m,) int64 written at positions start..start+m-1 of
     cache slot `slot`. `logits_rows`: how many of its LAST rows' logits the call returns (None: all m); a
     chunk of a prompt being prefilled wants 0, or 1 when it ends the prompt (the head over the other rows
-    would be wasted work). Only backends with a `prompt_chunk` receive it set."""
+    would be wasted work). Only backends with a `prompt_chunk` receive it set. `hidden_rows`: how many of its
+    LAST rows' hidden states (the taps, `HiddenStates`) a `score_batch_hidden` call returns; 0: none, nothing
+    is copied."""
 
     slot: int
     start: int
     tokens: torch.Tensor
     logits_rows: int | None = None
+    hidden_rows: int = 0
 
     @property
     def returned_rows(self) -> int:
@@ -61,6 +66,25 @@ class ModelBackend(Protocol):
     def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
         """ONE call for every segment (each slot at most once): float32 logits (each segment's returned_rows,
         vocab), rows in segment order."""
+        ...
+
+
+@runtime_checkable
+class HiddenStates(Protocol):
+    """A backend that also hands out hidden states: for each row asked for, the residual stream ENTERING each tap
+    layer (Hugging Face's output_hidden_states[l]; 0 is the embeddings), the taps side by side (rows, taps x
+    hidden), float32. What an EAGLE-3 head drafts from (drafters/eagle.py). Told the layers once."""
+
+    def set_taps(self, layers: Sequence[int]) -> None:
+        """The layers whose inputs `*_hidden` calls return, in this order (0 <= layer < the model's layers)."""
+        ...
+
+    def prefill_slot_hidden(self, slot: int, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill_slot`, and the taps of every prompt row (prompt length, taps x hidden)."""
+        ...
+
+    def score_batch_hidden(self, segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`score_batch`, and the taps of each segment's last `hidden_rows` rows, in segment order."""
         ...
 
 

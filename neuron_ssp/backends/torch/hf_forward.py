@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache, PreTrainedModel
 
-from neuron_ssp.backends.base import Segment
+from neuron_ssp.backends.base import Scored, Segment
 from neuron_ssp.errors import Problem, UsageError
 
 TRANSFORMERS_5 = Version(transformers.__version__).major >= 5
@@ -50,44 +51,53 @@ class HfForward:
         self._cache_name = cache_kwarg(model)
         self._caches: list[DynamicCache | None] = [None] * slots
         self._recording = _needs_past_recording(self._new_cache(), name)
+        self.taps: tuple[int, ...] = ()  # layers whose input residual stream a call returns where asked (set_taps)
 
-    def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
+    def prefill(self, slot: int, prompt_ids: torch.Tensor, hidden: bool = False) -> Scored:
+        """The last row's logits, and with `hidden` every row's taps."""
         cache = self._caches[slot] = self._new_cache()
         out = self.model(
             input_ids=prompt_ids.view(1, -1).to(self.device),
             **{self._cache_name: cache},
             use_cache=True,
+            output_hidden_states=hidden,
             **self._keep_last,
         )
         if self._recording:  # after the prompt, so a long prompt is not held whole in the window layers
             cache.activate_past_recording()
-        return out.logits[0, -1]
+        return out.logits[0, -1], self._taps(out, prompt_ids.shape[0]) if hidden else None
 
-    def score(self, segments: Sequence[Segment]) -> torch.Tensor:
-        """Segment after segment, each against its slot's cache; rows in segment order."""
-        parts = [
-            self._score_slot(segment.slot, segment.tokens, segment.start)[len(segment.tokens) - segment.returned_rows :]
-            for segment in segments
-        ]
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    def score(self, segments: Sequence[Segment]) -> Scored:
+        """Segment after segment, each against its slot's cache; rows in segment order (taps likewise)."""
+        parts = [self._score_slot(segment) for segment in segments]
+        logits = torch.cat([part for part, _ in parts]) if len(parts) > 1 else parts[0][0]
+        if all(segment.hidden_rows == 0 for segment in segments):
+            return logits, None
+        return logits, torch.cat([taps for _, taps in parts if taps is not None])
 
-    def _score_slot(self, slot: int, token_ids: torch.Tensor, start: int) -> torch.Tensor:
-        cache = self._caches[slot]
+    def _score_slot(self, segment: Segment) -> Scored:
+        cache = self._caches[segment.slot]
         if cache is None:
             raise RuntimeError("score() before prefill(): the generator must encode the prompt first")
-        stale = cache.get_seq_length() - start
+        stale = cache.get_seq_length() - segment.start
         if stale > 0:
             cache.crop(-stale)
-        n = token_ids.shape[0]
-        positions = torch.arange(start, start + n, device=self.device)
+        n = segment.tokens.shape[0]
+        positions = torch.arange(segment.start, segment.start + n, device=self.device)
         out = self.model(
-            input_ids=token_ids.view(1, -1).to(self.device),
+            input_ids=segment.tokens.view(1, -1).to(self.device),
             **{self._cache_name: cache},
             position_ids=positions.view(1, -1),
             cache_position=positions,
             use_cache=True,
+            output_hidden_states=segment.hidden_rows > 0,
         )
-        return out.logits[0]
+        taps = self._taps(out, segment.hidden_rows) if segment.hidden_rows else None
+        return out.logits[0][n - segment.returned_rows :], taps
+
+    def _taps(self, out: Any, rows: int) -> torch.Tensor:
+        """The last `rows` rows of the tap layers' inputs (output_hidden_states[layer]), side by side."""
+        return torch.cat([out.hidden_states[layer][0, -rows:] for layer in self.taps], -1)
 
     def _new_cache(self) -> DynamicCache:
         if not TRANSFORMERS_5:

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
-from neuron_ssp.backends.base import Segment
+from neuron_ssp.backends.base import Scored, Segment
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
 from neuron_ssp.backends.torch.row_kernel import KEY_PADDING, MAX_ROWS, LayerShape, RowKernel, Spans, row_kernel
 from neuron_ssp.embedded.cache import cache_root
@@ -69,7 +69,8 @@ class CompactLlama:
         self.values = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
         self._layers = list(zip(weights.layers, self.keys.unbind(0), self.values.unbind(0), strict=True))
         self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
-        self._run: Callable[..., torch.Tensor] = _compiled(self._forward) if compile else self._forward
+        self._run: Callable[..., Scored] = _compiled(self._forward) if compile else self._forward
+        self.taps: tuple[int, ...] = ()  # layers whose input residual stream a call returns where asked (set_taps)
         self._rotary = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
         self._shape = LayerShape(
             hidden=int(weights.embed.shape[1]),
@@ -89,52 +90,69 @@ class CompactLlama:
             else []
         )
 
-    def prefill(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
-        """The prompt into positions 0.. of `slot`; beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as
-        fast there as the row kernel)."""
+    def prefill(self, slot: int, prompt_ids: torch.Tensor, hidden: bool = False) -> Scored:
+        """The prompt into positions 0.. of `slot`: the last row's logits, and with `hidden` every row's taps;
+        beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as fast there as the row kernel)."""
         ids = prompt_ids.to(self.w.device)
         last = torch.tensor([ids.shape[0] - 1], device=self.w.device)
-        return self._run(ids, ((slot, 0, ids.shape[0]),), last)[-1]
+        tapped = torch.arange(ids.shape[0], device=self.w.device) if hidden else None
+        logits, taps = self._run(ids, ((slot, 0, ids.shape[0]),), last, tapped)
+        return logits[-1], taps
 
-    def score(self, segments: Sequence[Segment]) -> torch.Tensor:
-        """Every segment's rows, in order; with the row kernel in chunks of at most MAX_ROWS rows."""
+    def score(self, segments: Sequence[Segment]) -> Scored:
+        """Every segment's rows, in order (and the taps of each one's last `hidden_rows`); with the row kernel in
+        chunks of at most MAX_ROWS rows."""
         ids = torch.cat([segment.tokens for segment in segments]).to(self.w.device)
         spans = [(segment.slot, segment.start, int(segment.tokens.shape[0])) for segment in segments]
         kept = _kept_rows(segments, self.w.device)
+        tapped = _tapped_rows(segments, self.w.device)
         if self._kernel is None:
-            return self._run(ids, tuple(spans), kept)
+            return self._run(ids, tuple(spans), kept, tapped)
         parts, begin = [], 0
         for chunk in row_chunks(spans, MAX_ROWS):
             end = begin + sum(count for _, _, count in chunk)
-            parts.append(
-                self._run(ids[begin:end], chunk, None if kept is None else kept[(kept >= begin) & (kept < end)] - begin)
-            )
+            parts.append(self._run(ids[begin:end], chunk, _in_chunk(kept, begin, end), _in_chunk(tapped, begin, end)))
             begin = end
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(parts) == 1:
+            return parts[0]
+        taps = [part_taps for _, part_taps in parts if part_taps is not None]
+        return torch.cat([logits for logits, _ in parts]), torch.cat(taps) if taps else None
 
-    def _forward(self, ids: torch.Tensor, spans: tuple[Span, ...], kept: torch.Tensor | None) -> torch.Tensor:
-        """The logits of the rows `kept` (None: all): the head is skipped for prompt rows nobody reads."""
+    def _forward(
+        self, ids: torch.Tensor, spans: tuple[Span, ...], kept: torch.Tensor | None, tapped: torch.Tensor | None = None
+    ) -> Scored:
+        """The logits of the rows `kept` (None: all): the head is skipped for prompt rows nobody reads. With
+        `tapped` (row indices), those rows' residual streams entering each of `taps`' layers, side by side."""
         w = self.w
         x = F.embedding(ids, w.embed)
+        taps: dict[int, torch.Tensor] = {}
         if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
             table = Spans.of(spans)
-            for matrices, norms, cache in self._kernel_layers:
+            for index, (matrices, norms, cache) in enumerate(self._kernel_layers):
+                if tapped is not None and index in self.taps:
+                    taps[index] = x[tapped]  # a copy: the kernel updates x in place
                 self._kernel.layer(x, table, matrices, norms, cache, self._rotary, self._shape)
         else:
-            x = self._torch_layers(x, spans)
+            x = self._torch_layers(x, spans, tapped, taps)
+        hidden = torch.cat([taps[layer] for layer in self.taps], -1) if tapped is not None else None
         if kept is not None:
             x = x[kept]
             if x.shape[0] == 0:
-                return x.new_empty(0, w.head.sizes[0])
-        return w.head(_rms_norm(x, w.norm, w.eps))[0]
+                return x.new_empty(0, w.head.sizes[0]), hidden
+        return w.head(_rms_norm(x, w.norm, w.eps))[0], hidden
 
-    def _torch_layers(self, x: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
-        """The linear layers over all rows at once, attention per segment against its own slot."""
+    def _torch_layers(
+        self, x: torch.Tensor, spans: tuple[Span, ...], tapped: torch.Tensor | None, taps: dict[int, torch.Tensor]
+    ) -> torch.Tensor:
+        """The linear layers over all rows at once, attention per segment against its own slot; the rows `tapped`
+        of the layers in `self.taps` into `taps`."""
         w = self.w
         n = x.shape[0]
         cos, sin = _at_positions(self.cos, spans), _at_positions(self.sin, spans)
         rows = _row_ranges(spans)
-        for layer, keys, values in self._layers:
+        for index, (layer, keys, values) in enumerate(self._layers):
+            if tapped is not None and index in self.taps:
+                taps[index] = x[tapped]
             q, k, v = layer.qkv(_rms_norm(x, layer.attn_norm, w.eps))
             q = _rotate(q.view(n, w.heads, w.head_dim), cos, sin)
             k = _rotate(k.view(n, w.kv_heads, w.head_dim), cos, sin)
@@ -193,13 +211,30 @@ def _kept_rows(segments: Sequence[Segment], device: torch.device) -> torch.Tenso
     """The call's rows whose logits are returned (each segment's last `returned_rows`); None when all are."""
     if all(segment.logits_rows is None for segment in segments):
         return None
-    kept: list[int] = []
+    return _last_rows(segments, [segment.returned_rows for segment in segments], device)
+
+
+def _tapped_rows(segments: Sequence[Segment], device: torch.device) -> torch.Tensor | None:
+    """The call's rows whose taps are returned (each segment's last `hidden_rows`); None when none are."""
+    if all(segment.hidden_rows == 0 for segment in segments):
+        return None
+    return _last_rows(segments, [segment.hidden_rows for segment in segments], device)
+
+
+def _last_rows(segments: Sequence[Segment], counts: list[int], device: torch.device) -> torch.Tensor:
+    """The indices in the call of each segment's last `counts` rows."""
+    rows: list[int] = []
     begin = 0
-    for segment in segments:
+    for segment, count in zip(segments, counts, strict=True):
         end = begin + int(segment.tokens.shape[0])
-        kept += range(end - segment.returned_rows, end)
+        rows += range(end - count, end)
         begin = end
-    return torch.tensor(kept, dtype=torch.long, device=device)
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _in_chunk(rows: torch.Tensor | None, begin: int, end: int) -> torch.Tensor | None:
+    """The rows of a call that fall in its chunk begin..end, counted from the chunk's start."""
+    return None if rows is None else rows[(rows >= begin) & (rows < end)] - begin
 
 
 def _row_ranges(spans: tuple[Span, ...]) -> list[tuple[int, int]]:

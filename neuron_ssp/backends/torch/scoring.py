@@ -78,14 +78,43 @@ class TorchBackend:
     @torch.inference_mode()
     def prefill_slot(self, slot: int, prompt_ids: torch.Tensor) -> torch.Tensor:
         check_slots([slot], self.slots)
-        return self._forward.prefill(slot, prompt_ids).float()
+        return self._forward.prefill(slot, prompt_ids)[0].float()
 
     @torch.inference_mode()
     def score_batch(self, segments: Sequence[Segment]) -> torch.Tensor:
         """On the row kernel a row's logits are bit-identical to scoring its segment alone; elsewhere equal
         within rounding (llama_forward.py, hf_forward.py say why)."""
         check_slots([segment.slot for segment in segments], self.slots)
-        return self._forward.score(segments).float()
+        return self._forward.score(segments)[0].float()
+
+    def set_taps(self, layers: Sequence[int]) -> None:
+        """base.HiddenStates: the layers whose inputs the `*_hidden` calls return."""
+        count = int(self.model.config.num_hidden_layers)
+        outside = [layer for layer in layers if not 0 <= layer < count]
+        if outside or not layers:
+            raise ValueError(f"tap layers {list(layers)}: {self.name} has layers 0..{count - 1}")
+        self._forward.taps = tuple(layers)
+
+    @torch.inference_mode()
+    def prefill_slot_hidden(self, slot: int, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_slots([slot], self.slots)
+        self._check_taps()
+        logits, taps = self._forward.prefill(slot, prompt_ids, hidden=True)
+        assert taps is not None
+        return logits.float(), taps.float()
+
+    @torch.inference_mode()
+    def score_batch_hidden(self, segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`score_batch`, and each segment's last `hidden_rows` rows' taps (0 rows where no segment asks)."""
+        check_slots([segment.slot for segment in segments], self.slots)
+        self._check_taps()
+        logits, taps = self._forward.score(segments)
+        width = len(self._forward.taps) * int(self.model.config.hidden_size)
+        return logits.float(), logits.new_empty(0, width) if taps is None else taps.float()
+
+    def _check_taps(self) -> None:
+        if not self._forward.taps:
+            raise RuntimeError(f"{self.name}: set_taps before asking for hidden states")
 
 
 def kv_cache_bytes(model: PreTrainedModel, slots: int, n_positions: int) -> int:
