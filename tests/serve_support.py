@@ -1,8 +1,11 @@
-"""A stand-in pipeline (characters as tokens, scripted origins) and a uvicorn server in a thread.
+"""A stand-in pipeline (characters as tokens) whose loop is a row loop, and a uvicorn server in a thread.
 
-The fake keeps `Pipeline`'s public surface that the server uses (encode, encode_messages, check_room,
-generate_ids, tokenizer, eos_token_ids, config, target.n_positions), so the HTTP layer is tested in
-milliseconds; tests/test_serve_embedded.py runs the same server on the embedded model.
+`FakePipeline` keeps `Pipeline`'s public surface that the server uses (encode, encode_messages, check_room,
+request_sampling, row_request, batch_loop, tokenizer, eos_token_ids, config, target.n_positions). Its
+`batch_loop` is `ScriptedRows`, a `RowLoop` (engines/rows.py) of real `Row`s in real `RowSlots`: the server's
+scheduler (admission between steps, cancels, deadlines, the drain) runs as in production, and only the target's
+calls are scripted, with timing the test controls. So the HTTP layer is tested in milliseconds;
+tests/test_serve_embedded.py runs the same server on the embedded model.
 """
 
 from __future__ import annotations
@@ -17,14 +20,19 @@ from types import SimpleNamespace
 import torch
 import uvicorn
 
-from neuron_ssp.config import ServeConfig, load_config
-from neuron_ssp.engines.base import check_room
+from neuron_ssp.config import SamplingConfig, ServeConfig, load_config
+from neuron_ssp.drafters.base import Draft, point_masses
+from neuron_ssp.engines.base import GenerationResult, check_room, sampling_params
+from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
+from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
-from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.speculation.position_noise import PositionNoise
 
 EOS = 0
+WINDOW = 3  # tokens a step commits per row: 2 accepted drafts + the target's own token
+K = 4
 
 
 class CharTokenizer:
@@ -37,17 +45,109 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids if i != EOS)
 
 
-class FakePipeline:
-    """Answers with `reply` (or the prompt reversed), in steps of up to 3 tokens: 2 accepted drafts + 1 target."""
+class ScriptedReply:
+    """A row's drafter that knows the reply: it proposes the reply's next tokens (the stand-in target then
+    accepts all of a window but the last, where its own token is the reply's)."""
 
-    def __init__(self, reply: str | None = None, step_s: float = 0.0, n_positions: int = 256):
-        self.config = load_config(None)
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+        self.prompt_len = 0
+
+    def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
+        self.prompt_len = int(prompt_ids.shape[0])
+
+    def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
+        start = int(sequence.shape[0]) - self.prompt_len
+        tokens = torch.tensor(self.ids[start : start + max_tokens], dtype=torch.long)
+        return Draft(tokens, point_masses(tokens, max(self.ids) + 1), deterministic=True)
+
+    def finish(self, sequence: torch.Tensor) -> None:
+        pass
+
+
+def made_up_logits(tokens: list[int]) -> torch.Tensor:
+    """The 'target's' logits for `tokens`: the chosen token 0, every other one -10."""
+    rows = torch.full((len(tokens), max(tokens) + 1), -10.0)
+    rows[torch.arange(len(tokens)), torch.tensor(tokens)] = 0.0
+    return rows
+
+
+class ScriptedRows(RowSlots):
+    """The stand-in's RowLoop, over its own slots. `join` prefills (`pipeline.prefill_s_per_token` per prompt
+    token, after `pipeline.hold` is set when the test holds prefills back) and commits the reply's first token;
+    each `step` takes `pipeline.step_s` and commits up to WINDOW tokens per running row. Rows whose caller no
+    longer wants them leave before a step (`pipeline.cancelled` is set then). `pipeline.error` is raised by the
+    prefill (`error_at` "join") or becomes a row's own error in a step ("step"), as the real loop's failures do."""
+
+    def __init__(self, pipeline: FakePipeline, slots: int):
+        super().__init__(slots)
+        self.pipeline = pipeline
+
+    free_slots = RowSlots.free  # RowLoop's name for it
+
+    def join(self, request: RowRequest) -> Row:
+        check_room(self.pipeline.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
+        return self.start(lambda slot: Row(request, slot, K, 256), self._prefill)
+
+    def step(self) -> list[Row]:
+        cancelled = self.leave_cancelled()
+        if cancelled:
+            self.pipeline.cancelled.set()
+        if not self.rows:
+            return cancelled
+        time.sleep(self.pipeline.step_s)
+        for row in self.rows:
+            if self.pipeline.error is not None and self.pipeline.error_at == "step":
+                row.error = self.pipeline.error
+                continue
+            draft = row.drafter.propose(row.seq.committed(), WINDOW)
+            tokens = draft.tokens.tolist()
+            accepted = len(tokens) - 1
+            row.stats.record_call(
+                len(tokens), accepted, row.seq.extend(tokens, accepted, len(tokens), made_up_logits(tokens))
+            )
+        return cancelled + self.leave_finished()
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        return run_alone(self, request)
+
+    def _prefill(self, row: Row) -> None:
+        pipeline = self.pipeline
+        pipeline.prefilling.set()
+        if pipeline.hold is not None:
+            pipeline.hold.wait(30)
+        time.sleep(pipeline.prefill_s_per_token * row.seq.prompt_len)
+        if pipeline.error is not None and pipeline.error_at == "join":
+            raise pipeline.error
+        row.drafter.begin(row.request.prompt_ids, row.request.max_new_tokens)
+        first = [row.drafter.ids[0]]
+        row.seq.extend(first, logits=made_up_logits(first))
+
+
+class FakePipeline:
+    """Answers with `reply` (or the prompt reversed) then EOS: its first token at the prefill, then steps of up to
+    3 tokens (2 accepted drafts + 1 target). `max_batch` rows at once (serve.max_batch of its config)."""
+
+    def __init__(
+        self,
+        reply: str | None = None,
+        step_s: float = 0.0,
+        n_positions: int = 256,
+        max_batch: int = 8,
+        prefill_s_per_token: float = 0.0,
+    ):
+        self.config = load_config(None, {"serve.max_batch": max_batch})
         self.tokenizer = CharTokenizer()
         self.eos_token_ids = {EOS}
         self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None)
         self.reply = reply
         self.step_s = step_s
-        self.cancelled = threading.Event()
+        self.prefill_s_per_token = prefill_s_per_token
+        self.hold: threading.Event | None = None  # set: prefills wait for it
+        self.prefilling = threading.Event()  # a prefill has started
+        self.cancelled = threading.Event()  # a row left because its caller stopped it
+        self.error: Exception | None = None
+        self.error_at = "join"
         self.calls: list[dict] = []
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
@@ -58,40 +158,31 @@ class FakePipeline:
 
     extra_slots = 0  # the native loop's rule
     scores_tokens = True
-    batches = False  # answers through generate_ids, one request at a time (the path of the libraries' engines)
     request_sampling = Pipeline.request_sampling  # the real merge of a request's fields (it reads only .config)
 
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
 
-    def generate_ids(self, prompt_ids, max_new_tokens, sampling=None, on_commit=None, should_stop=None, on_logits=None):
+    def batch_loop(self) -> ScriptedRows:
+        return ScriptedRows(self, self.config.serve.max_batch)
+
+    def row_request(
+        self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, callbacks: RowCallbacks
+    ) -> RowRequest:
         self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
         text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
-        ids = [ord(c) for c in text][:max_new_tokens]
-        if len(ids) < max_new_tokens:
-            ids.append(EOS)
-        stats = GenerationStats(k=4)
-        done: list[int] = []
-        first = True
-        while len(done) < len(ids):
-            if should_stop and should_stop():
-                self.cancelled.set()
-                break
-            time.sleep(self.step_s)
-            step = ids[len(done) : len(done) + (1 if first else 3)]
-            accepted = len(step) - 1
-            if not first:
-                stats.record_call(min(3, len(step) + 1), accepted, len(step))
-            done += step
-            if on_logits:  # made-up logits: the chosen token 0, every other one -10
-                rows = torch.full((len(step), max(step) + 1), -10.0)
-                rows[torch.arange(len(step)), torch.tensor(step)] = 0.0
-                on_logits(rows)
-            if on_commit:
-                on_commit(step, accepted, 0 if first else min(3, len(step) + 1))
-            first = False
-        stats.new_tokens = len(done)
-        return SimpleNamespace(tokens=done, stats=stats)
+        reply = ScriptedReply([ord(c) for c in text] + [EOS])
+        return RowRequest(
+            prompt_ids,
+            max_new_tokens,
+            sampling_params(sampling),
+            sampling.seed,
+            self.eos_token_ids,
+            lambda slot: reply,
+            on_commit=callbacks.on_commit,
+            on_logits=callbacks.on_logits,
+            should_stop=callbacks.should_stop,
+        )
 
 
 def free_port() -> int:

@@ -211,7 +211,7 @@ def test_a_wrong_key_of_the_right_length_is_refused_and_the_key_guards_invocatio
 
 
 def test_full_queue_answers_503_with_retry_after_and_nothing_hangs():
-    pipeline = FakePipeline(reply="a" * 40, step_s=0.05)
+    pipeline = FakePipeline(reply="a" * 40, step_s=0.05, max_batch=1)
     results: list[httpx.Response] = []
     with running_server(pipeline, max_queue=1) as url:
 
@@ -336,17 +336,14 @@ def test_one_request_id_header_per_response():
     assert r.headers["x-request-id"] == "mine-1"
 
 
-class FailingPipeline(FakePipeline):
-    """generate_ids raises what the real loop raises: a usage error (the request) or a run-time problem."""
-
-    def __init__(self, error: Exception):
-        super().__init__()
-        self.error = error
-
-    def generate_ids(self, *args, **kwargs):
-        raise self.error
+def failing(error: Exception, at: str) -> FakePipeline:
+    """A loop that fails as the real one does: its prefill raises ("join"), or a step sets the row's error."""
+    pipeline = FakePipeline()
+    pipeline.error, pipeline.error_at = error, at
+    return pipeline
 
 
+@pytest.mark.parametrize("at", ["join", "step"])
 @pytest.mark.parametrize(
     "error, status",
     [
@@ -360,8 +357,8 @@ class FailingPipeline(FakePipeline):
         ),
     ],
 )
-def test_a_failed_generation_is_the_clients_fault_only_when_it_is_a_usage_error(error, status):
-    with running_server(FailingPipeline(error)) as url:
+def test_a_failed_generation_is_the_clients_fault_only_when_it_is_a_usage_error(error, status, at):
+    with running_server(failing(error, at)) as url:
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
         follow_up = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
     assert reply.status_code == status
@@ -532,22 +529,10 @@ def test_an_engine_that_cannot_score_tokens_refuses_logprobs_before_queueing():
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs" and not pipeline.calls
 
 
-class SlowPrefill(FakePipeline):
-    """Prefill costs `per_token_s` per prompt token before the first token, as a real target's does."""
-
-    def __init__(self, per_token_s: float, **kwargs):
-        super().__init__(**kwargs)
-        self.per_token_s = per_token_s
-
-    def generate_ids(self, prompt_ids, max_new_tokens, *args, **kwargs):
-        time.sleep(self.per_token_s * len(prompt_ids))
-        return super().generate_ids(prompt_ids, max_new_tokens, *args, **kwargs)
-
-
 def test_a_job_that_cannot_prefill_before_its_deadline_is_not_started_so_the_next_one_is_on_time():
     """Two long prompts (1.5 s of prefill each) and a short one, request_timeout 2.4 s: the second long one
     would start with about 0.9 s left; starting it made the short one late too."""
-    pipeline = SlowPrefill(1.5 / 300, reply="ok", n_positions=1024)
+    pipeline = FakePipeline(reply="ok", n_positions=1024, prefill_s_per_token=1.5 / 300)
     results: dict[str, httpx.Response] = {}
     with running_server(pipeline, request_timeout=2.4, max_queue=4) as url:
 

@@ -27,12 +27,12 @@ from serve_support import FakePipeline
 from neuron_ssp.config import load_config
 from neuron_ssp.serve.server import run_server
 config = load_config(None, {{"serve.host": "127.0.0.1", "serve.port": {port}, "serve.drain_timeout": {drain}}})
-run_server(config, FakePipeline(reply="a" * {reply}, step_s=0.05, n_positions=1024))
+run_server(config, FakePipeline(reply="a" * {reply}, step_s=0.05, n_positions=1024, max_batch={batch}))
 """
 
 
-def start(port: int, drain: float = 30, reply: int = 60) -> subprocess.Popen:
-    script = SCRIPT.format(tests=str(TESTS), port=port, drain=drain, reply=reply)
+def start(port: int, drain: float = 30, reply: int = 60, batch: int = 8) -> subprocess.Popen:
+    script = SCRIPT.format(tests=str(TESTS), port=port, drain=drain, reply=reply, batch=batch)
     return subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
     )
@@ -53,7 +53,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
 def test_sigterm_finishes_the_running_request_refuses_queued_ones_and_exits_0():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start(port)
+    proc = start(port, batch=1)  # one slot: the second request waits in the queue
     try:
         wait_healthy(url, proc)
         results: dict[str, httpx.Response] = {}

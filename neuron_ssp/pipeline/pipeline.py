@@ -124,8 +124,6 @@ class Pipeline:
         )
         return self.batch_loop().run(request)
 
-    batches = True  # requests run as rows of the engine's loop (`batch_loop`): every engine has one
-
     @property
     def scores_tokens(self) -> bool:
         """Whether the engine reports the target's logits per committed token (logprobs): our loop only."""

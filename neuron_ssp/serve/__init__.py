@@ -4,5 +4,6 @@ Modules: schemas (request bodies -> one GenerationRequest), text (ids -> text pi
 strings), worker (the one generation thread and its bounded FIFO queue), streams (answers from a job's
 events), responses (OpenAI bodies and SSE chunks), sagemaker (LMI/TGI bodies), metrics (Prometheus),
 gate (request ids, body limit, API key), app (routes), server (uvicorn, SIGTERM drain).
-The server knows only the pipeline's public API (`Pipeline.generate_ids`).
+The server knows only the pipeline's public API: it runs every request as a row of the engine's loop
+(`Pipeline.row_request`, `Pipeline.batch_loop`), whatever the engine.
 """

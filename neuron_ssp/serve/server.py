@@ -129,7 +129,7 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
     log.info(
         "model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
         name,
-        serving_batch(config) if pipeline.batches else 1,
+        serving_batch(config),
         settings.max_queue,
         settings.timeout_s,
         settings.drain_timeout,

@@ -4,8 +4,8 @@ Requests wait in a bounded FIFO queue; between two steps of the loop (engines/ba
 admits queued requests while a slot is free (up to serve/capacity.py's `serving_batch` rows: serve.max_batch,
 capped on Neuron by the compiled batch), then runs one step for every running row. A row leaves at EOS, its
 budget, a stop string, a cancel or its deadline, and its slot takes the next request. The same scheduler drives
-NxD Inference's fused graph with continuous batching (engines/nxdi_fused.py), a RowLoop too; engines whose loop
-generates a whole request per call run one request at a time, in arrival order.
+every engine's loop: ours, transformers-neuronx's static batches (engines/static_batch.py) and NxD Inference's
+fused graph with continuous batching (engines/nxdi_fused.py) are each a RowLoop (engines/rows.py).
 
 A full queue is refused at once (503 + Retry-After); a job whose client left or whose `request_timeout`
 passed is cancelled at the loop's next step (its `should_stop` hook), so its slot frees. A job whose prompt
@@ -201,38 +201,8 @@ class GenerationWorker:
         return self.drain_deadline is not None and time.monotonic() > self.drain_deadline
 
     def _run(self) -> None:
-        if self.pipeline.batches:
-            self._run_rows(self.pipeline.batch_loop())
-        else:
-            self._run_alone()
-
-    def _run_alone(self) -> None:
-        """Engines whose loop generates a whole request per call: one request at a time."""
-        while (job := self.queue.get()) is not None:
-            run = self._admit(job)
-            if run is None:
-                continue
-            self.active.append(run)
-            callbacks = run.callbacks()
-            try:
-                run.end(
-                    *_outcome(
-                        partial(
-                            self.pipeline.generate_ids,
-                            job.prompt_ids,
-                            job.max_tokens,
-                            job.sampling,
-                            callbacks.on_commit,
-                            callbacks.should_stop,
-                            callbacks.on_logits,
-                        )
-                    )
-                )
-            finally:
-                self.active.remove(run)
-
-    def _run_rows(self, loop: RowLoop) -> None:
         """Admit queued jobs while slots are free (waiting for one only when nothing runs), then step."""
+        loop = self.pipeline.batch_loop()
         rows: dict[Row, JobRun] = {}
         stopping = False
         while not stopping or rows:
