@@ -1,13 +1,17 @@
 """The generation thread: a scheduler that feeds requests as rows into our continuous-batching loop.
 
-Requests wait in a bounded FIFO queue; between two steps of the loop (engines/batch.py) the scheduler
+Requests wait in a FIFO queue; between two steps of the loop (engines/batch.py) the scheduler
 admits queued requests while a slot is free (up to serve/capacity.py's `serving_batch` rows: serve.max_batch,
 capped on Neuron by the compiled batch), then runs one step for every running row. A row leaves at EOS, its
 budget, a stop string, a cancel or its deadline, and its slot takes the next request. The same scheduler drives
 every engine's loop: ours, transformers-neuronx's static batches (engines/static_batch.py) and NxD Inference's
 fused graph with continuous batching (engines/nxdi_fused.py) are each a RowLoop (engines/rows.py).
 
-A full queue is refused at once (503 + Retry-After); a job whose client left or whose `request_timeout`
+The server holds at most its slots plus serve.max_queue requests, counted from arrival to answer; one more is
+refused at once (503 + Retry-After). A burst is counted the same way whatever the worker is doing when it
+arrives: jobs move from the queue into slots only between two steps, so while a prefill or a step runs a slot
+may be free with its job still in the queue, and the queue alone would have refused jobs the free slots take a
+moment later. A job whose client left or whose `request_timeout`
 passed is cancelled at the loop's next step (its `should_stop` hook), so its slot frees. A job whose prompt
 cannot even be prefilled before its deadline (at the prefill cost the worker has measured) is answered 504
 at once instead of being started: a prefill cannot be interrupted, and starting it would make the other
@@ -134,13 +138,16 @@ class GenerationWorker:
     def __init__(self, pipeline: Pipeline, metrics: ServerMetrics, max_queue: int, retry_after_s: int = 1):
         self.pipeline = pipeline
         self.metrics = metrics
-        self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.queue: queue.Queue[Job | None] = queue.Queue()
+        self.max_queue = max_queue
         self.retry_after_s = retry_after_s
         self.active: list[JobRun] = []
         self.accepting = True
         self.drain_deadline: float | None = None  # monotonic time past which running jobs are cut (SIGTERM)
         self.prefill = PrefillCost()
         self.max_rows = serving_batch(pipeline.config)  # the loop may hold more slots (a larger compiled batch)
+        self.held = 0  # jobs submitted and not yet answered by the worker: queued, being joined or running
+        self.held_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
         metrics.watch(self.queue.qsize, lambda: len(self.active))
 
@@ -152,19 +159,26 @@ class GenerationWorker:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it at once: nothing waits for a slot."""
+        """Queue a job, or refuse it at once when the server already holds its slots plus its queue."""
         if not self.accepting:
             raise _unavailable(
                 "the server is shutting down (SIGTERM)", "send the request to another instance", self.retry_after_s
             )
-        try:
-            self.queue.put_nowait(job)
-        except queue.Full:
-            raise _unavailable(
-                f"the queue is full ({self.queue.maxsize} requests wait behind the running ones)",
-                f"retry after {self.retry_after_s} s, or raise serve.max_queue",
-                self.retry_after_s,
-            ) from None
+        with self.held_lock:
+            if self.held >= self.max_rows + self.max_queue:
+                raise _unavailable(
+                    f"the queue is full: {self.max_rows} requests run at once and {self.max_queue} wait behind "
+                    "them (serve.max_batch, serve.max_queue)",
+                    f"retry after {self.retry_after_s} s, or raise serve.max_queue",
+                    self.retry_after_s,
+                )
+            self.held += 1
+        self.queue.put_nowait(job)
+
+    def _answered(self) -> None:
+        """A held job got its last event (or is about to): its place goes to the next request."""
+        with self.held_lock:
+            self.held -= 1
 
     def drain(self, grace_s: float = 0.0) -> None:
         """SIGTERM: refuse new work, fail the queued jobs, let the running ones go on for `grace_s` (idempotent:
@@ -179,6 +193,7 @@ class GenerationWorker:
             except queue.Empty:
                 break
             if job is not None:
+                self._answered()
                 job.emit(
                     Failed(
                         _unavailable(
@@ -188,7 +203,7 @@ class GenerationWorker:
                         )
                     )
                 )
-        self.queue.put_nowait(None)  # just emptied, so there is room: the worker stops after the running jobs
+        self.queue.put_nowait(None)  # the worker stops after the running jobs
 
     def stop(self, timeout_s: float) -> bool:
         """Drain (if not yet), cut the running jobs now, and wait for the thread; False if it is still busy."""
@@ -228,6 +243,7 @@ class GenerationWorker:
             rows[row] = run
             self.active.append(run)
         else:
+            self._answered()
             run.end(*(_ended(row) if row is not None else (None, error)))
 
     def _step(self, loop: RowLoop, rows: dict[Row, JobRun]) -> None:
@@ -241,6 +257,7 @@ class GenerationWorker:
         for row in finished:
             run = rows.pop(row)
             self.active.remove(run)
+            self._answered()
             run.end(*_ended(row))
 
     def _admit(self, job: Job) -> JobRun | None:
@@ -248,6 +265,7 @@ class GenerationWorker:
         error = timeout_error(job) if job.abandoned() else self._too_late(job)
         if error is None:
             return JobRun(self, job)
+        self._answered()
         if job.client_gone.is_set():
             self.metrics.finished.labels("abort").inc()
         job.emit(Failed(error))
