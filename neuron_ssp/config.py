@@ -6,7 +6,11 @@ the value, the rule and the fix. Cross-model and hardware rules live in `neuron_
 
 from __future__ import annotations
 
+import copy
 import difflib
+import json
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -277,13 +281,170 @@ def did_you_mean(value: Any, choices: tuple[str, ...] | list[str]) -> str:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read a YAML config (the embedded default when `path` is None) and apply dotted overrides."""
-    source = Path(path) if path is not None else DEFAULT_CONFIG
-    data = read_yaml(source)
-    for dotted, value in (overrides or {}).items():
-        if value is not None:
-            _set_dotted(data, dotted, value)
-    return config_from_dict(data, source=str(source))
+    """Read a YAML config (the embedded default when `path` is None) and apply dotted overrides (the flags).
+
+    How a file is completed is `resolve_config`'s rule; the values it leaves out that fall back to other
+    defaults than the embedded default's are said once, as a `ConfigFallback` warning."""
+    resolved = resolve_config(path, overrides)
+    if resolved.fallbacks:
+        warnings.warn(fallback_note(resolved), ConfigFallback, stacklevel=2)
+    return resolved.config
+
+
+# where a value of the effective config came from, most specific first
+FROM_FLAG, FROM_FILE, FROM_EMBEDDED, FROM_SCHEMA = "flag", "file", "embedded default", "schema default"
+# fields only one drafter reads: a fallback there is said only when the config uses that drafter
+DRAFTER_FIELDS = {"speculation.ngram_": "ngram", "speculation.suffix.": "suffix"}
+
+
+class ConfigFallback(UserWarning):
+    """A config file left out values whose default is not the embedded default's (`resolve_config`)."""
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A loaded config and where each of its values came from (`neuron-ssp config`, `validate --show`)."""
+
+    config: Config
+    path: Path | None  # the config file; None: the embedded default alone
+    base: str  # what the file was merged onto: FROM_EMBEDDED or FROM_SCHEMA
+    sources: dict[str, str]  # dotted field -> FROM_FLAG, FROM_FILE, FROM_EMBEDDED or FROM_SCHEMA
+    # field -> the embedded default's value, where a value left out took the schema's other default
+    fallbacks: dict[str, Any]
+
+
+def resolve_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> ResolvedConfig:
+    """The one rule for completing a config file, for every command, the server and SageMaker's container.
+
+    A value the file leaves out takes the embedded default's value (neuron_ssp/data/default.yaml, what runs
+    without --config) when the file runs the embedded default's model on its backend: `target.path` and
+    `platform.backend` left out or the same. Otherwise the embedded default's values, tuned for that model
+    on that backend (k 16, policy cost), mean nothing for this config: a value left out takes the schema's
+    default, and where that differs from the embedded default's the value is listed in `fallbacks`.
+    Flags (`overrides`, None values skipped) win over both; they count towards the rule like the file.
+    """
+    source = Path(path) if path is not None else None
+    embedded = read_yaml(DEFAULT_CONFIG)
+    given = read_yaml(source) if source is not None else {}
+    flags = {dotted: value for dotted, value in (overrides or {}).items() if value is not None}
+    user = copy.deepcopy(given)
+    for dotted, value in flags.items():
+        _set_dotted(user, dotted, value)
+    embedded_config = config_from_dict(embedded, source=str(DEFAULT_CONFIG))
+    base = FROM_EMBEDDED if _runs_embedded_model(user, embedded_config) else FROM_SCHEMA
+    config = config_from_dict(_merged(embedded, user) if base == FROM_EMBEDDED else user, str(source or DEFAULT_CONFIG))
+    sources = {
+        field: _source(field, flags, given, embedded if base == FROM_EMBEDDED else {}) for field in flat_fields(config)
+    }
+    fallbacks = {} if base == FROM_EMBEDDED else _fallbacks(config, sources)
+    return ResolvedConfig(config, source, base, sources, fallbacks)
+
+
+def fallback_problems(resolved: ResolvedConfig) -> list[Problem]:
+    """The fallbacks as `validate` reports them: one warning per field."""
+    config, ours = resolved.config, flat_fields(resolved.config)
+    return [
+        Problem(
+            field,
+            ours[field],
+            f"left out of {resolved.path}, which runs {config.target.path} on {config.platform.backend}: it takes "
+            f"the schema's default, not the embedded default's {json.dumps(embedded)} (tuned for {EMBEDDED_DEFAULT} "
+            "on torch)",
+            f"set {field} in the file: {field.rsplit('.', 1)[-1]}: {json.dumps(ours[field])} keeps this value "
+            "without this warning",
+        )
+        for field, embedded in resolved.fallbacks.items()
+    ]
+
+
+def fallback_note(resolved: ResolvedConfig) -> str:
+    """The fallbacks as one line, said at load."""
+    ours = flat_fields(resolved.config)
+    values = ", ".join(
+        f"{field} {json.dumps(ours[field])} (embedded default {json.dumps(embedded)})"
+        for field, embedded in resolved.fallbacks.items()
+    )
+    return (
+        f"{resolved.path} runs {resolved.config.target.path} on {resolved.config.platform.backend}, not the "
+        f"embedded default's model, so the values it leaves out take the schema's defaults, not the embedded "
+        f"default's (tuned for {EMBEDDED_DEFAULT} on torch): {values}. Set them in the file to choose; "
+        f"`neuron-ssp config --config {resolved.path}` shows where every value comes from"
+    )
+
+
+def compact_config_data(config: Config) -> dict[str, Any]:
+    """The config as few values as load back as itself, without a fallback note: the values away from the
+    schema's defaults, and every value the embedded default sets otherwise (a file left without them would
+    be completed by one or the other default, by `resolve_config`'s rule)."""
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    ours = flat_fields(config)
+    for field in embedded_tuning():
+        _set_dotted(data, field, ours[field])
+    return data
+
+
+def flat_fields(config: Config) -> dict[str, Any]:
+    """Every leaf of the config as dotted field -> value (JSON types); an absent section (draft) is one leaf."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(config.model_dump(mode="json"), "")
+    return flat
+
+
+def _runs_embedded_model(user: dict[str, Any], embedded: Config) -> bool:
+    target, backend = _pick(user, ["target", "path"]), _pick(user, ["platform", "backend"])
+    return target in (None, embedded.target.path) and backend in (None, embedded.platform.backend)
+
+
+def _merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, section by section; a value that is not a mapping (a list too) replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _source(field: str, flags: dict[str, Any], given: dict[str, Any], base: dict[str, Any]) -> str:
+    loc = field.split(".")
+    if any(field == dotted or field.startswith(f"{dotted}.") for dotted in flags):
+        return FROM_FLAG
+    if _present(given, loc):
+        return FROM_FILE
+    return FROM_EMBEDDED if _present(base, loc) else FROM_SCHEMA
+
+
+def _present(data: Any, loc: list[str]) -> bool:
+    return _pick(data, loc, _ABSENT) is not _ABSENT
+
+
+def _fallbacks(config: Config, sources: dict[str, str]) -> dict[str, Any]:
+    """field -> the embedded default's value, where this config took the schema's other default and reads it."""
+    return {
+        field: value
+        for field, value in embedded_tuning().items()
+        if sources.get(field) == FROM_SCHEMA and _read_by(config, field)
+    }
+
+
+def embedded_tuning() -> dict[str, Any]:
+    """field -> the embedded default's value, where it differs from the schema's default (k, policy, ngram_max)."""
+    embedded, schema = flat_fields(config_from_dict(read_yaml(DEFAULT_CONFIG))), flat_fields(Config())
+    return {field: value for field, value in embedded.items() if value != schema.get(field)}
+
+
+def _read_by(config: Config, field: str) -> bool:
+    """False for a field only another drafter reads (ngram_max under drafter model)."""
+    return all(config.speculation.drafter == d for prefix, d in DRAFTER_FIELDS.items() if field.startswith(prefix))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -407,9 +568,13 @@ def _literal_choices(loc: list[str]) -> list[str]:
     return [str(choice) for choice in get_args(info.annotation)] if info is not None else []
 
 
-def _pick(data: Any, loc: list[str]) -> Any:
+_ABSENT = object()
+
+
+def _pick(data: Any, loc: list[str], absent: Any = None) -> Any:
+    """The value at `loc` in nested mappings; `absent` where there is none."""
     for key in loc:
         if not isinstance(data, dict) or key not in data:
-            return None
+            return absent
         data = data[key]
     return data

@@ -114,3 +114,14 @@ def test_eagle_drafters_are_config_values(tmp_path):
         assert load_config(write(tmp_path, text)).speculation.drafter == drafter
     problem = problems(tmp_path, "speculation:\n  drafter: eagle-3\n")["speculation.drafter"]
     assert "did you mean 'eagle3'?" in problem.fix
+
+
+def test_a_partial_file_keeps_the_embedded_defaults_it_leaves_out(tmp_path):
+    """Issue 39 item 10: a file holding only platform.prefill_chunk ran k 4, policy fixed (the schema's)."""
+    config = load_config(write(tmp_path, "platform:\n  prefill_chunk: 0\n"))
+    assert config.platform.prefill_chunk == 0
+    default = load_config()
+    assert (config.speculation.k, config.speculation.policy) == (default.speculation.k, default.speculation.policy)
+    assert config.model_dump(exclude={"platform": {"prefill_chunk"}}) == default.model_dump(
+        exclude={"platform": {"prefill_chunk"}}
+    )

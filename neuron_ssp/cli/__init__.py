@@ -6,6 +6,7 @@ from neuron_ssp.cli import deploy as deploy_commands
 from neuron_ssp.cli import endpoint as endpoint_commands
 from neuron_ssp.cli import endpoint_image
 from neuron_ssp.cli.app import main
+from neuron_ssp.cli.config_show import config_command
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
 from neuron_ssp.cli.serve import bench_serve, serve
@@ -21,6 +22,7 @@ main.add_command(bench)
 main.add_command(compile_command)
 main.add_command(doctor)
 main.add_command(validate)
+main.add_command(config_command)
 main.add_command(plan)
 main.add_command(deploy_commands.deploy)
 deploy_commands.deploy.add_command(endpoint_commands.endpoint)

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import torch
 
-from neuron_ssp.config import Config, load_config
+from neuron_ssp.config import Config, ResolvedConfig, load_config, resolve_config
 
 # flag name -> dotted config field it overrides
 OVERRIDES = {
@@ -66,8 +66,17 @@ def generation_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def config_from_options(options: dict[str, Any]) -> Config:
     """Pop the config flags from a command's kwargs and build the validated Config."""
+    return load_config(*_config_flags(options))
+
+
+def resolved_from_options(options: dict[str, Any]) -> ResolvedConfig:
+    """The same Config with where each value came from (`neuron-ssp config`)."""
+    return resolve_config(*_config_flags(options))
+
+
+def _config_flags(options: dict[str, Any]) -> tuple[Path | None, dict[str, Any]]:
     overrides = {field: options.pop(flag) for flag, field in OVERRIDES.items() if flag in options}
-    return load_config(options.pop("config_path", None), overrides)
+    return options.pop("config_path", None), overrides
 
 
 def echo_json(data: Any) -> None:

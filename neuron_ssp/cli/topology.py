@@ -15,7 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from neuron_ssp.config import Config, load_config
+from neuron_ssp.cli.config_show import effective_dict, effective_yaml
+from neuron_ssp.config import Config, ResolvedConfig, fallback_problems, load_config, resolve_config
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import (
     DeploymentPlan,
@@ -64,27 +65,41 @@ def _batch_sizes(_ctx: click.Context, _param: click.Parameter, value: str | None
     help='One config: {"valid", "errors", "warnings", "load_order"}; several: an object '
     "mapping each path to that shape.",
 )
+@click.option(
+    "--show",
+    is_flag=True,
+    help="Also print each config's effective values and where each came from (as `neuron-ssp config`; "
+    'with --json under "effective").',
+)
 @NEURONX_VERSION
 @click.pass_context
-def validate(ctx: click.Context, configs: tuple[Path, ...], as_json: bool, neuronx_version: str | None) -> None:
+def validate(
+    ctx: click.Context, configs: tuple[Path, ...], as_json: bool, show: bool, neuronx_version: str | None
+) -> None:
     """Check CONFIG files against the Trn1/Inf2 rules before anything loads.
 
     Rules: tp degree per platform and instance, NeuronCore placement of draft and target, device
     memory per core (25 % headroom), n_positions >= the slots a generation writes (prompt + max_new_tokens
     - 1 for the target), 2 <= k <= n_positions, batch > 1, continuous batching (serve.max_batch) and sampling
     per library, engine and version (docs/neuron.md, "Batch > 1"), one vocabulary for draft and target.
-    Every problem is printed with its fix.
+    Every problem is printed with its fix; a value the file leaves out that takes the schema's default where
+    the embedded default's differs (another model or backend) is a warning.
     Exit code 0 when every config is valid, 1 otherwise.
     """
-    reports = {str(path): _validate_file(path, neuronx_version) for path in configs}
+    checked = {str(path): _validate_file(path, neuronx_version) for path in configs}
     if as_json:
-        dicts = {path: report.to_dict() for path, report in reports.items()}
+        dicts = {
+            path: {**report.to_dict(), **({"effective": effective_dict(resolved)} if show and resolved else {})}
+            for path, (report, resolved) in checked.items()
+        }
         click.echo(_json(next(iter(dicts.values())) if len(dicts) == 1 else dicts))
     else:
         console = Console()
-        for path, report in reports.items():
+        for path, (report, resolved) in checked.items():
             _print_report(console, path, report)
-    ctx.exit(0 if all(report.ok for report in reports.values()) else 1)
+            if show and resolved is not None:
+                click.echo(effective_yaml(resolved), nl=False)
+    ctx.exit(0 if all(report.ok for report, _ in checked.values()) else 1)
 
 
 @click.command("plan")
@@ -223,12 +238,17 @@ def _generation(neuronx_version: str | None) -> str:
     return neuronx_generation_for_version(neuronx_version) if neuronx_version else TNX_BATCHED
 
 
-def _validate_file(path: Path, neuronx_version: str | None) -> ValidationReport:
+def _validate_file(path: Path, neuronx_version: str | None) -> tuple[ValidationReport, ResolvedConfig | None]:
+    """The report (the loading rule's fallbacks among its warnings) and the resolved config, when it loads."""
     try:
-        config = load_config(path)
+        resolved = resolve_config(path)
     except UsageError as exc:
-        return ValidationReport(errors=list(exc.problems))
-    return validate_config(config, _kv_rule(neuronx_version), neuronx_generation=_generation(neuronx_version))
+        return ValidationReport(errors=list(exc.problems)), None
+    report = validate_config(
+        resolved.config, _kv_rule(neuronx_version), neuronx_generation=_generation(neuronx_version)
+    )
+    report.warnings.extend(fallback_problems(resolved))
+    return report, resolved
 
 
 def _on_neuron(config: Config, instance_type: str) -> Config:

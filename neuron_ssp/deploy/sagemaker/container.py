@@ -16,7 +16,7 @@ import json
 import posixpath
 from typing import Any
 
-from neuron_ssp.config import Config
+from neuron_ssp.config import Config, compact_config_data
 from neuron_ssp.errors import Problem
 
 MODEL_MOUNT = "/opt/ml/model"
@@ -38,7 +38,7 @@ def mounted(path: str, root: str = MODEL_MOUNT) -> str:
 
 def container_config(config: Config) -> dict[str, Any]:
     """The config as the container must see it: model and artifact paths under /opt/ml/model."""
-    data = config.model_dump(mode="json", exclude_defaults=True)
+    data = compact_config_data(config)  # short: SageMaker limits an environment value to 1024 characters
     data["target"] = {**data.get("target", {}), "path": mounted(config.target.path)}
     if config.draft is not None:
         data["draft"] = {**data.get("draft", {}), "path": mounted(config.draft.path)}
