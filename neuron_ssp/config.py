@@ -293,7 +293,8 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 # where a value of the effective config came from, most specific first
 FROM_FLAG, FROM_FILE, FROM_EMBEDDED, FROM_SCHEMA = "flag", "file", "embedded default", "schema default"
-# fields only one drafter reads: a fallback there is said only when the config uses that drafter
+# fields only one drafter reads: a fallback there is said only when the config uses that drafter (alone or in a
+# combination such as ngram+eagle3)
 DRAFTER_FIELDS = {"speculation.ngram_": "ngram", "speculation.suffix.": "suffix"}
 
 
@@ -443,8 +444,9 @@ def embedded_tuning() -> dict[str, Any]:
 
 
 def _read_by(config: Config, field: str) -> bool:
-    """False for a field only another drafter reads (ngram_max under drafter model)."""
-    return all(config.speculation.drafter == d for prefix, d in DRAFTER_FIELDS.items() if field.startswith(prefix))
+    """False for a field only another drafter reads (ngram_max under drafter model; ngram+eagle3 reads it)."""
+    used = config.speculation.drafter.split("+")
+    return all(drafter in used for prefix, drafter in DRAFTER_FIELDS.items() if field.startswith(prefix))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

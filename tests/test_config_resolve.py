@@ -90,6 +90,12 @@ def test_another_model_on_torch_takes_the_schema_defaults_and_names_the_ngram_on
     assert resolved.base == FROM_SCHEMA
     assert resolved.fallbacks == {"speculation.k": 16, "speculation.policy": "cost", "speculation.ngram_max": 4}
     assert resolved.config.speculation.k == 4
+    combined = {
+        "target": {"path": "/models/tinyllama"},
+        "speculation": {"drafter": "ngram+eagle3"},
+        "draft": {"path": "/h"},
+    }
+    assert "speculation.ngram_max" in resolve_config(write(tmp_path, combined)).fallbacks  # it reads the n-grams too
 
 
 def test_each_value_says_where_it_came_from(tmp_path: Path) -> None:
