@@ -205,3 +205,14 @@ def test_nxdi_fused_samples_only_the_last_position_with_or_without_continuous_ba
     for rule in (validated.rule, joined.value.problems[0].rule):
         assert "logits[:, -1, :]" in rule and "model_base.py:1162-1183" in rule, rule
         assert "whether or not continuous batching is on" in rule, rule
+
+
+def test_engine_library_samples_with_our_acceptor_per_row_not_the_librarys_default() -> None:
+    """Our engine plugs its own acceptor into SpeculativeGenerator and calls it one row at a time (engines/library.py
+    Lanes): the library's DefaultTokenAcceptor, which mixes rows up at batch > 1 (speculation.py:247-249 at
+    1ade6d7), is never credited with a batch."""
+    for rule in BATCH_RULES:
+        if rule.engine == "library":
+            assert "our acceptor" in rule.sampling_source and "DefaultTokenAcceptor per row" not in rule.sampling_source
+    (batched,) = [r for r in BATCH_RULES if r.engine == "library" and r.batch]
+    assert "speculation.py:247" in batched.sampling_source and ":248-249" in batched.sampling_source

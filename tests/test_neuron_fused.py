@@ -233,3 +233,19 @@ def test_the_temperature_bound_is_where_the_devices_division_overflows(dtype: st
     assert torch.isfinite(at_bound).all()
     below = (logits / torch.tensor(lowest / 4, dtype=torch_dtype)).float()
     assert torch.isnan(below - below.max()).any()  # inf - inf: the softmax's first step
+
+
+def test_the_standin_scatters_the_token_ids_as_the_library_does(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """fused_speculation.py:595-605 at 1ade6d7 scatters the target's token ids into an int32 `sequences` as they
+    come (no cast): on-device generation returns int32 (U32/S32 -> torch.int32, compiler.py:226), and a model
+    returning anything else meets scatter_'s dtype check, as it would in the library."""
+    config = fused_config(tiny_model_dirs)
+    target, draft = load_neuron_backends(config, plan_deployment(config))
+    engine = FusedEngine.build(config, target, draft)
+    assert target.model(prompt(5).view(1, -1)).dtype == torch.int32
+    forward = type(target.model).forward
+    target.model.forward = lambda *args, **kwargs: forward(target.model, *args, **kwargs).to(torch.int64)
+    with pytest.raises(RuntimeError, match="scatter"):
+        engine.generate(prompt(7), 8)

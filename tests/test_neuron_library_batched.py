@@ -22,7 +22,7 @@ from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.library import LibraryEngine
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import RuntimeProblem, UsageError
-from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor
+from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, ZeroPaddedAcceptor
 from neuron_ssp.topology import plan_deployment
 
 pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
@@ -413,3 +413,46 @@ def test_the_older_generation_runs_its_loop_at_batch_1_only(
 
         with pytest.raises(NotImplementedError):  # what the stand-in of 0.10 does with a batch, as the real one
             SpeculativeGenerator(draft.model, target.model, K).sample(torch.ones(2, 3, dtype=torch.long), 8)
+
+
+def test_the_librarys_default_acceptor_mixes_rows_up_at_batch_2(neuronx: ModuleType) -> None:
+    """The stand-in's port of DefaultTokenAcceptor (speculation.py:231-283 at 1ade6d7): row 1 alone accepts the
+    drafts its target is sure of; beside row 0 its draft ids are read through (1, k-1, bs) (:247) from row 0's
+    probabilities (:248-249), so it is cut short. Why our engines call every acceptor one row at a time."""
+    from transformers_neuronx.speculation import DefaultTokenAcceptor
+
+    def row(first: int, last: int, sure: float) -> torch.Tensor:
+        logits = torch.zeros(1, 3, VOCAB)
+        logits[0, :2, first] = logits[0, 2, last] = sure
+        return logits
+
+    draft_ids = torch.tensor([[5, 5], [7, 7]])  # row 0's target disagrees with its draft, row 1's agrees
+    drafts, targets = torch.cat([row(5, 5, 12.0), row(7, 9, 12.0)]), torch.cat([row(6, 6, 12.0), row(7, 9, 11.0)])
+    torch.manual_seed(0)
+    alone = DefaultTokenAcceptor()(draft_ids[1:], drafts[1:, :2], targets[1:])
+    assert alone.tolist() == [[7, 7, 9]]
+    torch.manual_seed(0)
+    batched = DefaultTokenAcceptor()(draft_ids, drafts[:, :2], targets)
+    assert batched[1].tolist()[0] != 7  # rejected at once: row 0's target gives token 5 (index [0, 0, 1]) no mass
+
+
+def test_a_plugged_acceptor_delegating_to_the_librarys_default_sees_one_row_at_a_time(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
+) -> None:
+    """At batch 3 `engine: library` hands each row's window to the row's acceptor alone, so an acceptor that
+    delegates to DefaultTokenAcceptor never meets its batch > 1 mix-up (speculation.py:247-249)."""
+    from transformers_neuronx.speculation import DefaultTokenAcceptor
+
+    shapes: list[tuple[tuple[int, ...], ...]] = []
+
+    class Delegating:
+        def __call__(self, draft_ids, draft_scores, target_scores):
+            shapes.append((tuple(draft_ids.shape), tuple(draft_scores.shape), tuple(target_scores.shape)))
+            return DefaultTokenAcceptor()(draft_ids, draft_scores, target_scores)
+
+    loop = library_engine(self_drafted(tiny_model_dirs), 3).row_loop()
+    rows = [loop.join(request(ids, new, acceptor=ZeroPaddedAcceptor(Delegating()))) for ids, new in CASES]
+    loop.step()
+    assert all(row.finished for row in rows)
+    assert shapes and {s[0][0] for s in shapes} == {1} == {s[2][0] for s in shapes}
+    assert {s[2][1] for s in shapes} == {K}

@@ -32,6 +32,7 @@ GENERATIONS = {
 BATCHED_TNX_INSTALL = "install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25; the SDK 2.25 DLAMI has it)"
 
 _HOST_ACCEPTOR = "our acceptor on the host, per row (engines/batch.py)"
+_LIBRARY_ACCEPTOR = "our acceptor, plugged into SpeculativeGenerator and called one row at a time (engines/library.py)"
 _TNX_BATCH_RAISES = "SpeculativeGenerator raises for batch > 1 (speculation.py:345-347 at 7a30b42, same at c8d6bdc)"
 NXDI_FUSED_SAMPLING = (
     "with do_sample the target's on-device sampler takes only logits[:, -1, :], the window's last position, "
@@ -95,8 +96,7 @@ BATCH_RULES: tuple[BatchRule, ...] = (
         False,
         "batch 1",
         True,
-        "DefaultTokenAcceptor (speculation.py:156-197 at 7a30b42); the last <= k tokens greedy "
-        "(target.sample(top_k=1), :436)",
+        f"{_LIBRARY_ACCEPTOR}; the last <= k tokens greedy (target.sample(top_k=1), speculation.py:436 at 7a30b42)",
     ),
     BatchRule(
         TNX,
@@ -119,8 +119,9 @@ BATCH_RULES: tuple[BatchRule, ...] = (
         False,
         "sample takes its batch at the start; rows only leave (done_flags, speculation.py:778-786)",
         True,
-        "DefaultTokenAcceptor per row (speculation.py:227-283); the first token is the argmax "
-        "(select_tokens, top_k=1, :744)",
+        f"{_LIBRARY_ACCEPTOR}, never the library's DefaultTokenAcceptor, which at batch > 1 reads the draft ids "
+        "through a (1, k-1, bs) reshape (speculation.py:247 at 1ade6d7) and row 0's probabilities (:248-249); the "
+        "first token is the argmax (select_tokens, top_k=1, :744)",
     ),
     BatchRule(
         TNX,

@@ -108,12 +108,12 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             positions = torch.count_nonzero(attention_mask, dim=1).view(-1, 1) + torch.arange(
                 self.k + 1, dtype=torch.int64
             ).repeat((batch_size, 1))
-            sequences.scatter_(1, torch.count_nonzero(attention_mask, dim=1).view(-1, 1), token_id.to(torch.int32))
+            sequences.scatter_(1, torch.count_nonzero(attention_mask, dim=1).view(-1, 1), token_id)  # :600, no cast
             positions = positions + 1
         else:
             cache_ids = torch.full((batch_size, 1), start, dtype=torch.int32)
             positions = torch.arange(start + 1, start + self.k + 2, dtype=torch.int64).repeat((batch_size, 1))
-            sequences.scatter_(1, torch.full((batch_size, 1), start, dtype=torch.int64), token_id.to(torch.int32))
+            sequences.scatter_(1, torch.full((batch_size, 1), start, dtype=torch.int64), token_id)  # :605, no cast
         done = torch.full((batch_size, 1), False)
         ends = torch.full((batch_size,), sequence_length, dtype=torch.int32)
         batch_positions = torch.arange(self.k + 1).unsqueeze(0)

@@ -156,7 +156,12 @@ class LlamaForSampling(NeuronModelBase):
 
     @staticmethod
     def select_on_device(logits, generation):
-        """on_device_generation: the compiled graph returns the next token id (batch, 1), not logits."""
+        """on_device_generation: the compiled graph returns the next token id (batch, 1), not logits, as int32 (the
+        graph's U32/S32 ids reach torch as int32: compiler.py:226 at 1ade6d7)."""
+        return LlamaForSampling._select(logits, generation).to(torch.int32)
+
+    @staticmethod
+    def _select(logits, generation):
         if not generation.do_sample:
             return logits.argmax(-1, keepdim=True)
         scores = logits / generation.temperature
