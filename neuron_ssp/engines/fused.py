@@ -147,7 +147,7 @@ class FusedEngine:
     @property
     def buckets(self) -> tuple[list[int], list[int]]:
         """The target's and the draft's context buckets (both encode the prompts, fused_speculation.py:576, :592):
-        a batch's padded width avoids them (`padded_batch`)."""
+        a batch's prompts fit the smallest of their largest."""
         draft = self.decoder.draft
         return (
             context_buckets(self.target.model, self.target.n_positions),
@@ -156,7 +156,7 @@ class FusedEngine:
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `FusedSpeculativeDecoder.sample` over `rows`, padded to the compiled batch."""
-        batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id, {*self.buckets[0], *self.buckets[1]})
+        batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id)
         speculator = self.decoder.speculator
         counted = _CountedIterations(speculator, self.batch_size, fused_k(self.k))
         self.decoder.speculator = counted

@@ -221,7 +221,7 @@ class LibraryEngine:
 
     @property
     def buckets(self) -> tuple[list[int], list[int]]:
-        """The target's and the draft's context buckets: a batch's padded width avoids them (`padded_batch`)."""
+        """The target's and the draft's context buckets: a batch's prompts fit the smallest of their largest."""
         return (
             context_buckets(self.target.model, self.target.n_positions),
             context_buckets(self.draft.model, self.draft.n_positions),
@@ -250,9 +250,7 @@ class LibraryEngine:
             self.k,
             adapt_acceptor(self.api, lanes),
         )
-        batch = padded_batch(
-            rows, self.batch_size, pad_id(self.target.model, stop_id), {*self.buckets[0], *self.buckets[1]}
-        )
+        batch = padded_batch(rows, self.batch_size, pad_id(self.target.model, stop_id))
         if self.batch_size == 1:  # as before batching existed, and the only call 0.10-0.12 take
             out = loop.sample(batch.input_ids, sequence_length=batch.sequence_length, eos_token_id=stop_id)
         else:  # speculation.py:718-730: right-padded prompts, their mask, sequence ids

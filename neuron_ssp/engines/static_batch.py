@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,16 +183,14 @@ class PaddedBatch:
     pad_id: int
 
 
-def padded_batch(rows: list[Row], batch_size: int, pad: int, buckets: Collection[int] = ()) -> PaddedBatch:
-    """The batch, one column wider where the padded width would be a context bucket (`buckets`) while a row is
-    shorter: the loops give padding the cache id 0 (arange x mask, speculation.py:728, fused_speculation.py:559)
-    and only a context shorter than its bucket gets its own positions back (base.py:446-448, :472-473); at the
-    bucket's exact width the padding is scattered onto slot 0 of the shorter rows (attention.py:255-284)."""
+def padded_batch(rows: list[Row], batch_size: int, pad: int) -> PaddedBatch:
+    """The batch at the longest prompt's width, even where that width is a context bucket's: the static context cache
+    is sized to the bucket (decoder.py:919-936 at 1ade6d7) and a context of the bucket's width replaces it by index
+    (llama/hlo.py:747-752), so a shorter row's padding lands past its own tokens whatever its cache id (0: arange x
+    mask, speculation.py:728, fused_speculation.py:559)."""
     prompts = [row.request.prompt_ids.view(-1) for row in rows]
     prompts += [prompts[0][:1]] * (batch_size - len(prompts))  # padding lines: a token the models know, no budget
     width = max(len(prompt) for prompt in prompts)
-    if width in buckets and any(len(prompt) < width for prompt in prompts):
-        width += 1
     input_ids = torch.full((batch_size, width), pad, dtype=torch.int64)
     attention_mask = torch.zeros(batch_size, width, dtype=torch.int64)
     for i, prompt in enumerate(prompts):
@@ -219,9 +216,9 @@ def context_buckets(model: Any, n_positions: int) -> list[int]:
 
 def require_one_context(prompt_len: int, largest: int) -> None:
     """At batch > 1 every prompt must fit one context network (`largest`: the smaller of the models' largest
-    context buckets) with a column to spare (`padded_batch`): past it 1ade6d7 encodes the rest token by token
-    after slicing the 2-D cache_ids by ROW (`cache_ids[:estimate]`, base.py:246-249), which a batch does not survive."""
-    if prompt_len >= largest:
+    context buckets): past it 1ade6d7 encodes the rest token by token after slicing the 2-D cache_ids by ROW
+    (`cache_ids[:estimate]`, base.py:246-249), which a batch does not survive."""
+    if prompt_len > largest:
         raise UsageError(
             Problem(
                 "prompt",
@@ -229,8 +226,8 @@ def require_one_context(prompt_len: int, largest: int) -> None:
                 f"at batch > 1 transformers-neuronx encodes the prompts in one context network of at most {largest} "
                 "tokens (its largest context bucket, half of n_positions); a batch with a longer prompt is split by "
                 "base.py:246-249 at 1ade6d7, which slices its 2-D cache_ids by row",
-                f"shorten the prompt below {largest} tokens, compile the models with a larger n_positions, or set "
-                "target.batch_size: 1",
+                f"shorten the prompt to {largest} tokens or fewer, compile the models with a larger n_positions, or "
+                "set target.batch_size: 1",
             )
         )
 

@@ -243,10 +243,13 @@ class LlamaForSampling(NeuronModelBase):
                     f"context bucket ({bucket}): the library's leftover loop is not modelled"
                 )
             last = cache_ids.max(dim=1).values  # base.py line 443: the last token's index
+            static = self.neuron_config.continuous_batching is None
             for index, row in enumerate(rows):
-                # base.py _pad_cache_ids (lines 452-490): a context shorter than its bucket is padded to it
-                # and written at 0..bucket-1; past the inputs the writes are padding (garbage)
-                positions = list(range(bucket)) if n_active < bucket else [int(c) for c in cache_ids[index]]
+                # a static batch's context cache is sized to the bucket (decoder.py:919-936) and replaced by index
+                # (llama/hlo.py:747-752); under continuous batching the rows' cache_ids place the writes, padded
+                # to 0..bucket-1 for a context shorter than its bucket (base.py _pad_cache_ids, lines 452-490).
+                # Past the inputs the writes are padding (garbage)
+                positions = list(range(bucket)) if static or n_active < bucket else [int(c) for c in cache_ids[index]]
                 ids = tokens[index].tolist() + [0] * (len(positions) - n_active)
                 executed.append({"row": row, "cache_ids": positions, "prior": 0})
                 logits.append(self._run_row(row, ids, positions, 0, [int(last[index])], junk_from=n_active)[0])
