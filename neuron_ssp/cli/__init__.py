@@ -7,6 +7,7 @@ from neuron_ssp.cli import endpoint as endpoint_commands
 from neuron_ssp.cli import endpoint_image
 from neuron_ssp.cli.app import main
 from neuron_ssp.cli.config_show import config_command
+from neuron_ssp.cli.draft import draft_data, train_draft
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
 from neuron_ssp.cli.serve import bench_serve, serve
@@ -19,6 +20,8 @@ main.add_command(latency)
 main.add_command(tune_k)
 main.add_command(eval_command)
 main.add_command(bench)
+main.add_command(draft_data)
+main.add_command(train_draft)
 main.add_command(compile_command)
 main.add_command(doctor)
 main.add_command(validate)

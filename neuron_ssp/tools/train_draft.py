@@ -1,0 +1,432 @@
+"""Train an EAGLE-3 head for a target on the target's own conversations (tools/draft_data.py).
+
+The recipe follows SafeAILab/EAGLE cb7e0841 `eagle/traineagle3/` (cited file:line) where a CPU allows it:
+- features: the target's three taps and its logits at every position, recomputed by a prefill through the
+  backend's hidden-state API (backends.base.HiddenStates) rather than stored, so training and drafting read
+  the same numbers (`cnets.py:713-731` runs the target in the training step the same way);
+- training-time test: `ttt_steps` steps (7 there, `cnets.py:498`), step i feeding the head's own output of step
+  i-1 as its hidden state with the data's tokens shifted by i (`cnets.py:847, 862-864`);
+- soft targets: the target's distribution over the draft vocabulary (softmax of its logits restricted to t2d,
+  `cnets.py:833-842`), cross-entropy counted where the target's argmax is in the draft vocabulary
+  (`cnets.py:837-839`); step i weighted 0.8^i (`main.py:284-285`); AdamW betas (0.9, 0.95), gradient clipping
+  0.5 (`ds_config.json`);
+- the loss counts the assistant's answers only: the predicted token lies in the answer (SafeAILab's loss_mask).
+Differences, said here so nobody guesses: the loss is a mean over counted positions (SafeAILab: over all
+positions of the batch, `cnets.py:855`), the learning rate is larger and constant after a short warm-up (its
+5e-5 with 12000 warm-up steps is for millions of GPU tokens), and the head may start from one of the target's
+layers (`init_layer`).
+
+Resumable: the state (head, optimizer, step, data order, history) is written every `checkpoint_minutes` and at
+the end; a second run continues it. The head is written in the standard EAGLE-3 layout (eagle_checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from neuron_ssp.backends.base import Segment
+from neuron_ssp.drafters.eagle_checkpoint import EagleConfig, parse_config, vocab_maps, write_checkpoint
+from neuron_ssp.drafters.eagle_head import EagleHead
+from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.tools.draft_data import Conversations
+
+STATE_FILE = "train_state.pt"
+HEAD_DIR = "head"
+RECIPE_FILE = "recipe.json"
+HISTORY_FILE = "history.json"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    ttt_steps: int = 7  # SafeAILab cnets.py:498
+    loss_decay: float = 0.8  # main.py:284
+    lr: float = 5e-4
+    warmup_steps: int = 50
+    weight_decay: float = 0.0  # ds_config.json
+    grad_clip: float = 0.5  # ds_config.json
+    batch_tokens: int = 2048  # conversations per optimizer step: as many as fit in this many tokens
+    seed: int = 0
+    held_out: float = 0.05  # share of conversations (by a hash of their index) never trained on
+    draft_vocab_size: int = 8192
+    init_layer: int | None = None  # start the head's layer (and lm_head) from the target's
+    max_train_tokens: int | None = None  # the first N tokens of the training split (the learning curve)
+
+
+def held_out_index(index: int, share: float) -> bool:
+    """A fixed pseudo-random share of conversations, independent of how they were sampled (index % 4: greedy)."""
+    return (index * 2654435761) % 2**32 < share * 2**32
+
+
+def split(conversations: Conversations, share: float, max_train_tokens: int | None) -> tuple[list[int], list[int]]:
+    """(training, held-out) positions in `conversations`; training cut to its first `max_train_tokens`."""
+    train, held = [], []
+    tokens = 0
+    for position, index in enumerate(conversations.index):
+        if held_out_index(index, share):
+            held.append(position)
+        elif max_train_tokens is None or tokens < max_train_tokens:
+            train.append(position)
+            tokens += len(conversations.ids[position])
+    return train, held
+
+
+def head_config(target_config: Any, draft_vocab_size: int, taps: Sequence[int]) -> EagleConfig:
+    """A head as wide as the target (SafeAILab's config.json copies the target's shape), over the draft vocabulary."""
+    rope = getattr(target_config, "rope_parameters", None) or {}
+    raw = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": target_config.hidden_size,
+        "intermediate_size": target_config.intermediate_size,
+        "num_attention_heads": target_config.num_attention_heads,
+        "num_key_value_heads": target_config.num_key_value_heads,
+        "head_dim": getattr(target_config, "head_dim", target_config.hidden_size // target_config.num_attention_heads),
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "vocab_size": target_config.vocab_size,
+        "draft_vocab_size": draft_vocab_size,
+        "rms_norm_eps": target_config.rms_norm_eps,
+        "rope_theta": rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
+        "max_position_embeddings": target_config.max_position_embeddings,
+        "eagle_aux_hidden_state_layer_ids": list(taps),
+    }
+    config, problems = parse_config(raw, "config.json")
+    if config is None:
+        raise UsageError(problems)
+    return config
+
+
+def new_head(target_model: Any, config: EagleConfig, draft_ids: torch.Tensor, init_layer: int | None) -> EagleHead:
+    """A fresh head on the target's embedding. With `init_layer`: its decoder layer starts as the target's layer
+    (q/k/v read the hidden half of [embedding; hidden]), fc picks the last tap, and norm and lm_head start as the
+    target's final norm and (tied) output rows of the draft vocabulary: the head starts as an early exit."""
+    embedding = target_model.get_input_embeddings().weight.detach()
+    head = EagleHead(config, embedding)
+    head.target_ids.copy_(draft_ids)
+    if init_layer is None:
+        return head
+    layer = target_model.model.layers[init_layer]
+    h = config.hidden_size
+    with torch.no_grad():
+        head.fc.zero_()
+        head.fc[:, 2 * h : 3 * h] = torch.eye(h)
+        for name, source in (
+            ("q", layer.self_attn.q_proj),
+            ("k", layer.self_attn.k_proj),
+            ("v", layer.self_attn.v_proj),
+        ):
+            weight = getattr(head, name)
+            weight.zero_()
+            weight[:, h:] = source.weight
+        head.o.copy_(layer.self_attn.o_proj.weight)
+        head.gate.copy_(layer.mlp.gate_proj.weight)
+        head.up.copy_(layer.mlp.up_proj.weight)
+        head.down.copy_(layer.mlp.down_proj.weight)
+        head.hidden_norm.copy_(layer.input_layernorm.weight)
+        head.post_norm.copy_(layer.post_attention_layernorm.weight)
+        head.norm.copy_(target_model.model.norm.weight)
+        head.lm_head.copy_(target_model.get_output_embeddings().weight[draft_ids])
+    return head
+
+
+@dataclass
+class Batch:
+    """Conversations padded to one length T, with the target's features at every position."""
+
+    ids: torch.Tensor  # (B, T) token ids (0 past a conversation's end)
+    lengths: torch.Tensor  # (B,)
+    answer_start: torch.Tensor  # (B,)
+    taps: torch.Tensor  # (B, T, 3 x target hidden)
+    target_logp: torch.Tensor  # (B, T, draft vocab): log of the target's distribution restricted to the draft vocab
+    target_argmax: torch.Tensor  # (B, T) target ids
+    greedy: torch.Tensor  # (B,) bool: the data's tokens are the target's argmax (greedy answers)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def target_features(
+    backend: Any, ids: list[np.ndarray], answer_start: list[int], draft_ids: torch.Tensor, greedy: list[bool]
+) -> Batch:
+    """The target over the conversations (slot i each, from position 0, as many per call as it has slots): taps
+    and logits of every row."""
+    logits_parts, taps_parts = [], []
+    for first in range(0, len(ids), backend.slots):
+        segments = [
+            Segment(slot, 0, torch.from_numpy(tokens), hidden_rows=len(tokens))
+            for slot, tokens in enumerate(ids[first : first + backend.slots])
+        ]
+        part_logits, part_taps = backend.score_batch_hidden(segments)
+        logits_parts.append(part_logits)
+        taps_parts.append(part_taps)
+    logits, taps = torch.cat(logits_parts), torch.cat(taps_parts)
+    lengths = [len(tokens) for tokens in ids]
+    longest = max(lengths)
+    batch, width = len(ids), taps.shape[-1]
+    padded_ids = torch.zeros(batch, longest, dtype=torch.long)
+    padded_taps = torch.zeros(batch, longest, width)
+    logp = torch.zeros(batch, longest, draft_ids.shape[0])
+    argmax = torch.zeros(batch, longest, dtype=torch.long)
+    begin = 0
+    for row, (tokens, length) in enumerate(zip(ids, lengths, strict=True)):
+        end = begin + length
+        padded_ids[row, :length] = torch.from_numpy(tokens)
+        padded_taps[row, :length] = taps[begin:end]
+        argmax[row, :length] = logits[begin:end].argmax(-1)
+        logp[row, :length] = torch.log_softmax(logits[begin:end, draft_ids], -1)
+        begin = end
+    return Batch(
+        padded_ids,
+        torch.tensor(lengths),
+        torch.tensor(answer_start),
+        padded_taps,
+        logp,
+        argmax,
+        torch.tensor(greedy),
+    )
+
+
+@dataclass
+class StepResult:
+    """Per training-time-test step: loss (a tensor, for backward), correct top-1 drafts, counted positions."""
+
+    losses: list[torch.Tensor]
+    correct: list[int]
+    counted: list[int]
+    chain_ok: torch.Tensor  # (steps, B, T) bool: step i's draft at p equals the target's argmax
+
+
+def training_time_test(head: EagleHead, batch: Batch, steps: int, in_draft: torch.Tensor) -> StepResult:
+    """SafeAILab's training-time test over a batch (cnets.py:790-866): step i's output at p predicts the token at
+    p + 2 + i from the target's distribution at q = p + 1 + i, counted where that token is in an answer.
+    `in_draft`: (V,) bool, the draft vocabulary as a mask over target ids (t2d)."""
+    b, t = batch.ids.shape
+    positions = torch.arange(t)
+    hidden = head.fuse(batch.taps)
+    cache = None
+    losses, correct, counted, chain = [], [], [], []
+    for step in range(steps):
+        shift = 1 + step
+        tokens = torch.zeros_like(batch.ids)
+        tokens[:, : t - shift] = batch.ids[:, shift:]
+        hidden, cache = head(hidden, tokens, cache)
+        logp = torch.log_softmax(head.logits(hidden), -1)
+        q = positions + shift  # where the target's distribution for this prediction sits
+        valid = (q.unsqueeze(0) <= batch.lengths.unsqueeze(1) - 2) & (
+            q.unsqueeze(0) >= batch.answer_start.unsqueeze(1) - 1
+        )
+        q = q.clamp(max=t - 1)
+        target_logp = batch.target_logp[:, q]
+        target_arg = batch.target_argmax[:, q]
+        counted_mask = valid & in_draft[target_arg]
+        per_position = -(target_logp.exp() * logp).sum(-1)
+        n = int(counted_mask.sum())
+        losses.append((per_position * counted_mask).sum() / max(n, 1))
+        drafted = head.target_ids[logp.argmax(-1)]
+        ok = (drafted == target_arg) & valid
+        chain.append(ok)
+        correct.append(int(ok.sum()))
+        counted.append(int(valid.sum()))
+    return StepResult(losses, correct, counted, torch.stack(chain))
+
+
+def weighted_loss(losses: list[torch.Tensor], decay: float) -> torch.Tensor:
+    return sum(decay**i * loss for i, loss in enumerate(losses))  # type: ignore[return-value]
+
+
+def batches(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+    """Consecutive conversations of `order` grouped so each group holds at most `budget` tokens (at least one)."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for position in order:
+        if current and tokens + lengths[position] > budget:
+            groups.append(current)
+            current, tokens = [], 0
+        current.append(position)
+        tokens += lengths[position]
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass
+class History:
+    """What the run measured: training loss and accuracy per step, and held-out evaluations."""
+
+    steps: list[int] = field(default_factory=list)
+    tokens_seen: list[int] = field(default_factory=list)
+    loss: list[list[float]] = field(default_factory=list)
+    accuracy: list[list[float]] = field(default_factory=list)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    cursor: int = 0  # next batch of this epoch's order
+    tokens_seen: int = 0
+    seconds: float = 0.0
+    history: History = field(default_factory=History)
+
+
+def lr_at(step: int, settings: TrainSettings) -> float:
+    return settings.lr * min(1.0, (step + 1) / settings.warmup_steps)
+
+
+def epoch_order(train: list[int], lengths: list[int], seed: int, epoch: int, window: int = 32) -> list[int]:
+    """The epoch's shuffled order, sorted by length within windows of `window` conversations, so a batch pads
+    its conversations to similar lengths (less padding, the same data)."""
+    order = list(train)
+    random.Random(seed * 7919 + epoch).shuffle(order)
+    return [p for i in range(0, len(order), window) for p in sorted(order[i : i + window], key=lambda p: lengths[p])]
+
+
+def save_state(
+    directory: Path, head: EagleHead, optimizer: torch.optim.Optimizer, state: TrainState, meta: dict[str, Any]
+) -> None:
+    """Atomically, so a run killed while writing keeps the previous state."""
+    tmp = directory / f".{STATE_FILE}.tmp"
+    torch.save(
+        {
+            "head": head.state_dict(),
+            "target_ids": head.target_ids,
+            "optimizer": optimizer.state_dict(),
+            "state": asdict(state),
+            "meta": meta,
+        },
+        tmp,
+    )
+    tmp.replace(directory / STATE_FILE)
+
+
+def load_state(directory: Path) -> dict[str, Any] | None:
+    path = directory / STATE_FILE
+    return torch.load(path, weights_only=False) if path.exists() else None
+
+
+def restore(saved: dict[str, Any]) -> TrainState:
+    data = dict(saved["state"])
+    data["history"] = History(**data["history"])
+    return TrainState(**data)
+
+
+def check_resumable(saved_meta: dict[str, Any], meta: dict[str, Any], directory: Path) -> None:
+    """A resumed run must train the same head on the same split: every setting that differs is refused."""
+    saved = dict(saved_meta["settings"], taps=saved_meta["taps"])
+    wanted = dict(meta["settings"], taps=meta["taps"])
+    changed = [key for key in wanted if saved.get(key) != wanted[key]]
+    if changed:
+        raise UsageError(
+            [
+                Problem(
+                    key,
+                    wanted[key],
+                    f"the run saved in {directory / STATE_FILE} has {key} = {saved.get(key)}",
+                    f"rerun with {key} = {saved.get(key)}, or train into another --work directory",
+                )
+                for key in changed
+            ]
+        )
+
+
+def write_head(head: EagleHead, directory: Path, recipe: dict[str, Any], dtype: torch.dtype = torch.float16) -> Path:
+    """The head in the standard EAGLE-3 layout (fp16 by default) with its recipe beside it."""
+    d2t, t2d = vocab_maps(head.target_ids, head.config.vocab_size)
+    write_checkpoint(head.to_checkpoint(d2t, t2d), directory, dtype)
+    (directory / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n")
+    return directory
+
+
+Progress = Callable[[TrainState, StepResult | None], None]
+
+
+def train(
+    backend: Any,
+    head: EagleHead,
+    conversations: Conversations,
+    train_positions: list[int],
+    settings: TrainSettings,
+    work: Path,
+    seconds: float,
+    meta: dict[str, Any],
+    checkpoint_seconds: float = 300.0,
+    evaluate: Callable[[EagleHead], dict[str, Any]] | None = None,
+    evaluate_every: int = 0,
+    on_step: Progress | None = None,
+) -> TrainState:
+    """Train `head` for `seconds` (resuming the state in `work` if there is one); returns the state at the end."""
+    work.mkdir(parents=True, exist_ok=True)
+    optimizer = torch.optim.AdamW(
+        [p for p in head.parameters() if p.requires_grad],
+        lr=settings.lr,
+        betas=(0.9, 0.95),
+        weight_decay=settings.weight_decay,
+    )
+    saved = load_state(work)
+    state = TrainState()
+    if saved is not None:
+        head.load_state_dict(saved["head"])
+        head.target_ids.copy_(saved["target_ids"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = restore(saved)
+    in_draft = torch.zeros(head.config.vocab_size, dtype=torch.bool)
+    in_draft[head.target_ids] = True
+    lengths = [len(tokens) for tokens in conversations.ids]
+    torch.manual_seed(settings.seed + state.step)
+    begin = time.perf_counter()
+    last_save = begin
+    spent_before = state.seconds
+    while time.perf_counter() - begin < seconds:
+        groups = batches(
+            epoch_order(train_positions, lengths, settings.seed, state.epoch), lengths, settings.batch_tokens
+        )
+        if state.cursor >= len(groups):
+            state.epoch, state.cursor = state.epoch + 1, 0
+            continue
+        group = groups[state.cursor]
+        batch = target_features(
+            backend,
+            [conversations.ids[p] for p in group],
+            [conversations.answer_start[p] for p in group],
+            head.target_ids,
+            [conversations.temperature[p] == 0.0 for p in group],
+        )
+        for group_ in optimizer.param_groups:
+            group_["lr"] = lr_at(state.step, settings)
+        result = training_time_test(head, batch, settings.ttt_steps, in_draft)
+        loss = weighted_loss(result.losses, settings.loss_decay)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), settings.grad_clip)
+        optimizer.step()
+        state.step += 1
+        state.cursor += 1
+        state.tokens_seen += batch.tokens
+        state.seconds = spent_before + time.perf_counter() - begin
+        history = state.history
+        history.steps.append(state.step)
+        history.tokens_seen.append(state.tokens_seen)
+        history.loss.append([round(float(x.detach()), 4) for x in result.losses])
+        history.accuracy.append([round(c / max(n, 1), 4) for c, n in zip(result.correct, result.counted, strict=True)])
+        if evaluate is not None and evaluate_every and state.step % evaluate_every == 0:
+            history.evaluations.append({"step": state.step, "tokens_seen": state.tokens_seen, **evaluate(head)})
+        if on_step is not None:
+            on_step(state, result)
+        if time.perf_counter() - last_save >= checkpoint_seconds:
+            save_state(work, head, optimizer, state, meta)
+            last_save = time.perf_counter()
+    state.seconds = spent_before + time.perf_counter() - begin
+    save_state(work, head, optimizer, state, meta)
+    return state
