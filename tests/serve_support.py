@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import torch
 import uvicorn
+from fastapi import FastAPI
 
 from neuron_ssp.config import SamplingConfig, ServeConfig, load_config
 from neuron_ssp.drafters.base import Draft, point_masses
@@ -192,8 +193,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(pipeline, api_key: str | None = None, **settings) -> Iterator[str]:
-    """The app on 127.0.0.1 in a background thread; yields its base URL."""
+def serving(pipeline, api_key: str | None = None, **settings) -> Iterator[tuple[str, FastAPI]]:
+    """The app on 127.0.0.1 in a background thread; yields its base URL and the app (its worker, its metrics)."""
     serve = ServeConfig(**settings)
     app = create_app(pipeline, serve, "fake-model", api_key)
     port = free_port()
@@ -204,7 +205,14 @@ def running_server(pipeline, api_key: str | None = None, **settings) -> Iterator
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@contextmanager
+def running_server(pipeline, api_key: str | None = None, **settings) -> Iterator[str]:
+    """The app on 127.0.0.1 in a background thread; yields its base URL."""
+    with serving(pipeline, api_key, **settings) as (url, _):
+        yield url

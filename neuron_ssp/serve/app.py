@@ -24,12 +24,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from neuron_ssp.config import SamplingConfig, ServeConfig
+from neuron_ssp.config import Config, SamplingConfig, ServeConfig
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
 from neuron_ssp.serve import openapi
 from neuron_ssp.serve.errors import ApiError, error_response
-from neuron_ssp.serve.gate import MAX_BODY_BYTES, Gate, body_too_large
+from neuron_ssp.serve.gate import CLIENT_CLOSED, MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.schemas import (
@@ -44,12 +44,11 @@ from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
 from neuron_ssp.topology.positions import max_new_tokens_within
 
 log = logging.getLogger("neuron_ssp.serve")
-CLIENT_CLOSED = 499  # nginx's "client closed request": what the request counter records for a disconnect
 WORKER_JOIN_S = 60.0  # at shutdown, how long to wait for a prefill that cannot be interrupted
 
 
 def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(model_name, pipeline.target.n_positions, draft_positions(pipeline.config))
     worker = GenerationWorker(pipeline, metrics, settings.max_queue)
 
     @asynccontextmanager
@@ -185,6 +184,11 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     app.openapi = lambda: openapi.document(app, model_name, largest)  # type: ignore[method-assign]
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
     return app
+
+
+def draft_positions(config: Config) -> int:
+    """Draft tokens a target call scores at most (vLLM's num_speculative_tokens): k - 1, or 0 without a drafter."""
+    return 0 if config.speculation.drafter == "none" else config.speculation.k - 1
 
 
 async def _read_json(request: Request) -> dict[str, Any]:

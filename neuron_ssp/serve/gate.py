@@ -1,6 +1,9 @@
 """ASGI middleware: request ids, the 1 MiB body limit, the API key, the per-status request counter, and
 the 500 for a failure no route expected.
 
+A client that leaves is counted with status 499, not a server error: a non-streamed answer is 499 itself, and a
+stream whose 200 had started is marked by the route (`client_gone` in the request's state) and counted as 499.
+
 Pure ASGI (not BaseHTTPMiddleware) so that a streaming response still sees its client disconnect. The
 key guards /v1/* and /invocations; under --sagemaker, SageMaker authenticates /invocations callers
 itself (and sends no key), so there it guards /v1/* only. Its refusals are rendered like every other
@@ -30,6 +33,7 @@ from neuron_ssp.serve.metrics import ServerMetrics
 log = logging.getLogger("neuron_ssp.serve")
 
 MAX_BODY_BYTES = 1 << 20
+CLIENT_CLOSED = 499  # nginx's "client closed request": what the request counter records for a disconnect
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/invocations")
 
 Scope = MutableMapping[str, Any]
@@ -78,7 +82,8 @@ class Gate:
             await JSONResponse(body, status_code=500)(scope, receive, send_with_id)
         finally:
             if scope["path"] in GENERATION_PATHS:
-                self.metrics.requests.labels(scope["path"], str(status[0] or 500)).inc()
+                gone = scope["state"].get("client_gone")  # a stream whose client left after its 200 started
+                self.metrics.requests.labels(scope["path"], str(CLIENT_CLOSED if gone else status[0] or 500)).inc()
 
     def _refusal(self, path: str, headers: dict[str, str]) -> ApiError | None:
         length = headers.get("content-length", "")

@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.text import TokenLogprob
 from neuron_ssp.serve.worker import Delta, Done
 from neuron_ssp.speculation.stats import GenerationStats
@@ -81,6 +82,7 @@ class OpenAIFormat:
         self.prompt_tokens = prompt_tokens
         self.include_usage = include_usage
         self.created = int(time.time())
+        self.returned = 0  # tokens whose text the stream has sent
 
     def final(self, done: Done) -> dict[str, Any]:
         choice: dict[str, Any] = {
@@ -107,6 +109,7 @@ class OpenAIFormat:
 
     def delta_chunk(self, delta: Delta) -> str:
         pieces, progress = delta.pieces, delta.progress
+        self.returned = delta.returned
         text = "".join(p.text for p in pieces)
         extra = {
             "tokens": [{"text": p.text, "origin": p.origin} for p in pieces],
@@ -134,16 +137,18 @@ class OpenAIFormat:
             )
         ]
         if self.include_usage:
-            chunks.append(
-                sse(
-                    {
-                        **self._head(stream=True),
-                        "choices": [],
-                        "usage": usage(self.prompt_tokens, done.completion_tokens),
-                    }
-                )
-            )
+            chunks.append(self._usage_chunk(done.completion_tokens))
         return [*chunks, DONE_LINE]
+
+    def failed_chunks(self, error: ApiError) -> list[str]:
+        """A stream that ends in an error (a timeout, the drain's cut, a failure): the usage of what was sent when
+        asked, then the error, then [DONE]. The usage comes first: an OpenAI client raises at the error chunk
+        (openai 3.57.0, _streaming.py:96-107) and reads nothing after it."""
+        usage_chunk = [self._usage_chunk(self.returned)] if self.include_usage else []
+        return [*usage_chunk, sse(error.body()), DONE_LINE]
+
+    def _usage_chunk(self, completion_tokens: int) -> str:
+        return sse({**self._head(stream=True), "choices": [], "usage": usage(self.prompt_tokens, completion_tokens)})
 
     def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if entries is None:

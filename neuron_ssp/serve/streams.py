@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from neuron_ssp.serve import sagemaker
-from neuron_ssp.serve.responses import DONE_LINE, OpenAIFormat, sse
+from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.schemas import GenerationRequest
 from neuron_ssp.serve.text import Piece
 from neuron_ssp.serve.worker import Delta, Done, Event, Failed, Job, timeout_error
@@ -76,21 +76,23 @@ async def sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event
                 ended = True
                 return
             elif isinstance(event, Failed):
-                yield sse(event.error.body())
-                yield DONE_LINE
+                for chunk in fmt.failed_chunks(event.error):
+                    yield chunk
                 ended = True
                 return
             event = await next_event(job, request)
     except ClientGone:
         return
     finally:
-        _release(job, ended)
+        _release(job, request, ended)
 
 
-def _release(job: Job, ended: bool) -> None:
-    """A stream that stops before its last event stops because its client left (the task was cancelled)."""
+def _release(job: Job, request: Request, ended: bool) -> None:
+    """A stream that stops before its last event stops because its client left (the task was cancelled): the job
+    is cancelled as aborted, and the request is marked so for the status counter (serve/gate.py: 499)."""
     if not ended:
         job.leave()
+        request.state.client_gone = True
     job.cancelled.set()  # a no-op once the job is done
 
 
@@ -121,6 +123,6 @@ async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first:
         except ClientGone:
             return
         finally:
-            _release(job, ended)
+            _release(job, request, ended)
 
     return StreamingResponse(lines(first), media_type=sagemaker.JSONLINES)

@@ -70,9 +70,14 @@ class TokenText:
             return len(self.starts)
         return sum(1 for start in self.starts if start < len(self.text))
 
+    @property
+    def sent_tokens(self) -> int:
+        """Tokens whose text has been handed out (at least in part)."""
+        return sum(1 for start in self.starts if start < self.sent)
+
     def take_logprobs(self, final: bool = False) -> list[TokenLogprob]:
         """Logprobs of the tokens whose text has been handed out (all returned tokens when final)."""
-        end = self.returned_tokens if final else sum(1 for start in self.starts if start < self.sent)
+        end = self.returned_tokens if final else self.sent_tokens
         end = min(end, len(self.logprobs))
         out, self.released = self.logprobs[self.released : end], max(self.released, end)
         return out

@@ -66,6 +66,7 @@ class Delta:
     pieces: list[Piece]
     progress: Progress
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    returned: int = 0  # tokens whose text has been handed out so far, these pieces included
 
 
 @dataclass
@@ -149,7 +150,7 @@ class GenerationWorker:
         self.held = 0  # jobs submitted and not yet answered by the worker: queued, being joined or running
         self.held_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
-        metrics.watch(self.queue.qsize, lambda: len(self.active))
+        metrics.watch(self.queue.qsize, lambda: len(self.active), self.max_rows)
 
     @property
     def running(self) -> int:
@@ -175,10 +176,24 @@ class GenerationWorker:
             self.held += 1
         self.queue.put_nowait(job)
 
-    def _answered(self) -> None:
-        """A held job got its last event (or is about to): its place goes to the next request."""
+    def finish(self, job: Job, reason: str, run: JobRun | None = None) -> None:
+        """A held job's end, just before its last event: its place goes to the next request, and it is counted under
+        what ended it (stop, length, abort, timeout, drain, error); `run` is None for a job that never started."""
         with self.held_lock:
             self.held -= 1
+        self.metrics.finished.labels(reason).inc()
+        now = time.perf_counter()
+        prefill_decode = None
+        if run is not None and run.first is not None:
+            prefill_decode = (run.first - run.started, run.last - run.first)
+        self.metrics.vllm.finished(
+            reason,
+            now - job.arrived,
+            (run.started if run is not None else now) - job.arrived,
+            int(job.prompt_ids.shape[0]),
+            run.progress.tokens if run is not None else 0,
+            prefill_decode,
+        )
 
     def drain(self, grace_s: float = 0.0) -> None:
         """SIGTERM: refuse new work, fail the queued jobs, let the running ones go on for `grace_s` (idempotent:
@@ -193,7 +208,7 @@ class GenerationWorker:
             except queue.Empty:
                 break
             if job is not None:
-                self._answered()
+                self.finish(job, "drain")
                 job.emit(
                     Failed(
                         _unavailable(
@@ -243,7 +258,6 @@ class GenerationWorker:
             rows[row] = run
             self.active.append(run)
         else:
-            self._answered()
             run.end(*(_ended(row) if row is not None else (None, error)))
 
     def _step(self, loop: RowLoop, rows: dict[Row, JobRun]) -> None:
@@ -257,7 +271,6 @@ class GenerationWorker:
         for row in finished:
             run = rows.pop(row)
             self.active.remove(run)
-            self._answered()
             run.end(*_ended(row))
 
     def _admit(self, job: Job) -> JobRun | None:
@@ -265,9 +278,7 @@ class GenerationWorker:
         error = timeout_error(job) if job.abandoned() else self._too_late(job)
         if error is None:
             return JobRun(self, job)
-        self._answered()
-        if job.client_gone.is_set():
-            self.metrics.finished.labels("abort").inc()
+        self.finish(job, "abort" if job.client_gone.is_set() else "timeout")
         job.emit(Failed(error))
         return None
 
@@ -314,8 +325,9 @@ class JobRun:
         self.job = job
         self.text = TokenText(worker.pipeline.tokenizer, job.stop)
         self.progress = Progress(target_calls=-1)
-        self.started = time.perf_counter()
-        self.last = job.arrived
+        self.started = time.perf_counter()  # when it joins the batch
+        self.first: float | None = None  # its first token
+        self.last = job.arrived  # its last output
         self.rows: list[torch.Tensor] = []  # the target's log-probabilities for the step being committed
         self.cut_by_drain = False
 
@@ -334,11 +346,14 @@ class JobRun:
         now = time.perf_counter()
         if progress.target_calls < 0:
             metrics.time_to_first_token.observe(now - job.arrived)
+            metrics.vllm.first_token(now - job.arrived, int(job.prompt_ids.shape[0]), len(tokens))
             self.worker.prefill.observe(int(job.prompt_ids.shape[0]), now - self.started)
+            self.first = now
         else:
             for _ in tokens:
                 metrics.inter_token_latency.observe((now - self.last) / len(tokens))
             metrics.tokens_per_call.observe(len(tokens))
+            metrics.vllm.step(now - self.last, len(tokens), drafted, from_draft)
         self.last = now
         origins = (
             ["unknown"] * len(tokens)
@@ -351,7 +366,8 @@ class JobRun:
         progress.drafted += drafted
         progress.accepted += from_draft or 0
         progress.tokens += len(tokens)
-        job.emit(Delta(self.text.take(), Progress(**vars(progress)), self.text.take_logprobs()))
+        pieces, logprobs = self.text.take(), self.text.take_logprobs()
+        job.emit(Delta(pieces, Progress(**vars(progress)), logprobs, self.text.sent_tokens))
 
     def should_stop(self) -> bool:
         self.cut_by_drain = self.worker.draining_past_deadline()
@@ -370,11 +386,11 @@ class JobRun:
         self._count(result.stats, returned)
         pieces, logprobs = self.text.take(final=True), self.text.take_logprobs(final=True)
         if pieces or logprobs:
-            job.emit(Delta(pieces, Progress(**vars(self.progress)), logprobs))
+            job.emit(Delta(pieces, Progress(**vars(self.progress)), logprobs, self.text.sent_tokens))
         pipeline = self.worker.pipeline
         ended_by_model = bool(result.tokens) and result.tokens[-1] in pipeline.eos_token_ids
         reason = "stop" if self.text.stopped or ended_by_model else "length"
-        self.worker.metrics.finished.labels(reason).inc()
+        self.worker.finish(job, reason, self)
         sampled = job.sampling.temperature > 0 and pipeline.config.speculation.engine != "fused"
         seed = job.sampling.seed if sampled else None  # greedy uses none; fused seeds on the device
         job.emit(
@@ -390,6 +406,7 @@ class JobRun:
 
     def _fail(self, error: Exception | None) -> None:
         job = self.job
+        self.worker.finish(job, "error", self)
         if isinstance(error, UsageError):  # the request asked for something this pipeline cannot do
             job.emit(Failed(ApiError(400, error.problems)))
         elif isinstance(error, NeuronSSPError):  # the request was fine; the run failed (non-finite logits...)
@@ -416,10 +433,11 @@ class JobRun:
         """A job cut short: by its client leaving (counted as aborted), its deadline, or the end of the drain."""
         job, worker = self.job, self.worker
         if job.client_gone.is_set():
-            worker.metrics.finished.labels("abort").inc()
+            worker.finish(job, "abort", self)
             log.info("request %s cancelled after %d tokens: the client disconnected", job.request_id, generated)
             return
         if self.cut_by_drain:
+            worker.finish(job, "drain", self)
             log.info("request %s cut after %d tokens: drain_timeout passed after SIGTERM", job.request_id, generated)
             job.emit(
                 Failed(
@@ -431,6 +449,7 @@ class JobRun:
                 )
             )
             return
+        worker.finish(job, "timeout", self)
         job.emit(Failed(timeout_error(job)))
 
     def _logprob(self, row: torch.Tensor, token: int) -> TokenLogprob:
