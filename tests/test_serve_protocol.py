@@ -233,3 +233,23 @@ def test_the_not_blank_pattern_is_pythons_white_space():
     """The prompt checks strip Python's white space: the pattern stated for prompts must refuse exactly it."""
     blank = re.compile(NOT_BLANK)
     assert all((blank.search(c) is None) == c.isspace() for c in map(chr, range(sys.maxunicode + 1)))
+
+
+def test_temperature_above_2_is_refused_as_openai_and_vllm_refuse_it_and_top_k_0_is_off():
+    """OpenAI's temperature is 0..2; vLLM 0.33.0 refuses above 2 as well (SamplingParams._verify_args,
+    vllm/sampling_params.py:668-673). top_k 0 and -1 both mean off, as in vLLM (sampling_params.py:318-320)."""
+    pipeline = FakePipeline()
+    with running_server(pipeline) as url:
+        hot = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 2.5})
+        lmi = httpx.post(f"{url}/invocations", json={"inputs": "x", "parameters": {"temperature": 3}})
+        edge = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": 2, "seed": 1})
+        off = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "top_k": 0})
+        doc = httpx.get(f"{url}/openapi.json").json()
+    assert hot.status_code == 400 and hot.json()["error"]["param"] == "temperature", hot.text
+    assert "must be <= 2" in hot.json()["error"]["message"] and "OpenAI" in hot.json()["error"]["message"]
+    assert lmi.status_code == 400 and lmi.json()["error"]["param"] == "parameters.temperature", lmi.text
+    assert edge.status_code == off.status_code == 200
+    assert pipeline.calls[-1]["sampling"].top_k == 0
+    chat = _schema(doc, "ChatCompletionBody")
+    assert _branch(chat["temperature"], "number")["maximum"] == 2
+    assert "vLLM" in chat["temperature"]["description"] and "0 or -1" in chat["top_k"]["description"]

@@ -65,7 +65,7 @@ StopString = Annotated[str, Field(min_length=1), AfterValidator(_unicode)]  # JS
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]
 Budget = Annotated[int, Field(ge=1), INTEGRAL]
-Temperature = Annotated[float, Field(ge=0)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 TopK = Annotated[int, Field(ge=-1), INTEGRAL]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL]
@@ -75,7 +75,8 @@ One = Annotated[int, Field(ge=1, le=1), INTEGRAL]
 # what a sampling field is for: the OpenAPI description, and the reason a message gives with a field's rule
 SEED = "64-bit: send it back to reproduce a sample"
 BUDGET = "tokens to generate at most: with the prompt's they must fit the model's context (max_model_len)"
-TEMPERATURE, TOP_P, TOP_K = "0 = greedy", "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field)"
+TEMPERATURE = "0 = greedy; at most 2, as OpenAI and vLLM allow (vLLM 0.33.0 refuses above 2)"
+TOP_P, TOP_K = "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field; vLLM prefers 0)"
 
 
 def _refused(name: str) -> Any:
