@@ -190,8 +190,9 @@ class NeuronSettings(_Strict):
     and the compiler's cache."""
 
     # transformers-neuronx: Neuron SDK <= 2.25, trn1/inf2; nxdi: NxD Inference (neuronx-distributed-inference),
-    # the supported successor, trn1/inf2/trn2 (docs/neuron.md, "Which library")
-    library: Literal["transformers-neuronx", "nxdi"] = "transformers-neuronx"
+    # trn1/inf2/trn2; vllm-neuron: vLLM's Neuron plugin (SDK 2.31+, trn2/trn3), served by `vllm serve` with the
+    # config rendered to its flags (deploy/vllm_neuron.py), EAGLE-3 heads only (docs/neuron.md, "Which library")
+    library: Literal["transformers-neuronx", "nxdi", "vllm-neuron"] = "transformers-neuronx"
     compiled_dir: str | None = None  # local dir or s3://bucket/prefix; None = compile at every load
     compile_cache_url: str | None = None  # sets NEURON_COMPILE_CACHE_URL (else /var/tmp/neuron-compile-cache)
     # after load, before the first request: a k-wide window against k one-token calls (backends/neuron/selftest.py)

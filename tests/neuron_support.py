@@ -17,13 +17,13 @@ STANDIN = Path(__file__).parent / "standin"
 VOCAB = 96
 
 
-def save_tiny_llama(directory: Path, seed: int) -> Path:
+def save_tiny_llama(directory: Path, seed: int, layers: int = 2) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,

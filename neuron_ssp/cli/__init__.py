@@ -10,6 +10,7 @@ from neuron_ssp.cli.config_show import config_command
 from neuron_ssp.cli.draft import draft_data, train_draft
 from neuron_ssp.cli.generate import compare, generate, latency
 from neuron_ssp.cli.neuron import compile_command, doctor
+from neuron_ssp.cli.prepare_draft import prepare_draft
 from neuron_ssp.cli.serve import bench_serve, serve
 from neuron_ssp.cli.tools import bench, eval_command, tune_k
 from neuron_ssp.cli.topology import plan, validate
@@ -23,6 +24,7 @@ main.add_command(bench)
 main.add_command(draft_data)
 main.add_command(train_draft)
 main.add_command(compile_command)
+main.add_command(prepare_draft)
 main.add_command(doctor)
 main.add_command(validate)
 main.add_command(config_command)

@@ -68,7 +68,13 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     /health, /metrics, SageMaker /ping and /invocations, and a playground page at /.
 
     Loads and validates the models once, before the port opens. SIGTERM drains and exits 0.
+    With neuron.library vllm-neuron it runs `vllm serve` for the config instead (deploy/vllm_neuron.py).
     """
+    config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
+    if config.platform.backend == "neuron" and config.neuron.library == "vllm-neuron":
+        from neuron_ssp.deploy.vllm_neuron import exec_vllm_serve
+
+        exec_vllm_serve(config)  # replaces this process
     try:
         from neuron_ssp.serve.server import listen_address, read_api_key, run_server, serving_batch
     except ImportError as exc:
@@ -80,7 +86,6 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
                 "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)",
             )
         ) from None
-    config = load_config(config_path, {f"serve.{name}": flags[name] for name in SERVE_OVERRIDES})
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     read_api_key(config.serve)  # a missing key is refused before the models load
     set_threads(threads)

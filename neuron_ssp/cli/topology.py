@@ -17,6 +17,7 @@ from rich.table import Table
 
 from neuron_ssp.cli.config_show import effective_dict, effective_yaml
 from neuron_ssp.config import Config, ResolvedConfig, fallback_problems, load_config, resolve_config
+from neuron_ssp.deploy.vllm_neuron import command_text
 from neuron_ssp.errors import UsageError
 from neuron_ssp.topology import (
     DeploymentPlan,
@@ -31,7 +32,7 @@ from neuron_ssp.topology.batch_projection import BatchProjection, plan_batch_pro
 from neuron_ssp.topology.batch_rules import TNX_BATCHED, neuronx_generation_for_version
 from neuron_ssp.topology.memory import gib
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, kv_rule_for_version
-from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, project
+from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, head_step_ms, project
 from neuron_ssp.topology.published_runs import published_run
 
 NEURONX_VERSION = click.option(
@@ -170,7 +171,8 @@ def plan(
     report = validate_config(
         _on_neuron(config, deployment.instance.name), kv_rule, neuronx_generation=_generation(neuronx_version)
     )
-    projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token)
+    estimate = _head_estimate(config, deployment)
+    projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token, estimate)
     per_batch = (
         None
         if engine is None
@@ -182,6 +184,7 @@ def plan(
             [row.batch for row in deployment.per_batch],
             ms_per_token,
             draft_ms_per_token,
+            estimate,
         )
     )
     if as_json:
@@ -191,7 +194,7 @@ def plan(
         click.echo(_json({**deployment.to_dict(), "validation": report.to_dict(), **extra}))
     else:
         console = Console()
-        _print_plan(console, deployment)
+        _print_plan(console, deployment, config)
         if len(deployment.per_batch) > 1:
             _print_batches(console, deployment)
         if projection is not None:
@@ -210,10 +213,11 @@ def _projection(
     alpha: float,
     target_ms: float | None,
     draft_ms: float | None,
+    estimate: tuple[float, str] | None,
 ) -> Projection | None:
     if engine is None:
         return None
-    draft = deployment.models.get("draft") if config.speculation.drafter == "model" else None
+    draft = deployment.models.get("draft") if config.speculation.drafter in ("model", "eagle", "eagle3") else None
     target_arch, draft_arch = deployment.models["target"].architecture.name, draft.architecture.name if draft else None
     run = published_run(deployment.instance.name, target_arch, draft_arch)
     return project(
@@ -227,7 +231,16 @@ def _projection(
         draft_ms,
         deployment.library,
         (run, run.differences(config)) if run else None,
+        estimate,
     )
+
+
+def _head_estimate(config: Config, deployment: DeploymentPlan) -> tuple[float, str] | None:
+    """An EAGLE head's ms per step, estimated from its target's published latency (projection.head_step_ms)."""
+    head = deployment.models.get("draft")
+    if head is None or config.speculation.drafter not in ("eagle", "eagle3"):
+        return None
+    return head_step_ms(deployment.models["target"].architecture, head.architecture, deployment.instance.name)
 
 
 def _kv_rule(neuronx_version: str | None) -> str:
@@ -285,7 +298,7 @@ def _print_report(console: Console, path: str, report: ValidationReport) -> None
         console.print(f"  load order: {' -> '.join(report.load_order)}")
 
 
-def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
+def _print_plan(console: Console, deployment: DeploymentPlan, config: Config) -> None:
     """One row per quantity, one column per model: reads at 80 characters."""
     instance = deployment.instance
     console.print(
@@ -331,12 +344,19 @@ def _print_plan(console: Console, deployment: DeploymentPlan) -> None:
     console.print(
         f"load order: {' -> '.join(deployment.load_order)}; NEURON_RT_VISIBLE_CORES={deployment.visible_cores}"
     )
-    console.print(
-        f"compiled graphs, one neuronx-cc run each ({deployment.library}'s buckets; a prompt runs the "
-        "smallest context bucket that holds it):"
-    )
-    for role, model in models.items():
-        console.print(f"  {role}: {_graphs_text(model)}", highlight=False)
+    if deployment.library == "vllm-neuron":
+        console.print(
+            "compiled graphs: vllm-neuron compiles its own at startup (its num_seqs and token buckets), not counted "
+            "here; `neuron-ssp serve` runs: " + command_text(config),
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"compiled graphs, one neuronx-cc run each ({deployment.library}'s buckets; a prompt runs the "
+            "smallest context bucket that holds it):"
+        )
+        for role, model in models.items():
+            console.print(f"  {role}: {_graphs_text(model)}", highlight=False)
     console.print(_cost_line(deployment))
     kv = (
         f"kv heads replicated as {KV_RULES[deployment.kv_rule]}"

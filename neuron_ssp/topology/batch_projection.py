@@ -106,17 +106,22 @@ def project_batches(
     batches: Sequence[int],
     target_ms: float | None = None,
     draft_ms: float | None = None,
+    draft_estimate: tuple[float, str] | None = None,
 ) -> BatchProjection:
-    """Tokens per second of all rows together at each of `batches`; `draft` None: a model-free drafter (free)."""
+    """Tokens per second of all rows together at each of `batches`; `draft` None: a model-free drafter (free);
+    `draft_estimate`: (ms, what it assumes) of a draft with no published or given latency (an EAGLE head)."""
     target_ms, target_note = published_or_given(
         target.architecture.name, instance, target_ms, "--ms-per-token", "published plain decoding"
     )
     notes = [f"target: {target_note}"]
     draft_cost: CallCost | None = None
     if draft is not None:
-        draft_ms, draft_note = published_or_given(
-            draft.architecture.name, instance, draft_ms, "--draft-ms-per-token", "published"
-        )
+        if draft_ms is None and draft_estimate is not None:
+            draft_ms, draft_note = draft_estimate
+        else:
+            draft_ms, draft_note = published_or_given(
+                draft.architecture.name, instance, draft_ms, "--draft-ms-per-token", "published"
+            )
         notes.append(f"draft: {draft_note}")
         if draft_ms is not None:
             draft_cost = call_cost(draft, draft_ms, positions_read["draft"])
@@ -145,6 +150,7 @@ def plan_batch_projection(
     batches: Sequence[int],
     target_ms: float | None = None,
     draft_ms: float | None = None,
+    draft_estimate: tuple[float, str] | None = None,
 ) -> BatchProjection:
     """`project_batches` for a config as planned: its models laid out as the plan lays them out, each row reading
     the KV positions of a generation of max_new_tokens after a max_prompt_tokens prompt (default: the longest prompt
@@ -166,4 +172,5 @@ def plan_batch_projection(
         batches,
         target_ms,
         draft_ms,
+        draft_estimate,
     )

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from neuron_ssp.topology.published_runs import TRN2_LLAMA_33_70B, TUTORIAL_SOURCE
+from neuron_ssp.topology.published_runs import (
+    TRN2_LLAMA_33_70B,
+    TUTORIAL_SOURCE,
+    VLLM_NEURON_LLAMA_31_8B_EAGLE3,
+)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,11 @@ PUBLISHED_LATENCY: dict[tuple[str, str], Latency] = {
     (TRN2_LLAMA_33_70B.target, TRN2_LLAMA_33_70B.instance): Latency(
         TRN2_LLAMA_33_70B.plain_ms_per_token,
         f"{TUTORIAL_SOURCE}, its setup without speculation (NxD Inference, tp 64, NKI kernels)",
+    ),
+    (VLLM_NEURON_LLAMA_31_8B_EAGLE3.target, VLLM_NEURON_LLAMA_31_8B_EAGLE3.instance): Latency(
+        VLLM_NEURON_LLAMA_31_8B_EAGLE3.plain_ms_per_token,
+        f"{VLLM_NEURON_LLAMA_31_8B_EAGLE3.source}, its baseline without speculation (vllm-neuron, TP 8, "
+        "median time per output token at concurrency 2, not batch 1)",
     ),
 }
 

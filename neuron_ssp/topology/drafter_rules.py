@@ -19,7 +19,7 @@ def check_drafter(config: Config, report: ValidationReport) -> None:
     drafter = config.speculation.drafter
     if config.platform.backend == "torch":
         report.errors.extend(_torch_problems(drafter))
-    elif drafter in ("eagle3", "ngram+eagle3", "eagle"):
+    elif drafter == "ngram+eagle3":  # eagle and eagle3 on Neuron: topology/head_rules.py, per library and SDK
         report.errors.append(_neuron_problem(drafter))
 
 
@@ -48,16 +48,9 @@ def _torch_problems(drafter: str) -> list[Problem]:
 
 
 def _neuron_problem(drafter: str) -> Problem:
-    if drafter == "ngram+eagle3":
-        return Problem(
-            "speculation.drafter",
-            drafter,
-            "the combined drafter (prompt lookup + EAGLE-3 head) runs on the torch backend only",
-            "use drafter: eagle3 on Neuron, or platform.backend: torch",
-        )
     return Problem(
         "speculation.drafter",
         drafter,
-        f"drafter {drafter} on Neuron is not built yet (issue 43)",
-        "use drafter: model or ngram on Neuron for now, or platform.backend: torch",
+        "the combined drafter (prompt lookup + EAGLE-3 head) runs on the torch backend only",
+        "use drafter: eagle3 on Neuron, or platform.backend: torch",
     )

@@ -35,6 +35,8 @@ DTYPE_MAX = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "fp16
 def check_engine(
     config: Config, models: dict[str, ModelConfig], architectures: dict[str, Architecture], report: ValidationReport
 ) -> None:
+    if config.platform.backend == "neuron" and config.neuron.library == "vllm-neuron":
+        return  # vllm-neuron runs its own loop: topology/vllm_neuron.py
     nxdi = config.platform.backend == "neuron" and config.neuron.library == "nxdi"
     if config.speculation.engine == "library" and nxdi:
         report.errors.append(
@@ -171,13 +173,13 @@ def nxdi_fused_problems(config: Config, models: dict[str, ModelConfig]) -> list[
     draft's process group must divide the target's tp (`initialize_speculative_draft_group`, NxD
     parallel_state.py:1533 at fbac349b), and its cache is read at the target's positions."""
     spec, problems, native = config.speculation, [], "or use speculation.engine: native"
-    if spec.drafter != "model":
+    if spec.drafter not in ("model", "eagle", "eagle3"):
         problems.append(
             Problem(
                 "speculation.drafter",
                 spec.drafter,
-                "NxDI fused speculation drafts with a draft model inside its graph",
-                f"set drafter: model with a draft section, {native}",
+                "NxDI fused speculation drafts with a draft model or an EAGLE head inside its graph",
+                f"set drafter: model, eagle3 or eagle with a draft section, {native}",
             )
         )
     if spec.policy != "fixed":

@@ -25,6 +25,7 @@ from neuron_ssp.topology.parallelism import (
 )
 from neuron_ssp.topology.placement import busiest_core_bytes, core_set
 from neuron_ssp.topology.report import ValidationReport
+from neuron_ssp.topology.vllm_neuron import VLLM_NEURON
 
 SUPPORTED = ", ".join(name for name, i in INSTANCES.items() if i.generation != "trn2")
 
@@ -48,11 +49,23 @@ def check_instance(
     if instance is None:
         near = similar_instances(instance_type)
         hint = f"did you mean {' or '.join(near)}? " if near else ""
-        known = ", ".join(INSTANCES) if library == "nxdi" else SUPPORTED
+        known = ", ".join(INSTANCES) if library != "transformers-neuronx" else SUPPORTED
         report.errors.append(
             Problem(field, instance_type, "not a known Neuron instance type", f"{hint}use one of {known}")
         )
         return None
+    if library == "vllm-neuron":
+        if instance.generation != "trn2":
+            report.errors.append(
+                Problem(
+                    field,
+                    instance_type,
+                    f"vllm-neuron runs on trn2 and trn3 only (Neuron SDK {VLLM_NEURON.sdk}: {VLLM_NEURON.platforms})",
+                    "deploy on trn2.48xlarge, or use neuron.library: nxdi (trn1/inf2 up to SDK 2.28)",
+                )
+            )
+            return None
+        return instance
     if library == "nxdi":
         release = release_for(instance.generation)
         if release != release_for("trn2"):  # a family held back on an older SDK than the newest NxDI's
@@ -147,7 +160,7 @@ def check_placement(
             )
     if "draft" not in models:
         return
-    if library == "nxdi":
+    if library in ("nxdi", "vllm-neuron"):  # vllm-neuron: the head on the target's TP group (topology/vllm_neuron.py)
         _check_nxdi_placement(models["target"], models["draft"], report)
         return
     target, draft = models["target"], models["draft"]

@@ -11,8 +11,9 @@ import math
 from neuron_ssp.topology.catalog import Generation
 
 # Neuron docs: the tp degrees tested for transformers-neuronx on each platform; trn2 (NxD Inference only): the
-# degrees of the NxDI Trn2 tutorials (Llama-3.1-405B and Llama-3.3-70B at 64, the 70B data-parallel one at 32).
-TESTED_TP: dict[str, tuple[int, ...]] = {"trn1": (1, 2, 8, 16, 32), "inf2": (1, 2, 4, 8, 12, 24), "trn2": (32, 64)}
+# degrees of the NxDI Trn2 tutorials (Llama-3.1-405B and Llama-3.3-70B at 64, the 70B data-parallel one at 32) and
+# vllm-neuron's EAGLE-3 tutorial (Llama-3.1-8B at 8, tutorial-eagle3-speculative-decoding-llama-3-1.md:52).
+TESTED_TP: dict[str, tuple[int, ...]] = {"trn1": (1, 2, 8, 16, 32), "inf2": (1, 2, 4, 8, 12, 24), "trn2": (8, 32, 64)}
 
 TP_RULE: dict[str, str] = {
     "trn1": "Trn1 accepts tp_degree 1, 2, 8, 16 or a multiple of 32",
@@ -22,8 +23,14 @@ TP_RULE: dict[str, str] = {
 
 
 # The instance generations each Neuron library runs on: transformers-neuronx never supported Trn2; NxD Inference
-# runs on all three (Trn1/Inf2 models up to SDK 2.28, NxDI 0.8; Trn2 and newer only from SDK 2.29, its release notes)
-GENERATIONS: dict[str, tuple[str, ...]] = {"transformers-neuronx": ("inf2", "trn1"), "nxdi": ("inf2", "trn1", "trn2")}
+# runs on all three (Trn1/Inf2 models up to SDK 2.28, NxDI 0.8; Trn2 and newer only from SDK 2.29, its release notes);
+# vllm-neuron (SDK 2.31+) on trn2 and trn3 (its setup guide, aws-neuron-sdk 81ce03ae
+# vllm-neuron/docs/getting-started/setup-guide.md:28-30, :290), of which the catalog holds trn2
+GENERATIONS: dict[str, tuple[str, ...]] = {
+    "transformers-neuronx": ("inf2", "trn1"),
+    "nxdi": ("inf2", "trn1", "trn2"),
+    "vllm-neuron": ("trn2",),
+}
 
 
 def runs_on(library: str, generation: str) -> bool:
@@ -130,6 +137,6 @@ def nxdi_heads_on_device(heads: int, kv_heads: int, tp_degree: int) -> tuple[int
 
 def device_heads(library: str, heads: int, kv_heads: int, tp_degree: int, kv_rule: str = KV_PADDING) -> tuple[int, int]:
     """The head counts on device under the library that shards them (transformers-neuronx: by version)."""
-    if library == "nxdi":
+    if library in ("nxdi", "vllm-neuron"):  # vllm-neuron: taken to shard as NxDI does (its source is not read here)
         return nxdi_heads_on_device(heads, kv_heads, tp_degree)
     return heads_on_device(heads, kv_heads, tp_degree, kv_rule)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.topology.models import HeadModel
 
 Relation = Literal["identical", "disjoint", "partial"]
 
@@ -41,10 +42,14 @@ class CoreSet:
 
 
 def loaded_models(config: Config) -> dict[str, ModelConfig]:
-    """The models a config puts on the device: the target, and the draft when it drafts."""
+    """The models a config puts on the device: the target, and the draft when it drafts (a draft model, or on
+    Neuron an EAGLE head, which NxD Inference and vllm-neuron hold on the target's cores)."""
     models = {"target": config.target}
-    if config.speculation.drafter == "model" and config.draft is not None:
-        models["draft"] = config.draft
+    drafter, draft = config.speculation.drafter, config.draft
+    if drafter == "model" and draft is not None:
+        models["draft"] = draft
+    elif drafter in ("eagle", "eagle3") and draft is not None and config.platform.backend == "neuron":
+        models["draft"] = HeadModel(**draft.model_dump(), target=config.target)
     return models
 
 

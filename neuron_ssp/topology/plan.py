@@ -275,6 +275,8 @@ def _model_plan(config: Config, role: str, placed: Placed, instance: Instance) -
     if placed.library == "nxdi":
         graphs = nxdi_graphs(config, role, model)
         buckets = (nxdi_context_buckets(config, model), nxdi_token_buckets(config, model))
+    elif placed.library == "vllm-neuron":  # it compiles its own graphs at startup; a row reads its KV to its position
+        graphs, buckets = Networks(0, 0, 0), ([], [model.n_positions])
     else:
         continuous = config.speculation.engine == "native" and model.batch_size > 1
         graphs = compiled_networks(model.n_positions, placed.windows, model.batch_size, continuous)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from neuron_ssp.topology.costs import published_latency
+from neuron_ssp.topology.models import Architecture
 from neuron_ssp.topology.published_runs import PublishedRun
 
 DEFAULT_ALPHA = 0.8
@@ -66,6 +67,20 @@ def published_or_given(
     return None, f"no published latency of {arch} on {instance}: pass {flag}"
 
 
+def head_step_ms(target: Architecture, head: Architecture, instance: str) -> tuple[float, str] | None:
+    """An EAGLE head's ms per draft step from the target's published ms/token, by the weights each step reads
+    (decoding at small batch reads every weight once; the embedding only its row), and what it assumes; None where
+    the target has no published latency there."""
+    latency = published_latency(target.name, instance)
+    if latency is None:
+        return None
+    read = [arch.params - arch.vocab * arch.hidden for arch in (head, target)]
+    return latency.ms_per_token * read[0] / read[1], (
+        f"estimated: the target's published {latency.ms_per_token:g} ms × the weights a head step reads / the "
+        f"target's ({read[0] / read[1]:.3f}; head {head.source}); measure it on the instance"
+    )
+
+
 def project(
     engine: str,
     k: int,
@@ -77,6 +92,7 @@ def project(
     draft_ms: float | None = None,
     library: str = "transformers-neuronx",
     published: tuple[PublishedRun, list[str]] | None = None,
+    draft_estimate: tuple[float, str] | None = None,
 ) -> Projection:
     """Every figure with the assumption it rests on; None where a latency is neither published nor given.
     `published`: a run AWS measured of this pair and instance, and where this config differs from it."""
@@ -85,6 +101,8 @@ def project(
     )
     if draft_arch is None:
         draft_ms, draft_note = 0.0, "model-free drafter (prompt lookup on the host): draft cost taken as 0"
+    elif draft_ms is None and draft_estimate is not None:
+        draft_ms, draft_note = draft_estimate
     else:
         draft_ms, draft_note = published_or_given(draft_arch, instance, draft_ms, "--draft-ms-per-token", "published")
     tau = tokens_per_call(alpha, k)
@@ -133,7 +151,7 @@ def _published_figures(run: PublishedRun, differences: list[str]) -> list[Figure
         basis = f"measured by AWS for its setup, which this config is not: it differs in {fields}"
     else:
         basis = "measured by AWS for exactly this setup"
-    return [
+    figures = [
         Figure("published ms/token", run.ms_per_token, "ms", f"{basis} ({run.source})"),
         Figure(
             "published speedup",
@@ -142,3 +160,20 @@ def _published_figures(run: PublishedRun, differences: list[str]) -> list[Figure
             f"{run.plain_ms_per_token:g} ms without speculation ÷ {run.ms_per_token:g} ms with it, same setup",
         ),
     ]
+    if run.throughput is not None:
+        plain, speculative, speedup = run.throughput
+        figures += [
+            Figure("published tokens/s without speculation", plain, "tok/s", "output throughput, same setup"),
+            Figure("published tokens/s with speculation", speculative, "tok/s", "output throughput"),
+            Figure("published throughput speedup", speedup, "x", f"as published ({speculative:g} vs {plain:g} tok/s)"),
+        ]
+    if run.tokens_per_call is not None:
+        figures.append(
+            Figure(
+                "published tokens per target call",
+                run.tokens_per_call,
+                "",
+                "vLLM's mean acceptance length (1 + accepted / drafts, drafting steps only)",
+            )
+        )
+    return figures

@@ -32,6 +32,8 @@ class PublishedRun:
     ms_per_token: float  # time per output token with speculation
     plain_ms_per_token: float  # the same setup without speculation
     source: str
+    throughput: tuple[float, float, float] | None = None  # output tokens/s without and with speculation, the speedup
+    tokens_per_call: float | None = None  # mean tokens per target call (vLLM's "acceptance length"), where published
 
     def differences(self, config: Config) -> list[str]:
         """'field value (published: value)' for every field of the setup this config does not share."""
@@ -74,7 +76,34 @@ TRN2_LLAMA_33_70B = PublishedRun(
     plain_ms_per_token=19.6,
     source=TUTORIAL_SOURCE,
 )
-PUBLISHED_RUNS = (TRN2_LLAMA_33_70B,)
+EAGLE3_TUTORIAL_SOURCE = (
+    "AWS vllm-neuron tutorial 'Deploy EAGLE3 speculative decoding with vLLM Neuron using Llama 3.1 8B Instruct' "
+    "(aws-neuron-sdk 81ce03ae vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md:236-336): "
+    "vllm bench serve, sonnet 512-token prompts, 128 new tokens, 50 prompts, concurrency 2, medians"
+)
+# Its setup (tutorial :50-55, :176-188): trn2.48xlarge, --tensor-parallel-size 8, --max-num-seqs 2, --max-model-len
+# 2048, num_speculative_tokens 3 (our k 4), draft RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3; figures :276-282
+# and :325-331; its baseline is the same server without --speculative-config (:121-128).
+VLLM_NEURON_LLAMA_31_8B_EAGLE3 = PublishedRun(
+    instance="trn2.48xlarge",
+    target="llama-3.1-8b",
+    draft="eagle-head-llama-3.1-8b",
+    setup={
+        "neuron.library": "vllm-neuron",
+        "speculation.drafter": "eagle3",
+        "speculation.k": 4,
+        "target.tp_degree": 8,
+        "target.batch_size": 2,
+        "target.n_positions": 2048,
+        "draft.path": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3",
+    },
+    ms_per_token=6.41,
+    plain_ms_per_token=10.52,
+    source=EAGLE3_TUTORIAL_SOURCE,
+    throughput=(184.4, 288.6, 1.57),  # as the tutorial states them (:327, :335)
+    tokens_per_call=3.22,
+)
+PUBLISHED_RUNS = (TRN2_LLAMA_33_70B, VLLM_NEURON_LLAMA_31_8B_EAGLE3)
 
 
 def published_run(instance: str, target: str, draft: str | None) -> PublishedRun | None:

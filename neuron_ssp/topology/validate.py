@@ -15,6 +15,7 @@ from neuron_ssp.topology.drafter_rules import check_drafter
 from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
 from neuron_ssp.topology.generic_rules import check_acceptor, check_positions, check_vocabulary, check_window
+from neuron_ssp.topology.head_rules import check_heads, head_checkpoint_problems, installed_sdk, nxdi_head_problems
 from neuron_ssp.topology.models import Architecture, resolve_architecture
 from neuron_ssp.topology.neuron_rules import (
     check_instance,
@@ -26,6 +27,7 @@ from neuron_ssp.topology.nxdi_rules import check_nxdi_settings
 from neuron_ssp.topology.parallelism import KV_PADDING
 from neuron_ssp.topology.placement import core_set, load_order, loaded_models
 from neuron_ssp.topology.report import ValidationReport
+from neuron_ssp.topology.vllm_neuron import check_vllm_neuron
 
 
 def validate_config(
@@ -73,7 +75,12 @@ def _check_neuron(
     neuronx_generation: str,
 ) -> None:
     check_batch(config, models, report, neuronx_generation)
+    check_vllm_neuron(config, models, report)
+    report.errors.extend(nxdi_head_problems(config))
     instance = check_instance(config.platform.instance_type, report, config.neuron.library)
+    check_heads(config, report, installed_sdk(config.neuron.library, instance.generation if instance else None))
+    target = architectures.get("target")
+    report.errors.extend(head_checkpoint_problems(config, target.layers if target else None))
     if instance is None:
         return
     for role, model in models.items():

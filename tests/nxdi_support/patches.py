@@ -33,6 +33,17 @@ What runs on hardware and what the tests put in its place (all at NxDI 4bcdc54b,
    lacks (its caches are its draft's and target's, and the list it copies starts with the three next-step
    tensors). The test gives each fused eager model a `kv_mgr` whose writes go nowhere: the copy NxDI makes right
    after (`_copy_past_key_values`, patch 3) writes the caches where they belong.
+8. An EAGLE model keeps the hidden states it hands the head in a rolling buffer of speculation_length * 2 positions
+   per row (`HiddenStateRollingBuffer`, model_base.py:1614-1622, modules/eagle/hidden_state.py). Patch 2 builds it
+   at speculation_length 0 (a zero-length buffer); it is rebuilt at 2k, zeroed, as NxDI builds it.
+9. On hardware that buffer is an aliased state like the KV caches: its new value, the call's last output, is
+   written back into it (model_wrapper.py:1607-1610). On CPU NxDI writes nothing back (set_state is not in place,
+   hidden_state.py:124-146), so the copy-back of patch 3 writes it into every eager fused model.
+10. On hardware each wrapper is a graph traced with its own config: the decoding graphs without sequence
+   parallelism (model_base.py:3093-3094). On CPU without continuous batching one eager model built from the
+   base config serves them all, so a sequence-parallel model (EAGLE-3's target) would slice every decoding call
+   to its last position. Such a model gets one eager model per wrapper, from that wrapper's config, as NxDI's CPU
+   mode does for continuous batching (application_base.py:612-619).
 """
 
 from __future__ import annotations
@@ -163,8 +174,10 @@ def _load(
 
 def to_cpu(app: Any) -> None:
     """NxDI's own CPU mode with the speculation guard lifted (patch 2) and the draft group built (patch 4)."""
+    import torch
     from neuronx_distributed_inference.models import application_base
     from neuronx_distributed_inference.models.model_base import NeuronBaseModel
+    from neuronx_distributed_inference.modules.eagle.hidden_state import HiddenStateRollingBuffer
 
     nc = app.neuron_config
     k = nc.speculation_length
@@ -177,15 +190,24 @@ def to_cpu(app: Any) -> None:
 
     application_base.initialize_model_parallel = initialize_with_draft_group
     nc.speculation_length = 0
+    continuous = nc.is_continuous_batching
+    nc.is_continuous_batching = continuous or nc.sequence_parallel_enabled  # patch 10
     try:
         app.to_cpu()
     finally:
         nc.speculation_length = k
+        nc.is_continuous_batching = continuous
         application_base.initialize_model_parallel = init
     eager = {id(wrapper.model): wrapper.model for wrapper in app.models}.values()  # one, or one per wrapper
     for module in (m for model in eager for m in model.modules()):
         if isinstance(module, NeuronBaseModel):
             module.speculation_length = module.neuron_config.speculation_length
+        if isinstance(module, HiddenStateRollingBuffer):  # patch 8: sized by speculation_length * 2
+            module.buffer_length = 2 * k
+            module.shape = (module.max_batch_size + 1, module.buffer_length, module.shape[2])
+            module.hidden_states = torch.nn.Parameter(
+                torch.zeros(module.shape, dtype=module.hidden_states.dtype), False
+            )
     for model in eager if nc.enable_fused_speculation else ():  # patch 7
         assert not hasattr(model, "kv_mgr"), "NxDI's fused model now has a kv_mgr of its own"
         model.kv_mgr = SimpleNamespace(past_key_values=_Discard())
@@ -208,8 +230,13 @@ def _copy_back(original: Any) -> Any:
         if not self.neuron_config.enable_fused_speculation:
             return original(self, outputs)
         caches = outputs[4:]  # after accepted tokens, next input ids, next attention mask, next position ids
+        eagle = self.neuron_config.enable_eagle_speculation
+        if eagle:  # patch 9: the rolling buffer of hidden states, aliased after the caches (model_wrapper.py:1607)
+            *caches, hidden_states = caches
         # the eager NeuronFusedSpecModel(s): one shared by every wrapper, or one each with continuous batching
         for fused in {id(w.model): w.model for w in (self.context_encoding_model, self.fused_spec_model)}.values():
+            if eagle:
+                fused.hidden_state_rolling_buffer.hidden_states.data = hidden_states
             draft_cache = fused.draft_model.kv_mgr.past_key_values
             for i, tensor in enumerate(caches[: len(draft_cache)]):
                 draft_cache[i].data = tensor

@@ -104,6 +104,26 @@ class NxdiApi:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
+# An EAGLE head's NeuronConfig beside its target's, as NxDI's feature guide builds it (aws-neuron-sdk 81ce03ae
+# feature-guide.rst:786-789: a copy of the target's with trace_tokengen_model True, enable_fused_speculation False,
+# is_eagle_draft True, sequence_parallel_enabled False) and with the target's speculation_length, which an EAGLE
+# draft keeps for its last draft run (inference_demo.py:512-514 at 4bcdc54b).
+EAGLE_DRAFT = {"is_eagle_draft": True, "sequence_parallel_enabled": False, "trace_tokengen_model": True}
+
+
+def eagle_switches(drafter: str) -> dict[str, Any]:
+    """NeuronConfig switches of an EAGLE target and its head (drafter eagle / eagle3; nothing for a draft model):
+    `enable_eagle_speculation` (config.py:246, which turns fused speculation on, :255-256); for EAGLE-3 `is_eagle3`
+    (:248) and `enable_eagle_draft_input_norm` (:250): without it the head's decoder layer has no input_layernorm
+    and skips both of EAGLE-3's input norms (modeling_llama.py:893-901, :972-982), while an EAGLE-3 head normalises
+    the token embedding and the fused hidden state apart (SafeAILab cnets.py; drafters/eagle_head.py)."""
+    if drafter == "eagle":
+        return {"enable_eagle_speculation": True}
+    if drafter == "eagle3":
+        return {"enable_eagle_speculation": True, "is_eagle3": True, "enable_eagle_draft_input_norm": True}
+    return {}
+
+
 def continuous_batching(batch_size: int) -> dict[str, Any]:
     """NeuronConfig arguments for fused speculation over `batch_size` rows that join and leave (engines/nxdi_fused.py),
     for draft and target alike: continuous batching with prompts encoded one at a time (`ctx_batch_size=1`), the

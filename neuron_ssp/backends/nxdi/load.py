@@ -23,7 +23,15 @@ from typing import Any
 
 from neuron_ssp.backends.neuron.artifacts import LOCAL_CACHE, ArtifactSpec, ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.load import prepare_device
-from neuron_ssp.backends.nxdi.api import LNC, NxdiApi, continuous_batching, load_nxdi, model_config
+from neuron_ssp.backends.nxdi.api import (
+    EAGLE_DRAFT,
+    LNC,
+    NxdiApi,
+    continuous_batching,
+    eagle_switches,
+    load_nxdi,
+    model_config,
+)
 from neuron_ssp.backends.nxdi.scoring import NxdiBackend
 from neuron_ssp.config import Config
 from neuron_ssp.embedded.models import resolve_model_path
@@ -126,13 +134,16 @@ def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
 def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
     """The fused NxDI application and its artifact spec. Greedy on device: NeuronFusedSpecModel asserts an
     on-device sampling config (model_base.py:1765) and forces the draft greedy (model_base.py:1635). A target
-    batch_size above 1 builds both models for continuous batching (api.continuous_batching)."""
+    batch_size above 1 builds both models for continuous batching (api.continuous_batching). With an EAGLE head
+    (drafter eagle / eagle3) target and head carry the EAGLE switches (api.eagle_switches, api.EAGLE_DRAFT)."""
     api, config, greedy = models.api, models.config, {"do_sample": False, "top_k": 1}
     k, batch = config.speculation.k, continuous_batching(config.target.batch_size)
-    draft_kwargs = {**api.neuron_config_kwargs(config, "draft", 0, lnc=models.lnc), **batch}
+    head = eagle_switches(config.speculation.drafter)
+    draft = {**head, **EAGLE_DRAFT} if head else {}
+    draft_kwargs = {**api.neuron_config_kwargs(config, "draft", k if head else 0, lnc=models.lnc), **batch, **draft}
     draft_dir = resolve_model_path(model_config(config, "draft").path, "draft.path")
     draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
-    target_kwargs = {**api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc), **batch}
+    target_kwargs = {**api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc), **batch, **head}
     target_dir = resolve_model_path(config.target.path, "target.path")
     neuron_config = api.neuron_config(target_kwargs, greedy)
     inference_config = api.inference_config(target_dir, neuron_config)

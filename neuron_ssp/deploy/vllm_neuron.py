@@ -1,0 +1,120 @@
+"""A `neuron.library: vllm-neuron` config as the `vllm serve` command that runs it, and the launch of it.
+
+Every flag is vLLM's own (vllm-neuron adds no serving flags of its own; it registers as vLLM's Neuron platform,
+aws-neuron-sdk 81ce03ae vllm-neuron/docs/getting-started/migration-nxdi-to-vllm-neuron.md:89-93), as AWS's EAGLE-3
+tutorial passes them (vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md:176-188):
+- `--tensor-parallel-size` target.tp_degree, `--max-num-seqs` target.batch_size (the decode concurrency,
+  tutorial :52-59), `--max-model-len` target.n_positions, `--dtype` target.dtype, `--no-enable-prefix-caching`
+  (the tutorial's setting; vllm-neuron enables prefix caching by default, migration-nxdi-to-vllm-neuron.md:46);
+- `--speculative-config '{"method": "eagle3", "model": <draft.path>, "num_speculative_tokens": k - 1}'`: vLLM's
+  SpeculativeConfig (vllm/config/speculative.py at vllm-project/vllm 002e77c1: `num_speculative_tokens` "The
+  number of speculative tokens" (Field gt=0), `model` "The name of the draft model, eagle head", `method` one of
+  SpeculativeMethod, "eagle3" among them); vllm-neuron takes method eagle3 only (speculative_decoding_design.md:77).
+  Our k is the window: k - 1 drafted tokens (DESIGN "Meaning of k"), so AWS's 3 speculative tokens are k 4;
+- `--host`, `--port`, `--served-model-name` from serve:. SageMaker: 0.0.0.0:8080, where vLLM's server answers
+  /ping and /invocations (vllm/entrypoints/sagemaker/api_router.py:49-55, :57-69 at 09cb327f). The API key is never on
+  the command line: `VLLM_API_KEY` is set from serve.api_key_env's variable in the server's environment.
+Those line numbers of vLLM's files could not all be read here (the vLLM repository is too large to bring onto this
+machine); where none is given, the field's name and docstring at that commit are the citation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from typing import Any
+
+from neuron_ssp.config import Config
+from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.topology.vllm_neuron import VLLM_NEURON
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # ours (serve:), also vLLM's default port
+SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # noqa: S104  (SageMaker's container contract)
+
+
+def speculative_config(config: Config) -> dict[str, Any] | None:
+    """vLLM's --speculative-config for this config; None without a head (drafter none: the baseline)."""
+    if config.speculation.drafter != "eagle3" or config.draft is None:
+        return None
+    return {"method": "eagle3", "model": config.draft.path, "num_speculative_tokens": config.speculation.k - 1}
+
+
+def listen(config: Config) -> tuple[str, int]:
+    serve = config.serve
+    host = serve.host or (SAGEMAKER_HOST if serve.sagemaker else DEFAULT_HOST)
+    port = serve.port or (SAGEMAKER_PORT if serve.sagemaker else DEFAULT_PORT)
+    return host, port
+
+
+def vllm_serve_args(config: Config) -> list[str]:
+    """The argv of `vllm serve` for a validated vllm-neuron config."""
+    target = config.target
+    host, port = listen(config)
+    args = [
+        "vllm",
+        "serve",
+        target.path,
+        "--tensor-parallel-size",
+        str(target.tp_degree),
+        "--max-num-seqs",
+        str(target.batch_size),
+        "--max-model-len",
+        str(target.n_positions),
+        "--dtype",
+        DTYPES[target.dtype],
+        "--no-enable-prefix-caching",
+    ]
+    spec = speculative_config(config)
+    if spec is not None:
+        args += ["--speculative-config", json.dumps(spec)]
+    args += ["--host", host, "--port", str(port)]
+    if config.serve.served_model_name:
+        args += ["--served-model-name", config.serve.served_model_name]
+    return args
+
+
+def command_text(config: Config) -> str:
+    return shlex.join(vllm_serve_args(config))
+
+
+def server_environment(config: Config, environ: dict[str, str]) -> dict[str, str]:
+    """The server's environment: this one, with VLLM_API_KEY from serve.api_key_env's variable."""
+    env = dict(environ)
+    name = config.serve.api_key_env
+    if name:
+        if not environ.get(name):
+            raise RuntimeProblem(
+                Problem(
+                    "serve.api_key_env",
+                    name,
+                    f"the environment variable {name} is not set, so the server would run without its API key",
+                    f"export {name}=<key> before serving, or remove serve.api_key_env",
+                )
+            )
+        env["VLLM_API_KEY"] = environ[name]
+    return env
+
+
+def exec_vllm_serve(config: Config) -> None:
+    """Replace this process by `vllm serve` for the config (validated first): what `neuron-ssp serve` does for
+    neuron.library vllm-neuron, on EC2 and in the SageMaker image."""
+    from neuron_ssp.topology import validate_config
+
+    validate_config(config).raise_if_invalid()
+    args = vllm_serve_args(config)
+    env = server_environment(config, dict(os.environ))
+    if shutil.which("vllm", path=env.get("PATH")) is None:
+        raise RuntimeProblem(
+            Problem(
+                "neuron.library",
+                "vllm-neuron",
+                "`vllm` is not on PATH",
+                f"activate vllm-neuron's venv ({VLLM_NEURON.venv} on the Neuron DLAMI of SDK {VLLM_NEURON.sdk}), or "
+                f"run in its DLC ({VLLM_NEURON.dlc})",
+            )
+        )
+    print(f"[neuron-ssp] exec {shlex.join(args)}", flush=True)
+    os.execvpe(args[0], args, env)  # noqa: S606 (the argv is ours, rendered from a validated config)
