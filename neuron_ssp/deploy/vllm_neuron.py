@@ -31,6 +31,20 @@ from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.vllm_neuron import VLLM_NEURON
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_TUTORIAL = "tutorial-eagle3-speculative-decoding-llama-3-1.md"
+# Every flag rendered, with where it is defined or shown (vllm-neuron's docs at aws-neuron-sdk 81ce03ae; vLLM's
+# EngineArgs / frontend arguments at vllm-project/vllm 002e77c1, by field name).
+VLLM_FLAGS = {
+    "--tensor-parallel-size": f"{_TUTORIAL}:178",
+    "--max-num-seqs": f"{_TUTORIAL}:179",
+    "--max-model-len": f"{_TUTORIAL}:180",
+    "--no-enable-prefix-caching": f"{_TUTORIAL}:181",
+    "--speculative-config": f"{_TUTORIAL}:182-186; vLLM SpeculativeConfig (vllm/config/speculative.py)",
+    "--port": f"{_TUTORIAL}:187",
+    "--dtype": "vLLM EngineArgs.dtype (vllm/engine/arg_utils.py)",
+    "--host": "vLLM's OpenAI server --host (vllm/entrypoints/openai/cli_args.py)",
+    "--served-model-name": "vLLM EngineArgs.served_model_name (vllm/engine/arg_utils.py)",
+}
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # ours (serve:), also vLLM's default port
 SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # noqa: S104  (SageMaker's container contract)
 
