@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 from conftest import TableBackend
-from lossless_support import chi_square_p_value
+from lossless_support import block_p_values
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import Draft, ModelDrafter
@@ -83,13 +83,7 @@ def p_values(
     params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
     exact = exact_pair_distributions(models()[0], params)
     tokens, bonus = ssp_samples(sampling, acceptor_cls, policy, noise)
-    found = {}
-    for j in range(NEW):
-        observed = torch.bincount(tokens[:, j], minlength=VOCAB).double()
-        found[f"token {j + 1}"] = chi_square_p_value(observed, exact[j].sum(0))
-    for j in range(1, NEW):
-        observed = torch.bincount(tokens[:, j - 1] * VOCAB + tokens[:, j], minlength=VOCAB * VOCAB).double()
-        found[f"tokens {j},{j + 1}"] = chi_square_p_value(observed, exact[j].flatten())
+    found = block_p_values(tokens, exact, VOCAB)
     assert len(found) == TESTS
     return found, bonus
 

@@ -75,6 +75,12 @@ class HiddenStates(Protocol):
     layer (Hugging Face's output_hidden_states[l]; 0 is the embeddings), the taps side by side (rows, taps x
     hidden), float32. What an EAGLE-3 head drafts from (drafters/eagle.py). Told the layers once."""
 
+    num_layers: int  # decoder layers: taps are 0..num_layers-1
+
+    def token_embedding(self) -> torch.Tensor:
+        """The model's input embedding (vocab, hidden): an EAGLE head embeds tokens with the target's."""
+        ...
+
     def set_taps(self, layers: Sequence[int]) -> None:
         """The layers whose inputs `*_hidden` calls return, in this order (0 <= layer < the model's layers)."""
         ...

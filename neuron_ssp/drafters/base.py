@@ -6,8 +6,9 @@ draft model, the sampling transform, a random generator) it is given when it is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -56,6 +57,29 @@ class Drafter(Protocol):
 
     def finish(self, sequence: torch.Tensor) -> None:
         """The request ended with these committed tokens (prompt + output); a learning drafter keeps them."""
+        ...
+
+
+@runtime_checkable
+class ReadsHiddenStates(Protocol):
+    """A drafter that drafts from the target's hidden states (an EAGLE-3 head): the loop asks the target for the taps
+    of every row it scores for the request (backends.base.HiddenStates) and hands over those of committed tokens."""
+
+    def take_hidden(self, start: int, hidden: torch.Tensor) -> None:
+        """The target's taps (n, taps x hidden) at positions start..start+n-1, whose tokens are all committed."""
+        ...
+
+
+DraftRequest = tuple[Drafter, torch.Tensor, int]  # a row's drafter, its committed tokens, the most to draft
+
+
+@runtime_checkable
+class LockStep(Protocol):
+    """A drafter whose rows draft together: one draft call per drafted position for all rows of a batch."""
+
+    @staticmethod
+    def propose_together(requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Each request's draft, as `propose` would give it."""
         ...
 
 

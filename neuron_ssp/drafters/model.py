@@ -65,6 +65,11 @@ class ModelDrafter:
     def finish(self, sequence: torch.Tensor) -> None:
         """A draft model learns nothing across requests."""
 
+    @staticmethod
+    def propose_together(requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Several rows' drafts in lock-step (module-level `propose_together`): base.LockStep."""
+        return propose_together(requests)
+
     def _draw(self, logits: torch.Tensor, position: int) -> int:
         if self._noise is None:
             return next_token(logits, self.sampling, self.generator)

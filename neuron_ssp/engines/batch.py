@@ -24,8 +24,7 @@ import time
 import torch
 
 from neuron_ssp.backends.base import ModelBackend, Segment
-from neuron_ssp.drafters.base import Draft
-from neuron_ssp.drafters.model import ModelDrafter, propose_together
+from neuron_ssp.drafters.base import Draft, LockStep, ReadsHiddenStates
 from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
 from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -74,25 +73,36 @@ class BatchLoop:
         decoding = [row for row in self.rows if not row.prefilling]
         self._propose(decoding, sum(len(segment.tokens) for segment in chunks.values()))
         called = list(chunks) + decoding
-        segments = list(chunks.values()) + [
-            Segment(row.slot, row.seq.length - 1, torch.cat([torch.tensor([row.seq.last]), row.draft.tokens]))
-            for row in decoding
-        ]
+        segments = list(chunks.values()) + [_window(row) for row in decoding]
         begin = time.perf_counter()
-        logits = self.target.score_batch(segments)
+        logits, hidden = self._score(segments)
         seconds = time.perf_counter() - begin
-        for row, segment, rows_logits in zip(
-            called, segments, logits.split([segment.returned_rows for segment in segments]), strict=True
+        for row, segment, rows_logits, rows_hidden in zip(
+            called,
+            segments,
+            logits.split([segment.returned_rows for segment in segments]),
+            hidden.split([segment.hidden_rows for segment in segments]),
+            strict=True,
         ):
             row.stats.time_target_s += seconds
             try:
                 if row.prefilling:
                     self._prefilled(row, len(segment.tokens), rows_logits)
+                    committed = len(segment.tokens)
                 else:
-                    self._commit(row, rows_logits)
+                    committed = self._commit(row, rows_logits)
+                if segment.hidden_rows:  # the taps of the tokens now committed, for the row's drafter
+                    row.drafter.take_hidden(segment.start, rows_hidden[:committed])  # type: ignore[union-attr]
             except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
                 row.error = exc
         return cancelled + self.slot_rows.leave_finished()
+
+    def _score(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+        """ONE target call: the logits, and the taps of the rows the segments ask for (0 rows where none do)."""
+        if any(segment.hidden_rows for segment in segments):
+            return self.target.score_batch_hidden(segments)  # type: ignore[attr-defined]
+        logits = self.target.score_batch(segments)
+        return logits, logits.new_empty(0, 0)
 
     def run(self, request: RowRequest) -> GenerationResult:
         return run_alone(self, request)
@@ -105,8 +115,12 @@ class BatchLoop:
             row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
         prefilled = time.perf_counter()
         row.stats.time_draft_s += prefilled - begin
-        if self.prefill_chunk is None:
+        if self.prefill_chunk is None and _reads_hidden(row):
+            logits, hidden = self.target.prefill_slot_hidden(row.slot, request.prompt_ids)  # type: ignore[attr-defined]
+            row.drafter.take_hidden(0, hidden)  # type: ignore[union-attr]
+        elif self.prefill_chunk is None:
             logits = self.target.prefill_slot(row.slot, request.prompt_ids)
+        if self.prefill_chunk is None:
             row.stats.time_target_s += time.perf_counter() - prefilled
             self._prefilled(row, row.seq.prompt_len, logits.view(1, -1))
 
@@ -126,6 +140,7 @@ class BatchLoop:
                     row.prefilled,
                     row.request.prompt_ids[row.prefilled : end],
                     logits_rows=int(end == row.seq.prompt_len),
+                    hidden_rows=end - row.prefilled if _reads_hidden(row) else 0,
                 )
                 budget -= end - row.prefilled
         return chunks
@@ -149,15 +164,9 @@ class BatchLoop:
             for row in rows
             if row.drafter is not None
         }
-        models = [row for row, tokens in asked.items() if tokens > 0 and isinstance(row.drafter, ModelDrafter)]
-        models = models if len(models) > 1 else []  # one row drafts through its own propose
-        begin = time.perf_counter()
-        drafts = propose_together([(row.drafter, row.seq.committed(), asked[row]) for row in models])  # type: ignore
-        for row, draft in zip(models, drafts, strict=True):  # draft models: one draft call per position, all rows
-            row.draft = draft
-            row.stats.time_draft_s += time.perf_counter() - begin
+        together = self._propose_together(asked)
         for row in rows:
-            if row in models:
+            if row in together:
                 continue
             begin = time.perf_counter()
             row.draft = (
@@ -180,7 +189,30 @@ class BatchLoop:
             for row in rows:
                 row.draft = row.draft.prefix(row.policy.keep(row.draft, row.confidence))
 
-    def _commit(self, row: Row, logits: torch.Tensor) -> None:
+    def _propose_together(self, asked: dict[Row, int]) -> set[Row]:
+        """Rows whose drafters draft in lock-step (base.LockStep: draft models, EAGLE heads) propose together, one
+        draft call per drafted position for all of them; the rows that did. A row alone drafts through its own
+        propose."""
+        groups: dict[object, list[Row]] = {}
+        for row, tokens in asked.items():
+            if tokens > 0 and isinstance(row.drafter, LockStep):
+                groups.setdefault(row.drafter.propose_together, []).append(row)
+        together: set[Row] = set()
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            begin = time.perf_counter()
+            drafts = group[0].drafter.propose_together(  # type: ignore[union-attr]
+                [(row.drafter, row.seq.committed(), asked[row]) for row in group]
+            )
+            for row, draft in zip(group, drafts, strict=True):
+                row.draft = draft
+                row.stats.time_draft_s += time.perf_counter() - begin
+            together.update(group)
+        return together
+
+    def _commit(self, row: Row, logits: torch.Tensor) -> int:
+        """Accept and commit the row's tokens; how many were committed."""
         seq, draft, request = row.seq, row.draft, row.request
         check_finite(logits, seq.length - 1, self.target)
         noise = row.noise.shifted(seq.generated_count)
@@ -193,6 +225,18 @@ class BatchLoop:
         row.policy.observe(len(draft), accepted)
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[accepted], tokens[-1])
+        return len(tokens)
+
+
+def _window(row: Row) -> Segment:
+    """A decoding row's part of the call: its last committed token and its kept draft, with their taps when its
+    drafter reads the target's hidden states."""
+    tokens = torch.cat([torch.tensor([row.seq.last]), row.draft.tokens])
+    return Segment(row.slot, row.seq.length - 1, tokens, hidden_rows=len(tokens) if _reads_hidden(row) else 0)
+
+
+def _reads_hidden(row: Row) -> bool:
+    return isinstance(row.drafter, ReadsHiddenStates)
 
 
 def accept(acceptor: TokenAcceptor, draft: Draft, target_logits: torch.Tensor, noise: PositionNoise) -> list[int]:

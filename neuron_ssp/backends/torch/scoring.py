@@ -87,12 +87,18 @@ class TorchBackend:
         check_slots([segment.slot for segment in segments], self.slots)
         return self._forward.score(segments)[0].float()
 
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    def token_embedding(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
     def set_taps(self, layers: Sequence[int]) -> None:
         """base.HiddenStates: the layers whose inputs the `*_hidden` calls return."""
-        count = int(self.model.config.num_hidden_layers)
-        outside = [layer for layer in layers if not 0 <= layer < count]
+        outside = [layer for layer in layers if not 0 <= layer < self.num_layers]
         if outside or not layers:
-            raise ValueError(f"tap layers {list(layers)}: {self.name} has layers 0..{count - 1}")
+            raise ValueError(f"tap layers {list(layers)}: {self.name} has layers 0..{self.num_layers - 1}")
         self._forward.taps = tuple(layers)
 
     @torch.inference_mode()
