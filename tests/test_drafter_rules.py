@@ -21,15 +21,9 @@ def test_eagle1_is_refused_on_torch_for_good():
     assert "drafter: eagle3" in problem.fix
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model", "suffix", "none"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "suffix", "none", "eagle3", "ngram+eagle3"])
 def test_other_drafters_pass_the_drafter_rule(drafter):
     assert drafter_errors(drafter) == []
-
-
-@pytest.mark.parametrize("drafter", ["eagle3", "ngram+eagle3"])
-def test_eagle3_on_torch_is_refused_until_its_drafter_is_built(drafter):
-    (problem,) = drafter_errors(drafter)
-    assert "not built yet" in problem.rule and "drafter: ngram" in problem.fix
 
 
 def test_the_combined_drafter_is_torch_only():

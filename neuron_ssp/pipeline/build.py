@@ -18,7 +18,11 @@ import torch
 from neuron_ssp.backends.base import ModelBackend, SlotView
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter, SuffixDrafter, SuffixHistory
+from neuron_ssp.drafters.combined import DraftChoice, LookupOrHead
+from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel, measure_head_ms
+from neuron_ssp.drafters.eagle_checkpoint import read_checkpoint
 from neuron_ssp.drafters.suffix_store import HistoryFile
+from neuron_ssp.embedded.heads import resolve_head_path
 from neuron_ssp.engines.base import (
     CommitCallback,
     GenerationResult,
@@ -75,12 +79,11 @@ def share(
     spec = config.speculation
     if spec.engine != "native":
         return Shared()
-    drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)))
-    if spec.policy != "cost" or drafter is None:
-        return Shared(None, drafter)
-    if cost is None or max(cost.ms) < max(spec.k, max_rows or 0):
+    timed = spec.drafter != "none" and (spec.policy == "cost" or spec.drafter == "ngram+eagle3")
+    if timed and (cost is None or max(cost.ms) < max(spec.k, max_rows or 0)):
         cost = target_cost(target, spec.k, max_rows)
-    return Shared(cost, drafter)
+    drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)), cost)
+    return Shared(cost if spec.policy == "cost" and drafter is not None else None, drafter)
 
 
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, shared: Shared) -> Generator:
@@ -146,6 +149,11 @@ def row_request(
         if isinstance(loaded, ModelDrafter):  # the draft model's cache slot of this row
             assert draft is not None
             return ModelDrafter(SlotView(draft, slot), params, rng, loaded.stop_below)
+        if isinstance(loaded, EagleDrafter):  # the head's cache slot of this row
+            return EagleDrafter(loaded.model, slot, params, rng, loaded.stop_below)
+        if isinstance(loaded, LookupOrHead):  # the same, beside prompt lookup, with the shared choice
+            head = EagleDrafter(loaded.head.model, slot, params, rng, loaded.head.stop_below)
+            return LookupOrHead(loaded.lookup, head, loaded.choice)
         return loaded  # prompt lookup keeps no state
 
     return RowRequest(
@@ -173,14 +181,27 @@ def row_policy(config: Config, shared: Shared) -> WindowPolicy:
 
 
 def build_drafter(
-    config: Config, target: ModelBackend, draft: ModelBackend | None, rng: torch.Generator
+    config: Config,
+    target: ModelBackend,
+    draft: ModelBackend | None,
+    rng: torch.Generator,
+    cost: WidthCost | None = None,
 ) -> Drafter | None:
-    """None for drafter 'none': plain decoding."""
+    """None for drafter 'none': plain decoding. The EAGLE drafters read the head `draft.path` names and tell the
+    target which layers to tap; ngram+eagle3 weighs its choice with the target's `cost` (timed if not given)."""
     spec = config.speculation
     if spec.drafter == "none":
         return None
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)
+    if spec.drafter in ("eagle3", "ngram+eagle3"):
+        assert config.draft is not None  # Config guarantees a draft section for the EAGLE drafters
+        model = EagleModel(read_checkpoint(resolve_head_path(config.draft.path)), target)
+        head = EagleDrafter(model, 0, sampling_params(config.sampling), rng, build_draft_stop(spec))
+        if spec.drafter == "eagle3":
+            return head
+        choice = DraftChoice(cost or target_cost(target, spec.k), measure_head_ms(model))
+        return LookupOrHead(NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min), head, choice)
     if spec.drafter == "suffix":
         persist = spec.suffix.persist_path
         store = HistoryFile(persist, config.target.path, target.vocab_size) if persist else None

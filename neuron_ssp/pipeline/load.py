@@ -6,15 +6,20 @@ is read (on Neuron, before paying for a compile).
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers import AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.backends.checkpoint import checkpoint_eos_ids
 from neuron_ssp.config import Config
+from neuron_ssp.drafters.combined import LookupOrHead
+from neuron_ssp.drafters.eagle import EagleDrafter
+from neuron_ssp.embedded.heads import EMBEDDED_HEADS, check_head_answer
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.pipeline.build import build_generator, share
+from neuron_ssp.pipeline.build import Shared, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
 from neuron_ssp.speculation.acceptors import build_acceptor
@@ -40,7 +45,15 @@ def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
     # extra EOS ids from the checkpoint's directory, for every backend: a Neuron model has no generation_config
     eos = stop_token_ids(tokenizer, config.generation.stop_tokens, checkpoint_eos_ids(target_dir))
     shared = share(config, target, draft, max_batch * config.speculation.k if max_batch > 1 else None)
+    check_if_embedded_head(config, shared, target, tokenizer)
     return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft, shared), eos, shared)
+
+
+def check_if_embedded_head(config: Config, shared: Shared, target: ModelBackend, tokenizer: Any) -> None:
+    """The shipped EAGLE-3 head's known answer, as the embedded model's is checked at every load."""
+    head = shared.drafter.head if isinstance(shared.drafter, LookupOrHead) else shared.drafter
+    if isinstance(head, EagleDrafter) and config.draft is not None and config.draft.path in EMBEDDED_HEADS:
+        check_head_answer(head.model, target, tokenizer, config.draft.path)  # type: ignore[arg-type]
 
 
 def load_neuron_models(config: Config, plan: DeploymentPlan) -> tuple[ModelBackend, ModelBackend | None]:

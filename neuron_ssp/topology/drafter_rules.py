@@ -1,8 +1,8 @@
 """Which backend runs which EAGLE drafter (issue 42, 43).
 
 eagle (EAGLE-1) runs only inside NxD Inference's fused speculation: the torch backend never drafts with it.
-eagle3 and ngram+eagle3 are drafted on the host by our loop from the target's hidden states; ngram+eagle3 is
-torch-only. What is not built yet is refused here, before anything loads, naming what is missing.
+eagle3 and ngram+eagle3 are drafted on the host by our loop from the target's hidden states (drafters/eagle.py,
+drafters/combined.py); ngram+eagle3 is torch-only. What is not built yet is refused here, before anything loads.
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ from __future__ import annotations
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem
 from neuron_ssp.topology.report import ValidationReport
-
-# set once the torch EAGLE-3 drafter lands (drafters/eagle.py, issue 42 item 2)
-TORCH_EAGLE3_BUILT = False
 
 
 def check_drafter(config: Config, report: ValidationReport) -> None:
@@ -33,15 +30,6 @@ def _torch_problems(drafter: str) -> list[Problem]:
                 "EAGLE-3 heads",
                 "use drafter: eagle3 with an EAGLE-3 head, or platform.backend: neuron with neuron.library: nxdi "
                 "and speculation.engine: fused",
-            )
-        ]
-    if drafter in ("eagle3", "ngram+eagle3") and not TORCH_EAGLE3_BUILT:
-        return [
-            Problem(
-                "speculation.drafter",
-                drafter,
-                "the torch backend's EAGLE-3 drafter is not built yet (issue 42 item 2)",
-                "use drafter: ngram, suffix or model for now",
             )
         ]
     return []
