@@ -169,3 +169,13 @@ def test_a_backend_without_hidden_states_is_refused():
 
     with pytest.raises(UsageError, match="does not return"):
         EagleModel(tiny_head(VOCAB, DRAFT_VOCAB, TAPS), Opaque())  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_head_drafts_where_the_target_runs():
+    backend = TorchBackend(tiny_llama(2, vocab_size=VOCAB, layers=LAYERS).cuda(), 256, slots=2)
+    model = eagle(backend)
+    assert model.head.fc.device.type == "cuda" and model.cache.keys.device.type == "cuda"
+    for params in (GREEDY, SAMPLED):
+        ssp = BatchLoop(backend, K).run(request(model, PROMPTS[0], params, seed=1))
+        assert ssp.tokens == BatchLoop(backend, 1).run(request(None, PROMPTS[0], params, seed=1)).tokens

@@ -82,8 +82,9 @@ class EagleModel:
         if problems:
             raise UsageError(problems)
         target.set_taps(taps)
-        self.head = EagleHead.from_checkpoint(checkpoint, embedding).eval().requires_grad_(False)
-        self.cache = HeadCache(config, target.slots, target.n_positions)
+        # where the target's embedding lives (the target's device): the taps arrive there
+        self.head = EagleHead.from_checkpoint(checkpoint, embedding).eval().requires_grad_(False).to(embedding.device)
+        self.cache = HeadCache(config, target.slots, target.n_positions, embedding.device)
         self.taps = tuple(taps)
         self.vocab_size = target.vocab_size
         self.draft_ids = self.head.target_ids  # target id of each draft id
@@ -96,7 +97,8 @@ class EagleModel:
 @torch.inference_mode()
 def measure_head_ms(model: EagleModel, repeats: int = 9) -> float:
     """Median milliseconds of one head call of one row (a chain step), on slot 0 (rewritten by its first request)."""
-    head, hidden = model.head, torch.zeros(1, model.head.config.hidden_size)
+    head = model.head
+    hidden = torch.zeros(1, head.config.hidden_size, device=head.embed.device)
     times = []
     for position in range(repeats + 1):
         begin = time.perf_counter()

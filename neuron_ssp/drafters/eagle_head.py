@@ -132,9 +132,8 @@ class EagleHead(torch.nn.Module):
         `attend(q, k, v)` (heads / kv heads x head_dim per row, rotated) returns the attention output per row."""
         config = self.config
         lead = hidden.shape[:-1]
-        x = torch.cat(
-            [self._norm(F.embedding(tokens, self.embed), self.input_norm), self._norm(hidden, self.hidden_norm)], -1
-        )
+        embedded = F.embedding(tokens.to(self.embed.device), self.embed)
+        x = torch.cat([self._norm(embedded, self.input_norm), self._norm(hidden, self.hidden_norm)], -1)
         q = (x @ self.q.T).view(*lead, config.num_attention_heads, config.head_dim)
         k = (x @ self.k.T).view(*lead, config.num_key_value_heads, config.head_dim)
         v = (x @ self.v.T).view(*lead, config.num_key_value_heads, config.head_dim)
