@@ -26,7 +26,7 @@ from neuron_ssp.backends.base import Segment
 from neuron_ssp.backends.torch.load import load_torch_backends
 from neuron_ssp.config import load_config
 from neuron_ssp.drafters.eagle import EagleModel
-from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint, parse_config, vocab_maps
+from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint, head_config_for, vocab_maps
 from neuron_ssp.drafters.eagle_head import EagleHead
 
 DRAFT_VOCABS = (8192, 16384, 32000, 49152)
@@ -71,9 +71,7 @@ def main() -> None:
 def random_head(target, draft_vocab: int) -> EagleCheckpoint:
     """A head as wide as the target (its config.json is the target's, one layer), random weights, random draft
     vocabulary."""
-    raw = target.model.config.to_dict() | {"num_hidden_layers": 1, "draft_vocab_size": draft_vocab}
-    config, problems = parse_config(raw, "config.json")
-    assert config is not None, problems
+    config = head_config_for(target.model.config.to_dict(), draft_vocab)
     vocab = config.vocab_size
     maps = vocab_maps(torch.randperm(vocab)[:draft_vocab], vocab) if draft_vocab < vocab else (None, None)
     return EagleHead(config, target.token_embedding()).to_checkpoint(*maps)

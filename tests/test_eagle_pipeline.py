@@ -12,12 +12,14 @@ from eagle_support import tiny_head
 from neuron_support import VOCAB, save_tiny_llama, with_tokenizer
 from transformers import AutoTokenizer
 
-from neuron_ssp.config import EMBEDDED_EAGLE3, SamplingConfig, load_config
+from neuron_ssp.config import EMBEDDED_DEFAULT, EMBEDDED_EAGLE3, SamplingConfig, load_config
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.combined import DraftChoice, LookupOrHead, best_rate
 from neuron_ssp.drafters.eagle import EagleDrafter
-from neuron_ssp.drafters.eagle_checkpoint import write_checkpoint
+from neuron_ssp.drafters.eagle_checkpoint import head_config_for, vocab_maps, write_checkpoint
+from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.embedded import heads
+from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem
 from neuron_ssp.pipeline.load import load_pipeline
@@ -113,3 +115,20 @@ def test_a_shipped_head_is_checked_by_its_known_answer(model_dirs, monkeypatch, 
     (shipped / heads.ANSWER_FILE).write_text(json.dumps(answer))
     with pytest.raises(RuntimeProblem, match="failed its known-answer check"):
         pipeline(model_dirs, "eagle3", EMBEDDED_EAGLE3)
+
+
+@pytest.mark.slow
+def test_the_embedded_model_drafts_with_a_head_of_its_width(use_embedded_cache, tmp_path):
+    """The real taps (layers 2, 15, 27 of 30) through a random head as wide as SmolLM2-135M: greedy output is the
+    embedded model's own."""
+    target_dir = resolve_model_path(EMBEDDED_DEFAULT, "target.path")
+    config = head_config_for(json.loads((target_dir / "config.json").read_text()), 8192)
+    assert config.taps == (2, 15, 27)
+    d2t, t2d = vocab_maps(torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(0))[:8192], 49152)
+    head = EagleHead(config, torch.zeros(0, config.hidden_size)).to_checkpoint(d2t, t2d)
+    overrides = {"speculation.drafter": "eagle3", "draft.path": str(write_checkpoint(head, tmp_path / "head"))}
+    loaded = load_pipeline(load_config(None, {**overrides, "speculation.k": 4, "speculation.policy": "fixed"}))
+    prompt = loaded.encode("Write a haiku about the sea.")
+    result = loaded.generate_ids(prompt, 24)
+    assert result.tokens == plain_generate(loaded.target, prompt, 24, SamplingConfig(), loaded.eos_token_ids).tokens
+    assert result.stats.draft_tokens > 0

@@ -23,6 +23,7 @@ Every problem of a checkpoint is reported at once, each naming the file, the ten
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,25 @@ class EagleCheckpoint:
         ids = torch.arange(self.config.draft_vocab_size)
         d2t = self.tensors.get("d2t")
         return ids if d2t is None else ids + d2t.long()
+
+
+def head_config_for(
+    target_config: dict[str, Any], draft_vocab_size: int, taps: Sequence[int] | None = None
+) -> EagleConfig:
+    """A head as wide as the target (SafeAILab's heads copy the target's config.json, one layer) over a draft
+    vocabulary of `draft_vocab_size`, reading `taps` (None: default_taps of the target's layers).
+    `target_config`: the target's config.json as a dict (`model.config.to_dict()`)."""
+    layers = int(target_config["num_hidden_layers"])
+    raw = dict(target_config) | {
+        "architectures": [ARCHITECTURE],
+        "num_hidden_layers": 1,
+        "draft_vocab_size": draft_vocab_size,
+        TAPS_KEY: list(taps if taps is not None else default_taps(layers)),
+    }
+    config, problems = parse_config(raw, "config.json")
+    if config is None:
+        raise UsageError(problems)
+    return config
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
