@@ -179,7 +179,8 @@ def _rows_before(parts: list[torch.Tensor], rows: int) -> list[torch.Tensor]:
 
 
 class _Chain:
-    """One row's chain in progress: its next head input (None: done) and what it drew."""
+    """One row's chain in progress: its next head input (hidden, token, span; `live` False once done) and what it
+    drew."""
 
     def __init__(self, drafter: EagleDrafter, sequence: torch.Tensor, max_tokens: int):
         if not drafter._pending:

@@ -115,14 +115,15 @@ class BatchLoop:
             row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
         prefilled = time.perf_counter()
         row.stats.time_draft_s += prefilled - begin
-        if self.prefill_chunk is None and _reads_hidden(row):
+        if self.prefill_chunk is not None:
+            return  # the prompt goes in chunks beside the running rows (step)
+        if _reads_hidden(row):  # the prompt's taps for the row's drafter
             logits, hidden = self.target.prefill_slot_hidden(row.slot, request.prompt_ids)  # type: ignore[attr-defined]
             row.drafter.take_hidden(0, hidden)  # type: ignore[union-attr]
-        elif self.prefill_chunk is None:
+        else:
             logits = self.target.prefill_slot(row.slot, request.prompt_ids)
-        if self.prefill_chunk is None:
-            row.stats.time_target_s += time.perf_counter() - prefilled
-            self._prefilled(row, row.seq.prompt_len, logits.view(1, -1))
+        row.stats.time_target_s += time.perf_counter() - prefilled
+        self._prefilled(row, row.seq.prompt_len, logits.view(1, -1))
 
     def _prompt_chunks(self) -> dict[Row, Segment]:
         """This step's prompt chunks: `prefill_chunk` tokens in all, to the rows still prefilling in joining
