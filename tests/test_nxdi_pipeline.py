@@ -157,7 +157,7 @@ def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_l
         draft={"batch_size": 2},
     )
     pipeline = load_pipeline(config)
-    assert pipeline.batches and not pipeline.scores_tokens
+    assert not pipeline.scores_tokens
     loop = pipeline.batch_loop()
     assert loop is pipeline.batch_loop() is pipeline.generator.loop and loop.free_slots == 2
     greedy = SamplingConfig(temperature=0.0)

@@ -75,7 +75,7 @@ One = Annotated[int, Field(ge=1, le=1), INTEGRAL]
 # what a sampling field is for: the OpenAPI description, and the reason a message gives with a field's rule
 SEED = "64-bit: send it back to reproduce a sample"
 BUDGET = "tokens to generate at most: with the prompt's they must fit the model's context (max_model_len)"
-TEMPERATURE = "0 = greedy; at most 2, as OpenAI and vLLM allow (vLLM 0.33.0 refuses above 2)"
+TEMPERATURE = "0 = greedy; 2 at most, OpenAI's range, which vLLM 0.33.0 enforces too"
 TOP_P, TOP_K = "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field; vLLM prefers 0)"
 
 

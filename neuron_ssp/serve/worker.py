@@ -11,13 +11,14 @@ The server holds at most its slots plus serve.max_queue requests, counted from a
 refused at once (503 + Retry-After). A burst is counted the same way whatever the worker is doing when it
 arrives: jobs move from the queue into slots only between two steps, so while a prefill or a step runs a slot
 may be free with its job still in the queue, and the queue alone would have refused jobs the free slots take a
-moment later. A job whose client left or whose `request_timeout`
-passed is cancelled at the loop's next step (its `should_stop` hook), so its slot frees. A job whose prompt
-cannot even be prefilled before its deadline (at the prefill cost the worker has measured) is answered 504
-at once instead of being started: a prefill cannot be interrupted, and starting it would make the other
-rows late too. After SIGTERM the running rows may go on for `drain_timeout`; past that they are cancelled
-the same way and their clients get a final error. Events go back to each request's event loop with
-`call_soon_threadsafe`.
+moment later. Every job the server took is counted once, when it ends, under what ended it (`finish`).
+
+A job whose client left or whose `request_timeout` passed is cancelled at the loop's next step (its
+`should_stop` hook), so its slot frees. A job whose prompt cannot even be prefilled before its deadline (at the
+prefill cost the worker has measured) is answered 504 at once instead of being started: a prefill cannot be
+interrupted, and starting it would make the other rows late too. After SIGTERM the running rows may go on for
+`drain_timeout`; past that they are cancelled the same way and their clients get a final error. Events go back
+to each request's event loop with `call_soon_threadsafe`.
 """
 
 from __future__ import annotations
