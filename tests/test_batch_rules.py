@@ -30,7 +30,7 @@ DOCS = ROOT / "docs" / "neuron.md"
 TNX_BATCH4 = ROOT / "configs" / "llama3-70b-8b-trn1-x4-bf16.yaml"
 NXDI_BATCH4 = ROOT / "configs" / "nxdi-llama33-70b-trn2-fused-batch4.yaml"
 TABLE_HEADER = "| library | engine | version | batch > 1 | continuous batching | sampling |"
-FILE_LINE = re.compile(r"\.(py|rst):\d+")
+FILE_LINE = re.compile(r"\.(py|rst|md):\d+")
 
 
 def batch4(**sections: dict[str, Any]) -> dict[str, Any]:

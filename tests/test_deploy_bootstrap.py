@@ -35,6 +35,7 @@ from neuron_ssp.deploy.userdata import (
 
 FAKE = '#!/bin/sh\necho "$(basename "$0") $*" >> "{calls}"\n{body}\n'
 EXPIRES = datetime(2025, 8, 1, 16, 0, tzinfo=timezone.utc)
+VLLM_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "vllm-neuron-llama31-8b-eagle3.yaml"
 # `date -u +%s` (now) answers the test's clock; anything else is the real date (GNU, as on the DLAMI)
 FAKE_DATE = 'if [ "$*" = "-u +%s" ]; then cat "{clock}"; else exec /bin/date "$@"; fi'
 # instance metadata: the token request answers, the tag request answers the test's tag (or fails: tags off)
@@ -67,17 +68,20 @@ def env(root: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}
 
 
-def run_bootstrap(tmp_path: Path, *, venv: bool = True, pip_fails: bool = False) -> Instance:
+def run_bootstrap(
+    tmp_path: Path, *, venv: bool = True, pip_fails: bool = False, config: Path = TRN1_CONFIG, serve: bool = False
+) -> Instance:
     """Render the real user data, move its paths under tmp_path, run it once, as EC2 does."""
     spec = BootstrapSpec(
         deployment="trn1-test",
         region="us-east-1",
-        config_yaml=yaml.safe_dump(load_config(TRN1_CONFIG).model_dump(mode="json"), sort_keys=False),
+        config_yaml=yaml.safe_dump(load_config(config).model_dump(mode="json"), sort_keys=False),
         model_paths=("/opt/models/Llama-2-70b-hf",),
         expires_at=EXPIRES,
         package_spec="neuron-ssp==0.1.0",
         weights_s3_uri="s3://weights/models",
         hf_token=HfTokenSource("ssm", "/neuron-ssp/hf"),
+        serve_on_boot=serve,
     )
     (tmp_path / "units").mkdir()
     (tmp_path / "sbin").mkdir()
@@ -165,3 +169,16 @@ def test_a_failing_install_records_the_step_and_shuts_down_in_15_minutes(tmp_pat
     instance = run_bootstrap(tmp_path, pip_fails=True)
     assert instance.code != 0 and instance.status == "failed: install"
     assert instance.calls()[-1] == "shutdown -h +15 neuron-ssp bootstrap failed at step install"
+
+
+def test_a_vllm_neuron_bootstrap_starts_its_server_as_a_service(tmp_path: Path) -> None:
+    """vllm-neuron configs are served at boot: a unit running `neuron-ssp serve` (which execs `vllm serve`) in the
+    venv, restarted on failure; other configs start nothing."""
+    instance = run_bootstrap(tmp_path, config=VLLM_CONFIG, serve=True)
+    assert (instance.code, instance.status) == (0, "ready"), (tmp_path / "bootstrap.log").read_text()
+    unit = (tmp_path / "units/neuron-ssp-server.service").read_text()
+    assert f"neuron-ssp serve --config {tmp_path / 'home'}/config.yaml" in unit and "Restart=on-failure" in unit
+    assert "systemctl enable --now neuron-ssp-server.service" in instance.calls()
+    (tmp_path / "plain").mkdir()
+    plain = run_bootstrap(tmp_path / "plain")
+    assert not (tmp_path / "plain/units/neuron-ssp-server.service").exists() and plain.status == "ready"

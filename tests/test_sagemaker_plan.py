@@ -75,7 +75,7 @@ def test_missing_locations_say_how_to_get_them(no_aws: None) -> None:
     "flag,words",
     [
         ("inf2.48xlarge", "start with 'ml.'"),
-        ("ml.g5.12xlarge", "not a SageMaker-hosted instance type that runs transformers-neuronx"),
+        ("ml.g5.12xlarge", "not a SageMaker-hosted Neuron instance type"),
         ("ml.inf2.8xlarge", "tp_degree"),  # 2 NeuronCores cannot hold tp 24: the topology rules say why
     ],
 )
@@ -101,8 +101,9 @@ def test_ml_types_map_to_catalog_entries_with_sagemaker_prices() -> None:
     price = hosting_price("ml.trn1.32xlarge")
     assert price.usd_per_hour == 24.73 and "2026-09-27" in price.source
     assert hosting_price("ml.trn1n.32xlarge").usd_per_hour is None  # no price recorded: said so, not guessed
+    assert catalog_instance("ml.trn2.48xlarge").generation == "trn2"  # NxDI and vllm-neuron: the topology rules
     with pytest.raises(UsageError):
-        catalog_instance("ml.trn2.48xlarge")
+        catalog_instance("ml.g5.12xlarge")
 
 
 def test_torch_config_is_refused(no_aws: None) -> None:
@@ -275,8 +276,9 @@ def test_the_image_runs_the_tested_entrypoint_on_a_dlc_of_the_last_sdk_with_tran
     (entrypoint,) = json.loads(next(a for op, a in steps if op == "ENTRYPOINT"))
     assert copied[entrypoint] == ["deploy/sagemaker/serve"] and (ROOT / "deploy/sagemaker/serve").is_file()
     assert any(op == "RUN" and "chmod" in a and "755" in a and entrypoint in a for op, a in steps)
-    # the build fails unless the DLC's transformers-neuronx and our package import together
-    assert any(op == "RUN" and "import transformers_neuronx, neuron_ssp" in a for op, a in steps)
+    # the build fails unless the DLC's library (transformers-neuronx by default) and our package import together
+    assert args["LIBRARY_MODULE"] == "transformers_neuronx"
+    assert any(op == "RUN" and "import ${LIBRARY_MODULE}, neuron_ssp" in a for op, a in steps)
 
 
 def test_container_config_round_trips_through_the_loader(tmp_path: Path) -> None:

@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from sagemaker_fixtures import StubbedSageMaker, assert_valid_request, endpoint_plan
 
 from neuron_ssp.config import load_config
 from neuron_ssp.deploy.vllm_neuron import VLLM_FLAGS, command_text, vllm_serve_args
 
+pytest_plugins = ["sagemaker_fixtures"]
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = REPO / "configs" / "vllm-neuron-llama31-8b-eagle3.yaml"
 # tutorial-eagle3-speculative-decoding-llama-3-1.md:176-188 (aws-neuron-sdk 81ce03ae), with our default port
@@ -124,3 +126,65 @@ def test_serve_refuses_what_vllm_neuron_cannot_run(tmp_path: Path, override: dic
     with pytest.raises(UsageError) as refused:
         exec_vllm_serve(load_config(TUTORIAL, override))
     assert field in [p.field for p in refused.value.problems]
+
+
+def test_the_endpoint_runs_vllm_serve_from_the_vllm_dlc_on_8080(stubbed_sagemaker: StubbedSageMaker) -> None:
+    """SageMaker: our image FROM vllm-neuron's DLC, the config with the models under /opt/ml/model; its
+    `neuron-ssp serve --sagemaker` execs `vllm serve` on 0.0.0.0:8080 (vLLM's /ping and /invocations).
+    Requests pass botocore's ParamValidator and the service model's enums and patterns."""
+    plan = endpoint_plan(TUTORIAL)
+    assert plan.image_uri.endswith("-vllm-neuron-sdk2.32")
+    assert "pytorch-inference-vllm-neuronx:0.24.0.1.1.0-neuronx-py313-sdk2.32.0-ubuntu24.04" in plan.software
+    assert plan.capacity.slots == 2
+    served = json.loads(plan.model_request["PrimaryContainer"]["Environment"]["NEURON_SSP_CONFIG"])
+    assert served["neuron"]["library"] == "vllm-neuron"
+    assert served["draft"]["path"] == "/opt/ml/model/Llama-3.1-8B-Instruct-speculator.eagle3"
+    assert plan.serves is not None and plan.serves.startswith("vllm serve /opt/ml/model/Llama-3.1-8B-Instruct ")
+    assert plan.serves.endswith("--host 0.0.0.0 --port 8080")
+    variant = plan.endpoint_config_request["ProductionVariants"][0]
+    assert variant["InstanceType"] == "ml.trn2.48xlarge" and "VolumeSizeInGB" not in variant  # local NVMe
+    client = stubbed_sagemaker.clients.sagemaker
+    for operation, request in (
+        ("CreateModel", plan.model_request),
+        ("CreateEndpointConfig", plan.endpoint_config_request),
+        ("CreateEndpoint", plan.endpoint_request),
+    ):
+        assert_valid_request(client, operation, request)
+
+
+def test_the_image_build_for_vllm_neuron_starts_from_its_dlc(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from neuron_ssp.cli import main
+
+    monkeypatch.setattr("neuron_ssp.deploy.sagemaker.image.docker_available", lambda: False)
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(main, ["deploy", "image", "build", "--config", str(TUTORIAL)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "BASE_IMAGE=public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.24.0.1.1.0" in result.output
+    assert "LIBRARY_MODULE=vllm" in result.output and "-vllm-neuron-sdk2.32" in result.output
+
+
+def test_the_ec2_launch_boots_the_vllm_venv_and_serves_at_boot() -> None:
+    import base64
+    import gzip
+    from datetime import datetime, timezone
+
+    from deploy_fixtures import OWNER_ARN, REGION
+
+    from neuron_ssp.deploy import ami
+    from neuron_ssp.deploy.launch_plan import LaunchFacts, LaunchOptions, model_paths, plan_launch
+
+    config = load_config(TUTORIAL)
+    facts = LaunchFacts(REGION, ami.Ami("ami-0x", "DLAMI", "2026-08-17", "/dev/sda1", "pinned"), OWNER_ARN)
+    options = LaunchOptions(region=REGION, name="eagle3", instance_profile="p")
+    plan = plan_launch(
+        config, TUTORIAL, options, facts, now=datetime(2026, 11, 1, tzinfo=timezone.utc), client_token="t"
+    )
+    assert plan.serves == command_text(config)
+    assert ami.pin_for_config(config).filters()[1] == {"Name": "description", "Values": ["*Neuron SDK 2.32*"]}
+    user_data = plan.params["UserData"]
+    text = gzip.decompress(base64.b64decode(user_data)).decode() if not user_data.startswith("#!") else user_data
+    assert "/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0" in text and "neuron-ssp-server" in text
+    assert model_paths(config) == ()  # Hugging Face ids: vLLM downloads them
+    assert not any("AMI must already hold" in w for w in plan.warnings)

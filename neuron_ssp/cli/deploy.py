@@ -174,9 +174,9 @@ def launch(
         f"{deployment.availability_zone}, {format_usd(deployment.hourly_usd)}/h, "
         f"terminates itself at {plan.expires_at:%Y-%m-%d %H:%M} UTC)"
     )
+    check = "curl -s localhost:8000/v1/models" if plan.serves else f"neuron-ssp bench --config {CONFIG_FILE}"
     out.print(
-        f"next:  neuron-ssp deploy run {deployment.name} --region {clients.region} -- "
-        f"neuron-ssp bench --config {CONFIG_FILE}\n"
+        f"next:  neuron-ssp deploy run {deployment.name} --region {clients.region} -- {check}\n"
         f"       neuron-ssp deploy teardown {deployment.name} --region {clients.region}"
     )
 
@@ -246,6 +246,8 @@ def _plan_table(plan: LaunchPlan) -> Table:
         ("instance profile", next(iter(plan.params.get("IamInstanceProfile", {"-": "none"}).values()))),
         ("root volume", _volume_text(plan.params["BlockDeviceMappings"][0]["Ebs"])),
     ]
+    if plan.serves:
+        rows.append(("serves at boot", f"neuron-ssp serve, which runs: {plan.serves}"))
     for key, value in rows:
         table.add_row(key, str(value))
     return table

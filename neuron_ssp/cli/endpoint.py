@@ -211,6 +211,8 @@ def _print_plan(out: Console, err: Console, plan: EndpointPlan) -> None:
     ]
     if plan.scaling:
         rows.append(("scaling target", plan.scaling.explanation))
+    if plan.serves:
+        rows.append(("container runs", f"neuron-ssp serve --sagemaker, which execs: {plan.serves}"))
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)

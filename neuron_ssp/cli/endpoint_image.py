@@ -40,7 +40,8 @@ config_option = click.option(
     type=click.Path(path_type=Path),
     default=None,
     help="The config the image serves: an NxD Inference config (neuron.library: nxdi) builds FROM the NxDI DLC "
-    "of its SDK (2.28 for inf2/trn1, 2.31 for trn2) and tags the image ...-nxdi-sdkX.",
+    "of its SDK (2.28 for inf2/trn1, 2.31 for trn2) and tags the image ...-nxdi-sdkX; a vllm-neuron config FROM "
+    "the vLLM NeuronX DLC (SDK 2.32), tagged ...-vllm-neuron-sdk2.32.",
 )
 
 
@@ -64,7 +65,7 @@ def image_build(tag: str | None, base_image: str | None, config_path: Path | Non
     if pin is not None:
         err.print(f"serving image for {pin.describe(load_config(config_path).neuron.library)}")
     tag = tag or _version_tag(config_path)
-    steps = image.build_steps(tag, base_image or (pin.dlc if pin else None))
+    steps = image.build_steps(tag, base_image or (pin.dlc if pin else None), pin.library_module if pin else None)
     if not image.docker_available():
         err.print("docker is not installed here; run this where it is:")
         for step in steps:

@@ -68,8 +68,8 @@ export AWS_DEFAULT_REGION={{REGION}}
 # 2. The transformers-neuronx venv of the Neuron DLAMI (SDK 2.25).
 step venv
 if [ ! -f {{VENV}}/bin/activate ]; then
-  echo "this AMI has no {{VENV}}: transformers-neuronx ships only in the Neuron DLAMIs of SDK 2.24-2.25;" \
-       "launch again with --ami pinned"
+  echo "this AMI has no {{VENV}}, the venv of the config's Neuron library (transformers-neuronx: DLAMIs of" \
+       "SDK 2.24-2.25; NxD Inference: up to 2.31; vllm-neuron: 2.32); launch again with --ami pinned"
   false
 fi
 set +u  # activate scripts may read unset variables
@@ -80,7 +80,7 @@ set -u
 # 3. This package. The venv's Neuron stack stays exactly as the DLAMI ships it (constraints file).
 step install
 pip list --format=freeze --exclude-editable \
-  | { grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|transformers|transformers[-_]neuronx|neuronx[-_]distributed|neuronx[-_]distributed[-_]inference|neuronx[-_]cc|libneuronxla|numpy)==' || true; } \
+  | { grep -iE '^(torch|torch[-_]neuronx|torch[-_]xla|transformers|transformers[-_]neuronx|neuronx[-_]distributed|neuronx[-_]distributed[-_]inference|neuronx[-_]cc|libneuronxla|numpy|vllm|vllm[-_]neuron|libtorch[-_]neuronx[-_]lite|nki)==' || true; } \
   > {{HOME_DIR}}/neuron-constraints.txt
 PACKAGE={{PACKAGE_SPEC}}
 case "$PACKAGE" in
@@ -105,4 +105,7 @@ cat > {{ENV_FILE}} <<ENV
 export AWS_DEFAULT_REGION={{REGION}}
 cd {{HOME_DIR}}
 ENV
+# 7. The server, where the config is served by a library's own server (vllm-neuron: `vllm serve`).
+step serve
+{{SERVE_COMMANDS}}
 step ready

@@ -24,6 +24,7 @@ from neuron_ssp.deploy.errors import aws_errors
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.topology.catalog import find_instance
 from neuron_ssp.topology.nxdi_releases import NxdiRelease, release_for
+from neuron_ssp.topology.vllm_neuron import VLLM_NEURON
 
 TRANSFORMERS_NEURONX_VENV = "/opt/aws_neuronx_venv_pytorch_2_7_transformers"
 LATEST_PARAMETER = "/aws/service/neuron/dlami/multi-framework/ubuntu-22.04/latest/image_id"
@@ -38,6 +39,8 @@ class DlamiPin:
     venv: str = TRANSFORMERS_NEURONX_VENV
     support: str = ""  # what the operator should know about this SDK before paying
     dlc: str | None = None  # the Neuron DLC of the same SDK (the SageMaker image's base); None: the Dockerfile's
+    image_label: str = "nxdi"  # in the SageMaker image's tag, beside the SDK
+    library_module: str = "transformers_neuronx"  # what the image build imports to check the library is there
 
     def describe(self, library: str) -> str:
         return f"{library} in {self.venv}, Neuron SDK {self.sdk} ({self.support})"
@@ -70,7 +73,12 @@ def nxdi_pin(release: NxdiRelease) -> DlamiPin:
     """The DLAMI and DLC of an NxD Inference release. Its DLC: aws-neuron/deep-learning-containers README at
     2be9ed1 (2.32.0 ships no PyTorch inference DLC of its own; 2.31.1 is the newest with NxDI)."""
     return DlamiPin(
-        sdk=release.sdk, name_prefix=NXDI_DLAMI, venv=release.venv, support=release.support, dlc=release.dlc
+        sdk=release.sdk,
+        name_prefix=NXDI_DLAMI,
+        venv=release.venv,
+        support=release.support,
+        dlc=release.dlc,
+        library_module="neuronx_distributed_inference",
     )
 
 
@@ -80,10 +88,25 @@ def pin_for_config(config: Config) -> DlamiPin:
     return pin_for(config.neuron.library, instance.generation if instance else "trn1")
 
 
+# vllm-neuron: the multi-framework DLAMI of SDK 2.32 (Ubuntu 24.04, Inf2/Trn1/Trn2/Trn3: aws-neuron-sdk 81ce03ae
+# deploy/environments/dlami.rst:67-69) and its vLLM venv (:89-90); topology/vllm_neuron.py holds the release.
+VLLM_NEURON_PIN = DlamiPin(
+    sdk=VLLM_NEURON.sdk,
+    name_prefix=NXDI_DLAMI,
+    venv=VLLM_NEURON.venv,
+    support=f"vllm-neuron {VLLM_NEURON.plugin} (vLLM {VLLM_NEURON.vllm}), the supported serving stack",
+    dlc=VLLM_NEURON.dlc,
+    image_label="vllm-neuron",
+    library_module="vllm",
+)
+
+
 def pin_for(library: str, generation: str) -> DlamiPin:
     """The DLAMI release that runs `library` on an instance of `generation`."""
     if library == "nxdi":
         return nxdi_pin(release_for(generation))
+    if library == "vllm-neuron":
+        return VLLM_NEURON_PIN
     return PINNED
 
 

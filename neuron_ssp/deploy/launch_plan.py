@@ -11,18 +11,19 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 
-from neuron_ssp.config import EMBEDDED_PREFIX, Config
+from neuron_ssp.config import DRAFTERS_WITH_DRAFT, EMBEDDED_PREFIX, Config
 from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import Ami, pin_for_config
 from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.capacity import CapacityTarget, Reservation, check_reservation, run_instances_fields
 from neuron_ssp.deploy.expiry import hours_problem
 from neuron_ssp.deploy.userdata import BootstrapSpec, HfTokenSource, render
+from neuron_ssp.deploy.vllm_neuron import command_text
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import hourly_price_usd
 
@@ -64,6 +65,7 @@ class LaunchPlan:
     keep_on_failure: bool
     reservation: Reservation | None = None
     software: str = ""  # the Neuron library, SDK, venv and their support status
+    serves: str | None = None  # the server the bootstrap starts (vllm-neuron: the `vllm serve` command)
 
     @property
     def client_token(self) -> str:
@@ -126,6 +128,7 @@ def plan_launch(
             f"--ami latest follows the newest Neuron SDK, which may no longer ship {pin.venv} "
             f"({config.neuron.library} is pinned to SDK {pin.sdk})"
         )
+    vllm = config.neuron.library == "vllm-neuron"
     params = _base_params(options, instance_type, facts.ami, client_token)
     if options.capacity and facts.reservation:
         warnings += check_reservation(facts.reservation, options.capacity, instance_type, expires_at)
@@ -150,6 +153,7 @@ def plan_launch(
             weights_s3_uri=options.weights_s3_uri,
             hf_token=options.hf_token,
             venv=pin.venv,
+            serve_on_boot=vllm,
         )
     )
     if not options.instance_profile:
@@ -157,8 +161,13 @@ def plan_launch(
             "no --instance-profile: SSM reaches the instance only if the account has Default Host "
             "Management Configuration; launch waits for SSM"
         )
-    if not options.weights_s3_uri:
+    if not options.weights_s3_uri and model_paths(config):
         warnings.append(f"no --weights-s3-uri: the AMI must already hold {', '.join(model_paths(config))}")
+    if vllm and not options.hf_token and len(model_paths(config)) < 1 + (config.draft is not None):
+        warnings.append(
+            "vLLM downloads the Hugging Face ids of this config at start; a gated model (Llama) needs a token: "
+            "--hf-token-secret or --hf-token-parameter"
+        )
     return LaunchPlan(
         name,
         config_name(config, config_path),
@@ -173,6 +182,7 @@ def plan_launch(
         options.keep_on_failure,
         facts.reservation,
         pin.describe(config.neuron.library),
+        command_text(config) if vllm else None,
     )
 
 
@@ -185,8 +195,14 @@ def config_name(config: Config, config_path: str | Path) -> str:
 
 
 def model_paths(config: Config) -> tuple[str, ...]:
-    models = [config.target] + ([config.draft] if config.draft and config.speculation.drafter == "model" else [])
-    return tuple(m.path for m in models if not m.path.startswith(EMBEDDED_PREFIX))
+    """The model directories the instance must hold (target, draft model or head). vllm-neuron also takes Hugging
+    Face ids (`org/name`), which vLLM downloads at start: those are not synced."""
+    with_draft = config.draft is not None and config.speculation.drafter in DRAFTERS_WITH_DRAFT
+    models = [config.target] + ([config.draft] if with_draft else [])
+    paths = [m.path for m in models if not m.path.startswith(EMBEDDED_PREFIX)]
+    if config.neuron.library == "vllm-neuron":
+        paths = [p for p in paths if PurePosixPath(p).is_absolute()]
+    return tuple(paths)
 
 
 def default_package_spec() -> str:

@@ -81,6 +81,7 @@ class BootstrapSpec:
     weights_s3_uri: str | None = None
     hf_token: HfTokenSource | None = None
     venv: str = TRANSFORMERS_NEURONX_VENV
+    serve_on_boot: bool = False  # vllm-neuron: start `neuron-ssp serve` (= vllm serve) as a service at boot
 
 
 def weight_sources(weights_s3_uri: str, model_paths: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -108,6 +109,7 @@ def render(spec: BootstrapSpec) -> str:
         "HF_TOKEN_COMMANDS": spec.hf_token.fetch_command()
         if spec.hf_token
         else 'echo "no Hugging Face token configured"',
+        "SERVE_COMMANDS": _serve_commands(spec),
         "HOME_DIR": HOME_DIR,
         "CONFIG_FILE": CONFIG_FILE,
         "ENV_FILE": ENV_FILE,
@@ -149,6 +151,34 @@ def _refuse_credentials(spec: BootstrapSpec) -> None:
     ]
     if problems:
         raise UsageError(problems)
+
+
+SERVER_UNIT = "neuron-ssp-server"
+
+
+def _serve_commands(spec: BootstrapSpec) -> str:
+    """A systemd unit running `neuron-ssp serve` on the config (for vllm-neuron it execs `vllm serve`, which
+    compiles for minutes before it listens): restarted on failure, its log in the journal."""
+    if not spec.serve_on_boot:
+        return 'echo "the server is started by neuron-ssp deploy run"'
+    start = f". {ENV_FILE} && exec neuron-ssp serve --config {CONFIG_FILE}"
+    return "\n".join(
+        (
+            f"cat > {UNIT_DIR}/{SERVER_UNIT}.service <<UNIT",
+            "[Unit]",
+            "Description=neuron-ssp: the config's server",
+            "After=network-online.target",
+            "[Service]",
+            f"ExecStart=/bin/bash -c {shlex.quote(start)}",
+            "Restart=on-failure",
+            "RestartSec=30",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "UNIT",
+            "systemctl daemon-reload",
+            f"systemctl enable --now {SERVER_UNIT}.service",
+        )
+    )
 
 
 def _weights_commands(spec: BootstrapSpec) -> str:

@@ -18,16 +18,18 @@ from neuron_ssp.config import Config, ModelConfig, ServeConfig
 from neuron_ssp.errors import Problem
 from neuron_ssp.topology.report import ValidationReport
 
-TNX, NXDI = "transformers-neuronx", "nxdi"
+TNX, NXDI, VLLM = "transformers-neuronx", "nxdi", "vllm-neuron"
 # transformers-neuronx generations, named as backends/neuron/api.py names them (NeuronxApi.generation), so the
 # loader can pass the installed one
 TNX_UNBATCHED = "sdk_2_18"
 TNX_BATCHED = "sdk_2_21"
 NXDI_PINNED = "nxdi_0_8_to_0_10"
+VLLM_PINNED = "vllm_neuron_0_24"
 GENERATIONS = {
     TNX_UNBATCHED: "0.10-0.12 (SDK 2.18-2.20)",
     TNX_BATCHED: "0.13 (SDK 2.21-2.25)",
     NXDI_PINNED: "0.8-0.10 (SDK 2.28-2.31)",
+    VLLM_PINNED: "0.24.0.1.1.0 (SDK 2.32)",
 }
 BATCHED_TNX_INSTALL = "install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25; the SDK 2.25 DLAMI has it)"
 
@@ -165,14 +167,32 @@ BATCH_RULES: tuple[BatchRule, ...] = (
 )
 
 
+_VLLM_DOCS = "aws-neuron-sdk 81ce03ae vllm-neuron/docs"
+BATCH_RULES += (
+    BatchRule(
+        VLLM,
+        "native",
+        VLLM_PINNED,
+        True,
+        "`vllm serve --max-num-seqs` (target.batch_size); AWS's EAGLE-3 tutorial runs 2 "
+        f"(tutorial-eagle3-speculative-decoding-llama-3-1.md:52-60, {_VLLM_DOCS})",
+        True,
+        "vLLM's scheduler: 'Continuous batching: Enabled by default' (migration-nxdi-to-vllm-neuron.md:45)",
+        True,
+        "vLLM's rejection sampler honours temperature, top-k and top-p; the head drafts greedily "
+        "(speculative_decoding_design.md:87, :91)",
+    ),
+)
+
+
 def rule_for(library: str, engine: str, generation: str) -> BatchRule | None:
     """The row of this combination; None where the engine does not exist in that generation."""
     return next((r for r in BATCH_RULES if (r.library, r.engine, r.generation) == (library, engine, generation)), None)
 
 
 def generation_of(library: str, neuronx_generation: str = TNX_BATCHED) -> str:
-    """The generation whose rules apply: NxD Inference has one (pinned per family), transformers-neuronx two."""
-    return NXDI_PINNED if library == NXDI else neuronx_generation
+    """The generation whose rules apply: NxD Inference and vllm-neuron have one (pinned), transformers-neuronx two."""
+    return {NXDI: NXDI_PINNED, VLLM: VLLM_PINNED}.get(library, neuronx_generation)
 
 
 def neuronx_generation_for_version(version: str) -> str:
@@ -275,7 +295,7 @@ def _check_serve_batch(config: Config, rule: BatchRule, batch: int, report: Vali
 
 
 def _named(rule: BatchRule) -> str:
-    library = "NxD Inference" if rule.library == NXDI else "transformers-neuronx"
+    library = {NXDI: "NxD Inference", VLLM: "vllm-neuron"}.get(rule.library, "transformers-neuronx")
     return f"engine {rule.engine} on {library} {GENERATIONS[rule.generation]}"
 
 
@@ -300,6 +320,8 @@ def _alternatives(rule: BatchRule, flag: str) -> str:
 
 
 def _same_batch_reason(rule: BatchRule) -> str:
+    if rule.library == VLLM:
+        return "vllm-neuron runs the head in the target's engine, at its --max-num-seqs"
     if rule.library == NXDI:
         return "NxDI traces draft and target of the fused graph at one tkg_batch_size (model_base.py:3078-3084)"
     if rule.engine == "fused":

@@ -6,7 +6,7 @@ continuous batching and rejection sampler. Sources (aws-neuron-sdk 81ce03ae, vll
 DLC pages named on each field): the plugin's speculation is EAGLE-3 only (design/speculation/
 speculative_decoding_design.md:77), "Vanilla draft-model speculative decoding is not supported"
 (getting-started/migration-nxdi-to-vllm-neuron.md:47), the draft "Applies the same TP group sharding as the target
-model" (speculative_decoding_design.md:226). The plugin's own source (vllm-project/vllm-neuron, branch
+model" (speculative_decoding_design.md:222). The plugin's own source (vllm-project/vllm-neuron, branch
 release-0.24.0.1.1.0) is not among the sources read here: the stored mirror ends at 0.2.0 (a5ef7c8, the old NxDI
 plugin), so its flags are checked against vLLM's own definitions and the plugin's docs.
 """
@@ -42,7 +42,7 @@ VLLM_NEURON = VllmNeuronRelease(
     platforms="trn2, trn3",
 )
 VLLM_ACCEPTORS = ("probabilistic", "greedy")  # vLLM's rejection sampler; at temperature 0 it accepts greedily
-SAME_AS_TARGET = ("tp_degree", "n_positions", "batch_size", "first_core")
+SAME_AS_TARGET = ("tp_degree", "n_positions", "first_core")  # batch_size: topology/batch_rules.py
 
 
 def check_vllm_neuron(config: Config, models: dict[str, ModelConfig], report: ValidationReport) -> None:
@@ -98,7 +98,7 @@ def check_vllm_neuron(config: Config, models: dict[str, ModelConfig], report: Va
                     f"draft.{name}",
                     getattr(draft, name),
                     f"vllm-neuron runs the head in the target's engine: its TP group (speculative_decoding_design"
-                    f".md:226), max-model-len and max-num-seqs are the target's ({getattr(target, name)})",
+                    f".md:222) and max-model-len are the target's ({getattr(target, name)})",
                     f"set draft.{name}: {getattr(target, name)}, like the target",
                 )
             )

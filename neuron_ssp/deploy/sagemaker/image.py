@@ -35,18 +35,21 @@ class DockerStep:
 
 
 def image_tag(version_tag: str, pin: DlamiPin | None = None) -> str:
-    """This version's tag; an NxD Inference image (its own DLC base) says so, so it never replaces the other."""
-    return version_tag if pin is None or pin.dlc is None else f"{version_tag}-nxdi-sdk{pin.sdk}"
+    """This version's tag; an NxD Inference or vllm-neuron image (its own DLC base) says so, so it never replaces
+    another."""
+    return version_tag if pin is None or pin.dlc is None else f"{version_tag}-{pin.image_label}-sdk{pin.sdk}"
 
 
 def local_tag(version_tag: str) -> str:
     return f"neuron-ssp:{version_tag}"
 
 
-def build_steps(version_tag: str, base_image: str | None = None) -> list[DockerStep]:
+def build_steps(version_tag: str, base_image: str | None = None, library_module: str | None = None) -> list[DockerStep]:
     argv = ["docker", "build", "-f", DOCKERFILE, "-t", local_tag(version_tag)]
     if base_image:
         argv += ["--build-arg", f"BASE_IMAGE={base_image}"]
+    if library_module:
+        argv += ["--build-arg", f"LIBRARY_MODULE={library_module}"]
     return [DockerStep([*argv, "."])]
 
 

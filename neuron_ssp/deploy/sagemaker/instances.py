@@ -36,7 +36,8 @@ HOSTING_USD_PER_HOUR: dict[str, float] = {
     "ml.trn1.2xlarge": 1.54,
     "ml.trn1.32xlarge": 24.73,
 }
-# ml.* types SageMaker hosts (botocore's ProductionVariantInstanceType) that transformers-neuronx runs on.
+# ml.* Neuron types SageMaker hosts (botocore 1.44.8's ProductionVariantInstanceType); which library runs on which
+# is the topology rules' call (ml.trn2.48xlarge: NxD Inference and vllm-neuron, not transformers-neuronx).
 HOSTED_NEURON_TYPES = (
     "ml.inf2.xlarge",
     "ml.inf2.8xlarge",
@@ -45,10 +46,12 @@ HOSTED_NEURON_TYPES = (
     "ml.trn1.2xlarge",
     "ml.trn1.32xlarge",
     "ml.trn1n.32xlarge",
+    "ml.trn2.48xlarge",
 )
 
 
-LOCAL_NVME_FAMILIES = ("trn1", "trn1n")
+# trn2.48xlarge: 4 x 1900 GB NVMe instance store on EC2 (the EC2 instance page; not re-checked from this machine)
+LOCAL_NVME_FAMILIES = ("trn1", "trn1n", "trn2")
 # Room beyond the weights on the EBS volume: tokenizer and config files, compiled graphs in compiled/,
 # the checkpoint's own dtype when it is wider than the config's (20 %), and the container's scratch.
 VOLUME_MARGIN = 1.2
@@ -100,7 +103,7 @@ def catalog_instance(ml_instance_type: str, field: str = "--instance-type") -> I
             Problem(
                 field,
                 ml_instance_type,
-                "not a SageMaker-hosted instance type that runs transformers-neuronx" + hint,
+                "not a SageMaker-hosted Neuron instance type" + hint,
                 f"use one of {', '.join(HOSTED_NEURON_TYPES)}",
             )
         )

@@ -18,7 +18,12 @@ from neuron_ssp.deploy import tags
 from neuron_ssp.deploy.ami import DlamiPin, pin_for_config
 from neuron_ssp.deploy.aws import kms_key_problem
 from neuron_ssp.deploy.sagemaker.autoscaling import VARIANT, Capacity, ScalingMetric, ScalingPlan, target_for
-from neuron_ssp.deploy.sagemaker.container import container_environment, container_problems, s3_under_isolation
+from neuron_ssp.deploy.sagemaker.container import (
+    container_config,
+    container_environment,
+    container_problems,
+    s3_under_isolation,
+)
 from neuron_ssp.deploy.sagemaker.errors import EXECUTION_ROLE_POLICY
 from neuron_ssp.deploy.sagemaker.image import image_tag
 from neuron_ssp.deploy.sagemaker.instances import (
@@ -104,6 +109,7 @@ class EndpointPlan:
     capacity: Capacity = Capacity()
     warnings: list[str] = field(default_factory=list)
     software: str = ""  # the Neuron library and SDK the image runs, and their support status
+    serves: str | None = None  # vllm-neuron: the `vllm serve` command the container's `neuron-ssp serve` runs
 
     @property
     def max_instances(self) -> int:
@@ -268,6 +274,7 @@ def plan_endpoint(
         capacity,
         warnings,
         _software(config, options),
+        _serves(config, options),
     )
 
 
@@ -476,6 +483,19 @@ def _config_for_instance(config: Config, options: EndpointOptions) -> tuple[Conf
     config = config.model_copy(update={"platform": config.platform.model_copy(update={"instance_type": instance.name})})
     report = validate_config(config)
     return config, list(report.errors), [str(w) for w in report.warnings]
+
+
+def _serves(config: Config, options: EndpointOptions) -> str | None:
+    """The command the container runs for a vllm-neuron config: its config as the container sees it (models under
+    /opt/ml/model, SageMaker's 0.0.0.0:8080, where vLLM answers /ping and /invocations)."""
+    if options.engine == "lmi" or config.neuron.library != "vllm-neuron":
+        return None
+    from neuron_ssp.config import config_from_dict
+    from neuron_ssp.deploy.vllm_neuron import command_text
+
+    seen = container_config(config)
+    seen["serve"] = {**seen.get("serve", {}), "sagemaker": True}
+    return command_text(config_from_dict(seen))
 
 
 def _software(config: Config, options: EndpointOptions) -> str:
