@@ -108,3 +108,14 @@ def test_plan_counts_the_head_on_the_targets_cores() -> None:
     )
     assert head.graphs.total == 0  # compiled inside the target's fused graphs
     assert plan.busiest_core_bytes == plan.models["target"].footprint.bytes_per_core + head.footprint.bytes_per_core
+
+
+def test_the_docs_table_is_the_codes_table() -> None:
+    lines = (Path(__file__).resolve().parents[1] / "docs" / "neuron.md").read_text().splitlines()
+    start = lines.index("| library | head | runs | source |")
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    assert rows == [rule.cells() for rule in HEAD_RULES]

@@ -118,3 +118,33 @@ def test_eagle3_rows_joining_and_leaving_decode_as_each_would_alone(
     assert max(running) == batch and min(running) < batch and any(step > 0 for step in joined_at)
     assert loop.free_slots == batch
     assert {len(c["seq_ids"]) for c in calls if c["position_ids"][0][0] == 0} == {1}  # prompts one at a time
+
+
+def test_compile_builds_the_eagle_graph_once_with_the_head_inside(
+    nxdi: Any, eagle_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`neuron-ssp compile` of an EAGLE-3 config: one fused target job whose NxDI config carries the EAGLE switches
+    and the head's, kept under our manifest and reused the second time."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from neuron_ssp.cli import main
+
+    path = tmp_path / "eagle.yaml"
+    path.write_text(yaml.safe_dump(eagle_config(eagle_dirs, "eagle3", 2).model_dump(mode="json")))
+    out = tmp_path / "compiled"
+    result = CliRunner().invoke(main, ["compile", str(path), "--k", str(K), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{\n") :])
+    assert [(r["role"], r["k"], r["reused"]) for r in report["results"]] == [("target", [K], False)]
+    (saved,) = out.rglob("neuron_config.json")
+    built = json.loads(saved.read_text())["neuron_config"]
+    assert (built["enable_eagle_speculation"], built["is_eagle3"], built["sequence_parallel_enabled"]) == (
+        True,
+        True,
+        True,
+    )
+    again = CliRunner().invoke(main, ["compile", str(path), "--k", str(K), "--out", str(out), "--json"])
+    assert json.loads(again.output[again.output.index("{\n") :])["results"][0]["reused"]

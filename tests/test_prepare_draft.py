@@ -109,4 +109,23 @@ def test_cli(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "widened from 40 to 97" in result.output
     missing = CliRunner().invoke(main, ["prepare-draft", str(tmp_path / "nope"), "--target", str(target), "--out", "x"])
-    assert missing.exit_code == 2 and "config.json" in missing.output
+    assert missing.exit_code == 2 and "directory does not exist" in missing.output
+
+
+@pytest.mark.slow
+def test_the_embedded_head_goes_through_the_same_reader(tmp_path: Path) -> None:
+    """`prepare-draft embedded:smollm2-135m-instruct-eagle3` reads the shipped head with the reader every head goes
+    through; while none ships, it says so (embedded/heads.py)."""
+    from click.testing import CliRunner
+
+    from neuron_ssp.config import EMBEDDED_DEFAULT, EMBEDDED_EAGLE3
+    from neuron_ssp.embedded.heads import EMBEDDED_HEADS
+
+    out = tmp_path / "out"
+    args = ["prepare-draft", EMBEDDED_EAGLE3, "--target", EMBEDDED_DEFAULT, "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    if (EMBEDDED_HEADS[EMBEDDED_EAGLE3][0] / "config.json").is_file():
+        assert result.exit_code == 0, result.output
+        assert read_checkpoint(out).config.draft_vocab_size == 49152
+    else:
+        assert result.exit_code == 1 and "ships no EAGLE-3 head" in result.output
