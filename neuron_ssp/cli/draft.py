@@ -100,8 +100,8 @@ def draft_data(
     help="Draft vocabulary size, or 'auto': the size with the best coverage for its measured cost.",
 )
 @click.option("--ttt-steps", type=click.IntRange(min=1), default=7, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=5e-4, show_default=True)
-@click.option("--batch-tokens", type=click.IntRange(min=16), default=2048, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True)
+@click.option("--batch-tokens", type=click.IntRange(min=16), default=512, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--held-out", type=click.FloatRange(0, 0.5, min_open=True), default=0.05, show_default=True)
 @click.option("--init-layer", type=click.IntRange(min=0), help="Start the head's layer from this target layer.")
@@ -110,6 +110,14 @@ def draft_data(
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=12000, show_default=True)
 @click.option("--checkpoint-minutes", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="PNG of loss and per-step accuracy.")
+@click.option(
+    "--feature-cache-mb",
+    type=click.IntRange(min=0),
+    default=3000,
+    show_default=True,
+    help="Memory for the target's features of conversations already seen (~3.6 KB a token): later epochs skip "
+    "their prefill.",
+)
 @threads_option
 def train_draft(
     config_path: Path | None,
@@ -129,6 +137,7 @@ def train_draft(
     eval_tokens: int,
     checkpoint_minutes: float,
     plot: Path | None,
+    feature_cache_mb: int,
     threads: int | None,
 ) -> None:
     """Train an EAGLE-3 head for the target on draft-data's conversations (resumable; --minutes per run)."""
@@ -153,6 +162,7 @@ def train_draft(
         eval_tokens=eval_tokens,
         checkpoint_minutes=checkpoint_minutes,
         plot=plot,
+        feature_cache_mb=feature_cache_mb,
     )
     run_training(request, console, status_console)
 

@@ -32,6 +32,7 @@ from neuron_ssp.tools.draft_vocab import SIZES, VocabChoice, answer_token_counts
 from neuron_ssp.tools.train_draft import (
     HISTORY_FILE,
     Batch,
+    FeatureCache,
     History,
     StepResult,
     TrainSettings,
@@ -42,7 +43,6 @@ from neuron_ssp.tools.train_draft import (
     load_state,
     new_head,
     split,
-    target_features,
     train,
     write_head,
 )
@@ -71,6 +71,7 @@ class TrainRequest:
     eval_tokens: int
     checkpoint_minutes: float
     plot: Path | None
+    feature_cache_mb: int = 3000
 
 
 def run_training(request: TrainRequest, console: Console, status: Console) -> None:
@@ -126,7 +127,9 @@ def run_training(request: TrainRequest, console: Console, status: Console) -> No
         f"held out: {len(held_positions)} conversations"
     )
     with status.status("target features of the held-out conversations"):
-        held_batches = held_out_batches(backend, conversations, held_positions, draft_ids, request)
+        held_batches = held_out_batches(
+            backend, conversations, held_positions, draft_ids, request.eval_tokens, request.batch_tokens
+        )
 
     def run_eval(current: EagleHead) -> dict[str, Any]:
         return evaluate(current, held_batches, settings.ttt_steps, WINDOWS).to_dict()
@@ -216,27 +219,26 @@ def head_step_seconds(config: Any, target_model: Any, position: int) -> float:
 
 
 def held_out_batches(
-    backend: Any, conversations: Conversations, positions: list[int], draft_ids: torch.Tensor, request: TrainRequest
+    backend: Any,
+    conversations: Conversations,
+    positions: list[int],
+    draft_ids: torch.Tensor,
+    eval_tokens: int,
+    batch_tokens: int,
 ) -> list[Batch]:
     """The held-out conversations' features, computed once (up to `eval_tokens` tokens, greedy answers first so tau
     has material)."""
     ordered = sorted(positions, key=lambda p: (conversations.temperature[p] != 0.0, conversations.index[p]))
     kept, tokens = [], 0
     for position in ordered:
-        if tokens >= request.eval_tokens:
+        if tokens >= eval_tokens:
             break
         kept.append(position)
         tokens += len(conversations.ids[position])
     lengths = [len(ids) for ids in conversations.ids]
     return [
-        target_features(
-            backend,
-            [conversations.ids[p] for p in group],
-            [conversations.answer_start[p] for p in group],
-            draft_ids,
-            [conversations.temperature[p] == 0.0 for p in group],
-        )
-        for group in batches(kept, lengths, request.batch_tokens)
+        FeatureCache(0).batch(backend, conversations, group, draft_ids)
+        for group in batches(kept, lengths, batch_tokens)
     ]
 
 
@@ -273,6 +275,7 @@ def train_with_progress(
             request.minutes * 60,
             meta,
             request.checkpoint_minutes * 60,
+            FeatureCache(request.feature_cache_mb * 2**20),
             run_eval,
             request.eval_every,
             show,
