@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from conftest import tiny_llama
 
 from neuron_ssp.cli import main
-from neuron_ssp.drafters.eagle_checkpoint import read_checkpoint
+from neuron_ssp.drafters.eagle_checkpoint import head_config_for, read_checkpoint
 from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.tools.draft_data import Finished, load_conversations, write_shard
 from neuron_ssp.tools.draft_eval import leading_run, ngram_walk, walk
@@ -137,9 +137,7 @@ def test_training_lowers_the_loss_on_a_fixed_batch():
         target.lm_head.weight.mul_(40)
     batch = features_of(target, [list(range(3, 33)), list(range(10, 40))])
     draft_ids = torch.arange(VOCAB)
-    from neuron_ssp.tools.train_draft import head_config
-
-    head = new_head(target, head_config(target.config, VOCAB, (2, 4, 5)), draft_ids, None)
+    head = new_head(target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), draft_ids, None)
     in_draft = torch.ones(VOCAB, dtype=torch.bool)
     optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
     first = None
@@ -158,9 +156,7 @@ def test_training_time_test_targets_the_token_two_ahead():
     that argmax everywhere is right at every counted position of every step."""
     target = tiny_llama(0, VOCAB, layers=LAYERS)
     batch = features_of(target, [list(range(3, 30))], answer_start=5)
-    from neuron_ssp.tools.train_draft import head_config
-
-    head = new_head(target, head_config(target.config, VOCAB, (2, 4, 5)), torch.arange(VOCAB), None)
+    head = new_head(target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), torch.arange(VOCAB), None)
 
     step = {"i": 0}
     original = head.logits

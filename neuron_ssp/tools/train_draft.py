@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from neuron_ssp.backends.base import Segment
-from neuron_ssp.drafters.eagle_checkpoint import EagleConfig, parse_config, vocab_maps, write_checkpoint
+from neuron_ssp.drafters.eagle_checkpoint import EagleConfig, vocab_maps, write_checkpoint
 from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.draft_data import Conversations
@@ -77,32 +77,6 @@ def split(conversations: Conversations, share: float, max_train_tokens: int | No
             train.append(position)
             tokens += len(conversations.ids[position])
     return train, held
-
-
-def head_config(target_config: Any, draft_vocab_size: int, taps: Sequence[int]) -> EagleConfig:
-    """A head as wide as the target (SafeAILab's config.json copies the target's shape), over the draft vocabulary."""
-    rope = getattr(target_config, "rope_parameters", None) or {}
-    raw = {
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "model_type": "llama",
-        "hidden_size": target_config.hidden_size,
-        "intermediate_size": target_config.intermediate_size,
-        "num_attention_heads": target_config.num_attention_heads,
-        "num_key_value_heads": target_config.num_key_value_heads,
-        "head_dim": getattr(target_config, "head_dim", target_config.hidden_size // target_config.num_attention_heads),
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        "vocab_size": target_config.vocab_size,
-        "draft_vocab_size": draft_vocab_size,
-        "rms_norm_eps": target_config.rms_norm_eps,
-        "rope_theta": rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0)),
-        "max_position_embeddings": target_config.max_position_embeddings,
-        "eagle_aux_hidden_state_layer_ids": list(taps),
-    }
-    config, problems = parse_config(raw, "config.json")
-    if config is None:
-        raise UsageError(problems)
-    return config
 
 
 def new_head(target_model: Any, config: EagleConfig, draft_ids: torch.Tensor, init_layer: int | None) -> EagleHead:

@@ -22,7 +22,7 @@ from rich.table import Table
 from neuron_ssp.backends.base import Segment
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, load_config
-from neuron_ssp.drafters.eagle_checkpoint import default_taps
+from neuron_ssp.drafters.eagle_checkpoint import default_taps, head_config_for
 from neuron_ssp.drafters.eagle_head import EagleHead, HeadCache
 from neuron_ssp.embedded.models import check_embedded_answer, resolve_model_path
 from neuron_ssp.tools.budget_bar import budget_bar
@@ -39,7 +39,6 @@ from neuron_ssp.tools.train_draft import (
     TrainState,
     batches,
     check_resumable,
-    head_config,
     load_state,
     new_head,
     split,
@@ -119,7 +118,7 @@ def run_training(request: TrainRequest, console: Console, status: Console) -> No
             "held_index": [conversations.index[p] for p in held_positions],
             "vocab_table": [asdict(row) for row in table],
         }
-    head_cfg = head_config(target_model.config, int(draft_ids.shape[0]), taps)
+    head_cfg = head_config_for(target_model.config.to_dict(), int(draft_ids.shape[0]), taps)
     head = new_head(target_model, head_cfg, draft_ids, settings.init_layer)
     train_tokens = sum(len(conversations.ids[p]) for p in train_positions)
     console.print(
@@ -196,7 +195,8 @@ def size_vocabulary(
     position = min(300, backend.n_positions - 2)
     target_s = time_call(lambda: backend.score_batch([Segment(0, position, torch.tensor([1]))]))
     costs = {
-        size: head_step_seconds(head_config(target_model.config, size, taps), target_model, position) / target_s
+        size: head_step_seconds(head_config_for(target_model.config.to_dict(), size, taps), target_model, position)
+        / target_s
         for size in sizes
     }
     best, table = choose_size(counts, held_counts, costs, ALPHA_FOR_VOCAB, WINDOW_FOR_VOCAB)
