@@ -29,10 +29,12 @@ def _unset_env(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.delenv(name)
 
 
-def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str) -> ModuleType:
-    """Put the stand-in on sys.path and a fake /dev/neuron0 in place; return its runtime bookkeeping."""
+def install_standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, api: str, commit: str = "") -> ModuleType:
+    """Put the stand-in on sys.path and a fake /dev/neuron0 in place; return its runtime bookkeeping. `commit`, when
+    given, names the imitated commit (else `api` names the first or the last)."""
     _purge_standin()
     monkeypatch.setenv("NEURONX_STANDIN_API", api)
+    monkeypatch.setenv("NEURONX_STANDIN_COMMIT", commit)
     monkeypatch.syspath_prepend(str(STANDIN))
     dev = tmp_path / "dev"
     dev.mkdir(exist_ok=True)
@@ -82,6 +84,18 @@ def neuronx_any(
     """The stand-in imitating each API generation in turn."""
     with _one_thread():
         yield install_standin(monkeypatch, tmp_path, request.param)
+
+
+COMMITS = ("7a30b42", "0623de2", "c8d6bdc", "1ade6d7")  # the stand-in's generations, oldest first
+
+
+@pytest.fixture(params=COMMITS)
+def neuronx_commit(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[ModuleType]:
+    """The stand-in imitating each public commit in turn, each ported from its own source."""
+    with _one_thread():
+        yield install_standin(monkeypatch, tmp_path, "sdk_2_21", request.param)
 
 
 @pytest.fixture(scope="session")

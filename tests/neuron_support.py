@@ -75,7 +75,7 @@ def prompt(length: int = 7, seed: int = 3) -> torch.Tensor:
 
 
 def reimport_standin(monkeypatch: Any, **switches: str) -> Any:
-    """A fresh stand-in "process" with stand-in switches (env vars such as NEURONX_STANDIN_SNAPSHOT) set."""
+    """A fresh stand-in "process" with stand-in switches (env vars such as NEURONX_STANDIN_COMMIT) set."""
     import sys
 
     for name, value in switches.items():

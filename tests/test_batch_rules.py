@@ -19,9 +19,13 @@ from neuron_ssp.topology import validate_config
 from neuron_ssp.topology.batch_rules import (
     BATCH_RULES,
     GENERATIONS,
-    TNX_BATCHED,
-    TNX_UNBATCHED,
-    neuronx_generation_for_version,
+    TNX_0_10,
+    TNX_0_10_BATCH_SIZES,
+    TNX_0_11,
+    TNX_0_13,
+    TNX_DEFAULT,
+    NeuronxBehaviour,
+    generation_for_version,
     rule_for,
 )
 
@@ -39,7 +43,7 @@ def batch4(**sections: dict[str, Any]) -> dict[str, Any]:
     return merged(data, **sections)
 
 
-def report(data: dict[str, Any], generation: str = TNX_BATCHED) -> tuple[list[Problem], list[Problem]]:
+def report(data: dict[str, Any], generation: str = TNX_DEFAULT) -> tuple[list[Problem], list[Problem]]:
     result = validate_config(config_from_dict(data), neuronx_generation=generation)
     return result.errors, result.warnings
 
@@ -75,15 +79,33 @@ def test_every_row_names_where_its_batch_and_sampling_answers_were_read() -> Non
 @pytest.mark.parametrize(
     ("version", "generation"),
     [
-        ("0.13.322.0", TNX_BATCHED),
-        ("0.13", TNX_BATCHED),
-        ("0.12.313", TNX_UNBATCHED),
-        ("0.10.0.21", TNX_UNBATCHED),
-        ("unknown", TNX_UNBATCHED),
+        ("0.13.322.0", TNX_0_13),
+        ("0.13", TNX_0_13),
+        ("0.12.313", TNX_0_11),
+        ("0.11.351", TNX_0_11),
+        ("0.10.0.21", TNX_0_10),
+        ("unknown", TNX_0_10),
     ],
 )
-def test_a_version_string_maps_to_its_api_generation(version: str, generation: str) -> None:
-    assert neuronx_generation_for_version(version) == generation
+def test_a_version_string_maps_to_the_commit_whose_rules_apply(version: str, generation: str) -> None:
+    assert generation_for_version(version) == generation
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "generation"),
+    [
+        (NeuronxBehaviour("0.10.0.21", False, True, "not checked", False), TNX_0_10),
+        (NeuronxBehaviour("0.10.0.360", True, True, "cache_ids [[0, 1, 2, 3]]", False), TNX_0_10_BATCH_SIZES),
+        (NeuronxBehaviour("0.11.351", True, True, None, False), TNX_0_11),
+        (NeuronxBehaviour("0.13.322", True, True, None, True), TNX_0_13),
+        (NeuronxBehaviour("0.13.322", True, True, "cache_ids [[0, 1, 2, 3]]", True), TNX_0_10_BATCH_SIZES),
+    ],
+)
+def test_an_installed_build_is_known_by_what_it_does(behaviour: NeuronxBehaviour, generation: str) -> None:
+    """The version is only reported: a build that calls itself 0.13 but rewrites a window's cache ids is refused as
+    0623de2 is."""
+    assert behaviour.generation == generation
+    assert behaviour.version in behaviour.describe() and GENERATIONS[generation] in behaviour.describe()
 
 
 @pytest.mark.parametrize("engine", ["native", "library", "fused"])
@@ -92,25 +114,39 @@ def test_transformers_neuronx_013_runs_every_engine_at_batch_4(engine: str) -> N
     assert not fields(errors) & {"target.batch_size", "draft.batch_size", "speculation.engine"}, errors
 
 
+def test_transformers_neuronx_011_runs_our_loop_at_batch_4_not_the_librarys() -> None:
+    """c8d6bdc has the continuous-batching window branch our loop needs (base.py:355-378) but its
+    SpeculativeGenerator raises for batch > 1 (speculation.py:346-347)."""
+    assert not fields(report(batch4(), TNX_0_11)[0]) & {"target.batch_size", "draft.batch_size"}
+    refused = [p for p in report(batch4(speculation={"engine": "library"}), TNX_0_11)[0] if "batch_size" in p.field]
+    assert fields(refused) == {"target.batch_size", "draft.batch_size"}
+    assert all("speculation.py:346-347" in p.rule and "transformers-neuronx 0.13" in p.fix for p in refused)
+
+
+@pytest.mark.parametrize("generation", [TNX_0_10, TNX_0_10_BATCH_SIZES])
 @pytest.mark.parametrize("engine", ["native", "library"])
-def test_transformers_neuronx_before_013_refuses_batch_4_naming_the_raise(engine: str) -> None:
-    """Before this change every batch above 1 was refused with 'must be 1' whatever the version; now only where
-    SpeculativeGenerator raises (speculation.py:345-347 at 7a30b42)."""
-    errors, _ = report(batch4(speculation={"engine": engine}), TNX_UNBATCHED)
+def test_transformers_neuronx_010_refuses_batch_4_naming_why(engine: str, generation: str) -> None:
+    errors, _ = report(batch4(speculation={"engine": engine}), generation)
     refused = [p for p in errors if p.field.endswith("batch_size")]
     assert fields(refused) == {"target.batch_size", "draft.batch_size"}
+    why = {
+        ("native", TNX_0_10): "no batch_sizes=, base.py:76 at 7a30b42",
+        ("native", TNX_0_10_BATCH_SIZES): "base.py:291-295 at 0623de2",
+    }.get((engine, generation), "speculation.py:346-347")
+    first_with_batches = "0.11-0.12" if engine == "native" else "0.13"
     for problem in refused:
-        assert problem.value == 4 and "speculation.py:345-347 at 7a30b42" in problem.rule
-        assert "batch_size: 1" in problem.fix and "transformers-neuronx 0.13" in problem.fix
-    _, warnings = report(batch4(speculation={"engine": engine}, serve={"max_batch": 4}), TNX_UNBATCHED)
+        assert problem.value == 4 and why in problem.rule, problem.rule
+        assert "batch_size: 1" in problem.fix and f"transformers-neuronx {first_with_batches}" in problem.fix
+    _, warnings = report(batch4(speculation={"engine": engine}, serve={"max_batch": 4}), generation)
     assert "serve.max_batch" not in fields(warnings)  # said once, by the batch_size errors
 
 
-def test_fused_before_013_does_not_exist() -> None:
-    errors, _ = report(batch4(speculation={"engine": "fused"}), TNX_UNBATCHED)
+@pytest.mark.parametrize("generation", [TNX_0_10, TNX_0_10_BATCH_SIZES, TNX_0_11])
+def test_fused_before_013_does_not_exist(generation: str) -> None:
+    errors, _ = report(batch4(speculation={"engine": "fused"}), generation)
     (engine,) = [p for p in errors if p.field == "speculation.engine"]
     assert "1ade6d7" in engine.rule and "engine: native" in engine.fix
-    assert rule_for("transformers-neuronx", "fused", TNX_UNBATCHED) is None
+    assert rule_for("transformers-neuronx", "fused", generation) is None
 
 
 def test_nxdi_native_is_batch_1_and_points_to_fused_greedy() -> None:
@@ -173,7 +209,8 @@ def test_the_batch_configs_are_valid_at_batch_above_1(path: Path) -> None:
 def test_validate_plans_for_the_version_it_is_given() -> None:
     runner = CliRunner()
     assert runner.invoke(main, ["validate", str(TNX_BATCH4)]).exit_code == 0
-    result = runner.invoke(main, ["validate", str(TNX_BATCH4), "--neuronx-version", "0.12", "--json"])
+    assert runner.invoke(main, ["validate", str(TNX_BATCH4), "--neuronx-version", "0.12"]).exit_code == 0
+    result = runner.invoke(main, ["validate", str(TNX_BATCH4), "--neuronx-version", "0.10", "--json"])
     assert result.exit_code == 1
     assert {p["field"] for p in json.loads(result.output)["errors"]} == {"target.batch_size", "draft.batch_size"}
 

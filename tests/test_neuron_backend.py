@@ -24,9 +24,10 @@ from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAccept
 from neuron_ssp.speculation.call_cost import target_cost
 from neuron_ssp.speculation.policies import build_policy
 from neuron_ssp.topology import plan_deployment, validate_config
+from neuron_ssp.topology.batch_rules import TNX_0_13
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
-pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
+pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, neuronx_commit, tiny_model_dirs
 
 
 def load(config: Config):
@@ -144,15 +145,18 @@ def test_an_unknown_version_with_matching_signatures_warns(
     monkeypatch.setattr(transformers_neuronx, "__version__", "0.14.1")
     with pytest.warns(UserWarning, match="outside the tested range"):
         api = load_neuronx()
-    assert api.generation == "sdk_2_21"
+    assert api.generation == TNX_0_13
 
 
-def test_detects_the_api_generation(neuronx_any: ModuleType) -> None:
+def test_tells_each_commit_by_what_it_does(neuronx_commit: ModuleType) -> None:
     api = load_neuronx()
-    assert api.generation == neuronx_any.API
-    assert api.speculation_takes_batch_sizes == (neuronx_any.API == "sdk_2_21")
+    commit = neuronx_commit.COMMIT
+    assert api.generation == f"tnx-{commit}" and api.version == neuronx_commit.COMMITS[commit]
+    assert api.speculation_takes_batch_sizes == (commit != "7a30b42")
+    assert (api.window_kept is None) == (commit in ("c8d6bdc", "1ade6d7"))  # probe.py: 0623de2 rewrites them
+    assert api.loop_takes_attention_mask == api.batched_acceptor == (commit == "1ade6d7")
     # 0.10 has no utils.get_qkv_padding: it replicates kv heads up to the query heads
-    assert api.kv_rule == (KV_PADDING if neuronx_any.API == "sdk_2_21" else KV_REPLICATED_TO_HEADS)
+    assert api.kv_rule == (KV_PADDING if commit in ("c8d6bdc", "1ade6d7") else KV_REPLICATED_TO_HEADS)
 
 
 def test_a_gqa_target_that_fits_only_with_0_11_padding_is_refused_on_0_10(

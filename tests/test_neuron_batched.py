@@ -2,8 +2,8 @@
 
 The stand-in ports the library's batching preprocessing (1ade6d7 base.py `_prepare_for_continuous_batching`,
 padding rows and all) and attends per row as its masks do, so what each row gets back here is what it would
-get on a device, up to the device's arithmetic. The topology rule that refuses batch_size != 1 belongs to
-another item of issue 35: these tests build their configs past that one rule (`no_batch_rule`).
+get on a device, up to the device's arithmetic. The batch rules (topology/batch_rules.py) allow these configs on
+0.13; test_neuron_batch_rules.py holds them against every imitated commit.
 """
 
 from __future__ import annotations
@@ -43,12 +43,6 @@ pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_sdk_2_18, tin
 
 SLOTS, K = 4, 4
 SIGNATURES = json.loads((STANDIN / "neuronx_signatures.json").read_text())
-
-
-@pytest.fixture
-def no_batch_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Configs with batch_size > 1 past topology's check_batch (another item's rule), every other check kept."""
-    monkeypatch.setattr("neuron_ssp.topology.validate.check_batch", lambda *args, **kwargs: None)
 
 
 def batched_config(dirs: dict[str, Path], draft: bool = False, slots: int = SLOTS, **sections: Any) -> Config:
@@ -108,7 +102,7 @@ def test_continuous_batching_config_keeps_the_real_signatures(neuronx_any: Modul
 
 
 def test_the_standin_pads_a_lone_one_token_call_onto_every_other_sequence(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     """What the backend avoids, as the library does it (base.py lines 575-587): a one-token call for one
     sequence writes token 0 at cache id 0 of all the others, and cache_ids in another dtype than the inputs
@@ -128,7 +122,7 @@ def test_the_standin_pads_a_lone_one_token_call_onto_every_other_sequence(
 
 
 def test_the_standin_refuses_a_prompt_past_the_largest_context_bucket_as_the_library_does(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     target, _ = load(batched_config(tiny_model_dirs))
     with pytest.raises(AssertionError, match="invalid input prompt length"):  # base.py line 508
@@ -143,7 +137,7 @@ def test_the_standin_refuses_a_prompt_past_the_largest_context_bucket_as_the_lib
 
 
 def test_loads_every_model_with_continuous_batching_and_windows_for_the_batch(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     target, draft = load(batched_config(tiny_model_dirs, draft=True))
     loaded = {who: d for who, call, d in neuronx.RUNTIME.events if call == "from_pretrained"}
@@ -164,7 +158,7 @@ def test_loads_every_model_with_continuous_batching_and_windows_for_the_batch(
 
 
 def test_compiled_batched_models_are_kept_apart_and_reused(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None, tmp_path: Path
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
     """A continuous-batching model's networks differ from a batch-1 one's (context at batch 1, windows at B), so
     its manifest says so; a load of the same config reuses them."""
@@ -183,15 +177,15 @@ def test_compiled_batched_models_are_kept_apart_and_reused(
 
 
 def test_batch_above_one_is_refused_on_the_0_10_generation(
-    neuronx_sdk_2_18: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx_sdk_2_18: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     with pytest.raises(UsageError) as error:
         load(batched_config(tiny_model_dirs, draft=True, slots=2))
     assert [(p.field, p.value) for p in error.value.problems] == [("target.batch_size", 2), ("draft.batch_size", 2)]
     problem = error.value.problems[0]
-    assert "transformers-neuronx 0.10.0.21 runs speculation at batch 1 only" in problem.rule
-    assert "speculation.py line 347" in problem.rule
-    assert problem.fix.startswith("set target.batch_size: 1, or install transformers-neuronx 0.13 (Neuron SDK 2.21+)")
+    assert "the installed transformers-neuronx 0.10.0.21, which behaves as 0.10 (SDK 2.18; 7a30b42)" in problem.rule
+    assert "no batch_sizes=, base.py:76 at 7a30b42" in problem.rule
+    assert problem.fix.startswith("set target.batch_size: 1, or install transformers-neuronx 0.11-0.12")
     assert neuronx_sdk_2_18.RUNTIME.calls() == []  # refused before any model was built
 
 
@@ -199,7 +193,7 @@ def test_batch_above_one_is_refused_on_the_0_10_generation(
 
 
 def test_rows_scored_together_equal_each_row_scored_alone(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     target, _ = load(batched_config(tiny_model_dirs))
     prompts = {0: prompt(6, seed=1), 1: prompt(9, seed=2), 3: prompt(3, seed=3)}
@@ -222,7 +216,7 @@ def test_rows_scored_together_equal_each_row_scored_alone(
 
 
 def test_the_cache_ids_start_ids_and_attention_each_row_gets_through_rejections(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     target, _ = load(batched_config(tiny_model_dirs, neuron={"self_test": False}))
     first, third = prompt(6, seed=1), prompt(4, seed=2)
@@ -278,7 +272,7 @@ def test_the_cache_ids_start_ids_and_attention_each_row_gets_through_rejections(
 
 
 def test_a_prompt_joining_between_steps_leaves_the_running_rows_alone(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     target, _ = load(batched_config(tiny_model_dirs, neuron={"self_test": False}))
     running = prompt(6, seed=1)
@@ -308,7 +302,7 @@ def test_a_prompt_joining_between_steps_leaves_the_running_rows_alone(
 
 
 def test_a_prompt_past_the_largest_context_bucket_is_finished_in_windows(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path]
 ) -> None:
     """n_positions 128: context buckets end at 64 (bucket.py), so a 70-token prompt is 64 + two windows."""
     target, _ = load(batched_config(tiny_model_dirs, neuron={"self_test": False}))
@@ -325,9 +319,7 @@ def test_a_prompt_past_the_largest_context_bucket_is_finished_in_windows(
     assert torch.allclose(logits, reference(tiny_model_dirs["target"], long.tolist(), range(69, 70))[0], atol=1e-5)
 
 
-def test_padding_past_the_last_position_lands_on_it(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None
-) -> None:
+def test_padding_past_the_last_position_lands_on_it(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
     """The last position is read only by the call that writes it (a window reads below its smallest cache id)."""
     target, _ = load(batched_config(tiny_model_dirs, neuron={"self_test": False}))
     long = torch.arange(126) % 90 + 3
@@ -358,7 +350,7 @@ BUDGETS = [14, 9, 17, 6, 11]
 
 @pytest.mark.parametrize(("drafter", "policy"), [("ngram", "fixed"), ("model", "fixed"), ("ngram", "cost")])
 def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], no_batch_rule: None, drafter: str, policy: str
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], drafter: str, policy: str
 ) -> None:
     """Cost: the whole batch speculates at k or takes one token, as the loop decides on compiled shapes."""
     greedy = SamplingConfig(temperature=0.0)

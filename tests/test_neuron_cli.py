@@ -125,7 +125,7 @@ def test_doctor_self_test_passes_and_catches_the_0623de2_capping(
     before, past = report["regions"]
     assert report["passed"] and before["argmax_agreement"] == past["argmax_agreement"] == 1.0
     assert past["name"] == "from slot 64" and past["positions"] >= 32 and past["mean_kl"] == 0.0
-    reimport_standin(monkeypatch, NEURONX_STANDIN_SNAPSHOT="0623de2")
+    reimport_standin(monkeypatch, NEURONX_STANDIN_COMMIT="0623de2")
     failed = CliRunner().invoke(main, ["doctor", "--self-test", str(config)])
     assert failed.exit_code != 0
     assert "FAILED" in failed.output and "differs" in failed.output  # the per-position table

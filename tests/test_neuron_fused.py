@@ -112,10 +112,11 @@ def test_the_older_library_is_refused_cleanly(neuronx_any: ModuleType, tiny_mode
     if neuronx_any.API != "sdk_2_18":
         pytest.skip("the 2.21 stand-in ships fused_speculation")
     config = fused_config(tiny_model_dirs)
-    with pytest.raises(RuntimeProblem) as caught:
+    with pytest.raises(UsageError) as caught:  # the batch rules, keyed by what the installed build does
         load_neuron_backends(config, plan_deployment(config))
     (problem,) = caught.value.problems
     assert problem.field == "speculation.engine" and "0.13" in problem.fix
+    assert "no FusedSpeculativeDecoder" in problem.rule and neuronx_any.RUNTIME.calls() == []
 
 
 @pytest.mark.parametrize(

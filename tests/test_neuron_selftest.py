@@ -140,13 +140,13 @@ def test_passes_on_the_correct_library_with_32_positions_past_64(
 def test_the_0623de2_cache_ids_capping_fails_the_load_with_the_fix(
     neuronx: ModuleType, tiny_model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    reimport_standin(monkeypatch, NEURONX_STANDIN_SNAPSHOT="0623de2")
+    reimport_standin(monkeypatch, NEURONX_STANDIN_COMMIT="0623de2")
     config = neuron_config(tiny_model_dirs["target"])
     with pytest.raises(RuntimeProblem) as caught:
         load_neuron_backends(config, plan_deployment(config))
     (problem,) = caught.value.problems
     assert problem.field == "neuron.self_test" and "from slot 64" in str(problem.value)
-    assert "0.13.322" in problem.rule and "before slot 64: 56 positions, argmax agreement 100%" in problem.rule
+    assert "0.10.0.360" in problem.rule and "before slot 64: 56 positions, argmax agreement 100%" in problem.rule
     assert "0623de2" in problem.fix and "pip install" in problem.fix
 
 
@@ -163,7 +163,7 @@ def test_no_room_for_a_window_is_a_warning_not_a_failure() -> None:
 def test_the_embedded_model_passes_on_the_correct_library_and_fails_on_0623de2(
     neuronx: ModuleType, use_embedded_cache: str, monkeypatch: pytest.MonkeyPatch, k: int, snapshot: str
 ) -> None:
-    reimport_standin(monkeypatch, NEURONX_STANDIN_SNAPSHOT=snapshot)
+    reimport_standin(monkeypatch, NEURONX_STANDIN_COMMIT=snapshot)
     config = neuron_config(Path(EMBEDDED_DEFAULT), speculation={"k": k})
     if not snapshot:
         target, _ = load_neuron_backends(config, plan_deployment(config))  # the self-test passes silently

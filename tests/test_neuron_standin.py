@@ -28,9 +28,10 @@ HOME = {
     "FusedSpeculativeDecoder": "transformers_neuronx.fused_speculation",
     "NeuronConfig": "transformers_neuronx.config",
     "GenerationConfig": "transformers_neuronx.config",
+    "ContinuousBatchingConfig": "transformers_neuronx.config",
 }
 
-pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, tiny_model_dirs
+pytest_plugins = ["neuron_fixtures"]  # fixtures: neuronx, neuronx_any, neuronx_commit, tiny_model_dirs
 
 
 def _as_json(func: object) -> list[dict[str, object]]:
@@ -54,9 +55,14 @@ def test_the_package_never_sees_the_standin_without_the_fixture() -> None:
     assert importlib.util.find_spec("transformers_neuronx") is None
 
 
-def test_signatures_match_the_real_library(neuronx_any: ModuleType) -> None:
-    expected = dict(SIGNATURES[neuronx_any.API])
-    if neuronx_any.API == "sdk_2_21":
+SIGNATURE_SETS = {"7a30b42": ["sdk_2_18"], "0623de2": ["0623de2"], "c8d6bdc": ["c8d6bdc"], "1ade6d7": ["sdk_2_21"]}
+
+
+def test_signatures_match_the_real_library(neuronx_commit: ModuleType) -> None:
+    expected = {
+        name: params for key in SIGNATURE_SETS[neuronx_commit.COMMIT] for name, params in SIGNATURES[key].items()
+    }
+    if neuronx_commit.COMMIT == "1ade6d7":
         expected.update(SIGNATURES["sdk_2_21_fused"])
     for qualified, params in expected.items():
         normalised = [

@@ -29,7 +29,7 @@ from neuron_ssp.topology import (
 )
 from neuron_ssp.topology.batch_plan import LARGEST_BATCH_SEARCHED
 from neuron_ssp.topology.batch_projection import BatchProjection, plan_batch_projection
-from neuron_ssp.topology.batch_rules import TNX_BATCHED, neuronx_generation_for_version
+from neuron_ssp.topology.batch_rules import TNX_DEFAULT, generation_for_version
 from neuron_ssp.topology.memory import gib
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, kv_rule_for_version
 from neuron_ssp.topology.projection import DEFAULT_ALPHA, Projection, head_step_ms, project
@@ -248,7 +248,7 @@ def _kv_rule(neuronx_version: str | None) -> str:
 
 
 def _generation(neuronx_version: str | None) -> str:
-    return neuronx_generation_for_version(neuronx_version) if neuronx_version else TNX_BATCHED
+    return generation_for_version(neuronx_version) if neuronx_version else TNX_DEFAULT
 
 
 def _validate_file(path: Path, neuronx_version: str | None) -> tuple[ValidationReport, ResolvedConfig | None]:

@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from neuron_ssp.backends.checkpoint import stop_id
-from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.config import Config, SamplingConfig
@@ -58,10 +57,8 @@ from neuron_ssp.engines.static_batch import (
     RowOutput,
     StaticBatchLoop,
     context_buckets,
-    loops_in_batches,
     pad_id,
     padded_batch,
-    raise_unbatched,
     require_one_context,
     require_right_padding,
 )
@@ -91,14 +88,8 @@ class FusedEngine:
     @classmethod
     def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
         fused, _ = load_fused_modules()
-        batch_size = config.target.batch_size
+        batch_size = config.target.batch_size  # one the installed build's decoder takes: its loader checked
         if batch_size > 1:
-            raise_unbatched(
-                config,
-                load_neuronx().version,
-                loops_in_batches(fused.FusedSpeculativeDecoder.sample),
-                "FusedSpeculativeDecoder.sample",
-            )
             require_right_padding({"target": target.model, "draft": draft.model})
         warn_about_device_sampling(config.sampling)
         model_dir = resolve_model_path(config.target.path, "target.path")

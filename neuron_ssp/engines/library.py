@@ -62,10 +62,8 @@ from neuron_ssp.engines.static_batch import (
     RowOutput,
     StaticBatchLoop,
     context_buckets,
-    loops_in_batches,
     pad_id,
     padded_batch,
-    raise_unbatched,
     require_one_context,
     require_right_padding,
 )
@@ -154,14 +152,7 @@ class LibraryEngine:
         if problems:
             raise UsageError(problems)
         api = load_neuronx()
-        batch_size = config.target.batch_size
-        if batch_size > 1:
-            raise_unbatched(
-                config,
-                api.version,
-                loops_in_batches(api.speculation.SpeculativeGenerator.sample),
-                "SpeculativeGenerator.sample",
-            )
+        batch_size = config.target.batch_size  # one the installed build's loop takes: its loader checked
         if config.sampling.temperature > 0:
             tail = (
                 f"; transformers-neuronx {api.version} (0.10-0.11 API) also finishes the last <= k tokens "

@@ -15,14 +15,12 @@ time with their origin (accepted draft tokens, then the target's own).
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from neuron_ssp.config import Config
 from neuron_ssp.engines.base import GenerationResult
 from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -236,43 +234,6 @@ def pad_id(model: Any, stop: int | None) -> int:
     """The id a loop pads with: the model config's pad token, else the stop id, else 0."""
     pad = getattr(getattr(model, "config", None), "pad_token_id", None)
     return pad if isinstance(pad, int) else (stop if stop is not None else 0)
-
-
-def loops_in_batches(sample: Any) -> bool:
-    """Whether this build's loop takes batch > 1: 1ade6d7's `sample` takes the attention_mask it needs for it
-    (speculation.py:684, :722-725; fused_speculation.py:508, :555-558); 7a30b42 and c8d6bdc have none and raise
-    for batch > 1 (speculation.py:346-347). Read from the signature, as backends/neuron/api.py reads the rest."""
-    return "attention_mask" in inspect.signature(sample).parameters
-
-
-def raise_unbatched(config: Config, version: str, batches: bool, loop: str) -> None:
-    """A UsageError for target.batch_size > 1 where the library's loop runs batch 1 only, and for a draft compiled
-    for another batch (one call runs both models over the same rows)."""
-    problems = []
-    batch_size = config.target.batch_size
-    if not batches:
-        problems.append(
-            Problem(
-                "target.batch_size",
-                batch_size,
-                f"engine {config.speculation.engine} runs transformers-neuronx's own loop, and {loop} of {version} "
-                "takes batch 1 only (no attention_mask; 7a30b42 speculation.py:346-347 raises NotImplementedError for "
-                "batch > 1); batched speculation needs the attention_mask of 0.13 (Neuron SDK 2.21+)",
-                "set target.batch_size: 1, or install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25), or use "
-                "speculation.engine: native",
-            )
-        )
-    if config.draft is not None and config.draft.batch_size != batch_size:
-        problems.append(
-            Problem(
-                "draft.batch_size",
-                config.draft.batch_size,
-                f"one library call runs the draft over the same rows as the target (batch {batch_size})",
-                f"set draft.batch_size: {batch_size}",
-            )
-        )
-    if problems:
-        raise UsageError(problems)
 
 
 def require_right_padding(models: dict[str, Any]) -> None:

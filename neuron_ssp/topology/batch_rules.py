@@ -1,12 +1,16 @@
 """Batch > 1 on Neuron: which library, engine and library generation can run speculation on many sequences at once,
 let rows join and leave a running batch (continuous batching), and sample (or only decode greedily).
 
-One table, each cell with the source it was read from; `validate` refuses what a row says no to, naming that source,
-and docs/neuron.md prints the same table (tests/test_batch_rules.py holds the two together). The libraries'
-generations: transformers-neuronx 0.10-0.12 (Neuron SDK 2.18-2.20, the public source at 7a30b42 and c8d6bdc) has no
-batched speculation; 0.13 (SDK 2.21-2.25, 1ade6d7) has it. NxD Inference is pinned per instance family
-(nxdi_releases.py: 0.8 on trn1/inf2, 0.10 on trn2) and was read at 0.9.0 (4bcdc54b, ../shared/vendor); the
-pinned releases are taken to behave alike, which only hardware can confirm.
+One table, each cell with the source it was read from; `validate` and the loader refuse what a row says no to, naming
+that source, and docs/neuron.md prints the same table (tests/test_batch_rules.py holds the two together). A
+transformers-neuronx generation is a public commit whose source was read: 7a30b42 (0.10), 0623de2 (0.10 with
+`enable_speculative_decoder(batch_sizes=)`), c8d6bdc (0.11; 0.12 has no public source and is taken to behave as 0.11,
+which 0.13 still does where our loop is concerned) and 1ade6d7 (0.13). `validate` knows a build by its version
+(`generation_for_version`); the loader by what it does (`generation_for_build`, from the behaviours
+backends/neuron/probe.py detects), so a 0.10 build with `batch_sizes=` is told from 7a30b42 and from 0.11 by what its
+preprocessing does to a window. NxD Inference is pinned per instance family (nxdi_releases.py: 0.8 on trn1/inf2, 0.10
+on trn2) and was read at 0.9.0 (4bcdc54b, ../shared/vendor); the pinned releases are taken to behave alike, which
+only hardware can confirm.
 """
 
 from __future__ import annotations
@@ -19,23 +23,29 @@ from neuron_ssp.errors import Problem
 from neuron_ssp.topology.report import ValidationReport
 
 TNX, NXDI, VLLM = "transformers-neuronx", "nxdi", "vllm-neuron"
-# transformers-neuronx generations, named as backends/neuron/api.py names them (NeuronxApi.generation), so the
-# loader can pass the installed one
-TNX_UNBATCHED = "sdk_2_18"
-TNX_BATCHED = "sdk_2_21"
+TNX_0_10 = "tnx-7a30b42"
+TNX_0_10_BATCH_SIZES = "tnx-0623de2"
+TNX_0_11 = "tnx-c8d6bdc"
+TNX_0_13 = "tnx-1ade6d7"
+TNX_DEFAULT = TNX_0_13  # what validate plans for without a version: the SDK 2.25 DLAMI installs 0.13
 NXDI_PINNED = "nxdi_0_8_to_0_10"
 VLLM_PINNED = "vllm_neuron_0_24"
-GENERATIONS = {
-    TNX_UNBATCHED: "0.10-0.12 (SDK 2.18-2.20)",
-    TNX_BATCHED: "0.13 (SDK 2.21-2.25)",
+GENERATIONS = {  # oldest first
+    TNX_0_10: "0.10 (SDK 2.18; 7a30b42)",
+    TNX_0_10_BATCH_SIZES: "0.10 with batch_sizes= (SDK 2.18; 0623de2)",
+    TNX_0_11: "0.11-0.12 (SDK 2.19-2.20; c8d6bdc)",
+    TNX_0_13: "0.13 (SDK 2.21-2.25; 1ade6d7)",
     NXDI_PINNED: "0.8-0.10 (SDK 2.28-2.31)",
     VLLM_PINNED: "0.24.0.1.1.0 (SDK 2.32)",
 }
-BATCHED_TNX_INSTALL = "install transformers-neuronx 0.13 (Neuron SDK 2.21-2.25; the SDK 2.25 DLAMI has it)"
+TNX_INSTALL = "pip install 'transformers-neuronx>=0.13,<0.14' (Neuron SDK 2.21-2.25; the SDK 2.25 DLAMI has it)"
 
 _HOST_ACCEPTOR = "our acceptor on the host, per row (engines/batch.py)"
 _LIBRARY_ACCEPTOR = "our acceptor, plugged into SpeculativeGenerator and called one row at a time (engines/library.py)"
-_TNX_BATCH_RAISES = "SpeculativeGenerator raises for batch > 1 (speculation.py:345-347 at 7a30b42, same at c8d6bdc)"
+_TNX_BATCH_RAISES = (
+    "SpeculativeGenerator raises for batch > 1 (speculation.py:346-347, the same file at 7a30b42, 0623de2 and c8d6bdc)"
+)
+_TNX_LAST_TOKENS_GREEDY = "the last <= k tokens greedy (target.sample(top_k=1), speculation.py:436 at 7a30b42)"
 NXDI_FUSED_SAMPLING = (
     "with do_sample the target's on-device sampler takes only logits[:, -1, :], the window's last position, "
     "whether or not continuous batching is on (model_base.py:1162-1183 at 4bcdc54b, a FIXME there)"
@@ -43,6 +53,13 @@ NXDI_FUSED_SAMPLING = (
 _TNX_SPEC_BATCHED = (
     "2-D cache_ids, start_ids as sequence ids, attention_mask required (speculation.py:718-730 at "
     "1ade6d7); a speculation network per (k, batch size) (base.py:129-132)"
+)
+_OUR_LOOP_BATCHED = (
+    "continuous batching's window branch keeps each row's cache ids (padded to the speculation bucket with "
+    "max(context_buckets) - 1: base.py:355-378, :285-288, :310-312 at c8d6bdc, base.py:539-562, :369-373, :467-471 at "
+    "1ade6d7), a speculation network per (k, batch size) (enable_speculative_decoder(batch_sizes=), base.py:77-87 at "
+    "c8d6bdc), prompts encoded at batch 1 (llama/model.py:65), speculative_forward preprocessed under continuous "
+    "batching (:180-182)"
 )
 
 
@@ -77,35 +94,67 @@ class BatchRule:
         ]
 
 
-BATCH_RULES: tuple[BatchRule, ...] = (
-    BatchRule(
-        TNX,
-        "native",
-        TNX_UNBATCHED,
-        False,
-        f"batched speculative inputs (2-D cache_ids, sequence ids) arrive with 0.13; {_TNX_BATCH_RAISES}",
-        False,
-        "batch 1",
-        True,
-        _HOST_ACCEPTOR,
-    ),
-    BatchRule(
+def _unbatched_library_loop(generation: str) -> BatchRule:
+    """engine library where SpeculativeGenerator is still the 0.10 file (7a30b42, 0623de2, c8d6bdc)."""
+    return BatchRule(
         TNX,
         "library",
-        TNX_UNBATCHED,
+        generation,
         False,
         _TNX_BATCH_RAISES,
         False,
         "batch 1",
         True,
-        f"{_LIBRARY_ACCEPTOR}; the last <= k tokens greedy (target.sample(top_k=1), speculation.py:436 at 7a30b42)",
-    ),
+        f"{_LIBRARY_ACCEPTOR}; {_TNX_LAST_TOKENS_GREEDY}",
+    )
+
+
+BATCH_RULES: tuple[BatchRule, ...] = (
     BatchRule(
         TNX,
         "native",
-        TNX_BATCHED,
+        TNX_0_10,
+        False,
+        "enable_speculative_decoder compiles each k for one batch size (no batch_sizes=, base.py:76 at 7a30b42) and "
+        "continuous batching has no window branch (base.py:278-307: a window is padded as one token and fails)",
+        False,
+        "batch 1",
         True,
-        f"one speculative_forward for all rows: {_TNX_SPEC_BATCHED}",
+        _HOST_ACCEPTOR,
+    ),
+    _unbatched_library_loop(TNX_0_10),
+    BatchRule(
+        TNX,
+        "native",
+        TNX_0_10_BATCH_SIZES,
+        False,
+        "its preprocessing rewrites a 2-D window's cache ids to arange(context bucket) (_pad_cache_ids, "
+        "base.py:291-295 at 0623de2): every row's window is written over positions 0..k-1 of its cache, with no error",
+        False,
+        "batch 1",
+        True,
+        _HOST_ACCEPTOR,
+    ),
+    _unbatched_library_loop(TNX_0_10_BATCH_SIZES),
+    BatchRule(
+        TNX,
+        "native",
+        TNX_0_11,
+        True,
+        f"one speculative_forward for all rows: {_OUR_LOOP_BATCHED}",
+        True,
+        "rows padded to the compiled batch by sequence id; the window branch takes only a compiled batch size "
+        "(base.py:364-366 at c8d6bdc)",
+        True,
+        _HOST_ACCEPTOR,
+    ),
+    _unbatched_library_loop(TNX_0_11),
+    BatchRule(
+        TNX,
+        "native",
+        TNX_0_13,
+        True,
+        f"one speculative_forward for all rows: {_OUR_LOOP_BATCHED}",
         True,
         "rows padded to the compiled batch by sequence id; the speculative branch of continuous batching "
         "takes only a compiled batch size (base.py:539-562 at 1ade6d7)",
@@ -115,7 +164,7 @@ BATCH_RULES: tuple[BatchRule, ...] = (
     BatchRule(
         TNX,
         "library",
-        TNX_BATCHED,
+        TNX_0_13,
         True,
         f"SpeculativeGenerator.sample: {_TNX_SPEC_BATCHED}",
         False,
@@ -128,7 +177,7 @@ BATCH_RULES: tuple[BatchRule, ...] = (
     BatchRule(
         TNX,
         "fused",
-        TNX_BATCHED,
+        TNX_0_13,
         True,
         "FusedSpeculativeDecoder.sample: attention_mask required, 2-D cache_ids "
         "(fused_speculation.py:555-560 at 1ade6d7); a graph per (batch size, bucket) (:464-470)",
@@ -190,22 +239,56 @@ def rule_for(library: str, engine: str, generation: str) -> BatchRule | None:
     return next((r for r in BATCH_RULES if (r.library, r.engine, r.generation) == (library, engine, generation)), None)
 
 
-def generation_of(library: str, neuronx_generation: str = TNX_BATCHED) -> str:
-    """The generation whose rules apply: NxD Inference and vllm-neuron have one (pinned), transformers-neuronx two."""
+def generation_of(library: str, neuronx_generation: str = TNX_DEFAULT) -> str:
+    """The generation whose rules apply: NxD Inference and vllm-neuron have one (pinned), transformers-neuronx four."""
     return {NXDI: NXDI_PINNED, VLLM: VLLM_PINNED}.get(library, neuronx_generation)
 
 
-def neuronx_generation_for_version(version: str) -> str:
-    """'0.13.322' -> TNX_BATCHED; 0.10-0.12 -> TNX_UNBATCHED (the batched loop arrived with 0.13 at 1ade6d7)."""
+def generation_for_version(version: str) -> str:
+    """What `validate` plans for, given a version alone: '0.13.322' -> 1ade6d7's rules; 0.11 and 0.12 -> c8d6bdc's;
+    0.10 and anything unreadable -> 7a30b42's (a 0.10 build with batch_sizes= is refused batch > 1 all the same)."""
     match = re.match(r"(\d+)\.(\d+)", version)
-    batched = match is not None and (int(match[1]), int(match[2])) >= (0, 13)
-    return TNX_BATCHED if batched else TNX_UNBATCHED
+    minor = (int(match[1]), int(match[2])) if match else (0, 0)
+    if minor >= (0, 13):
+        return TNX_0_13
+    return TNX_0_11 if minor >= (0, 11) else TNX_0_10
+
+
+@dataclass(frozen=True)
+class NeuronxBehaviour:
+    """What an installed transformers-neuronx does, as the loader detects it (backends/neuron/api.py, probe.py)."""
+
+    version: str
+    batch_sizes: bool  # enable_speculative_decoder(k, batch_sizes=): a speculation network per (k, batch)
+    continuous_batching: bool  # config.ContinuousBatchingConfig
+    window_kept: str | None  # None: a 2-D window and a one-token step keep their cache ids; else what came back
+    loop_takes_attention_mask: bool  # SpeculativeGenerator.sample(attention_mask=): its batched loop
+
+    @property
+    def generation(self) -> str:
+        """The public commit this build behaves as, for everything the table decides."""
+        if not (self.batch_sizes and self.continuous_batching):
+            return TNX_0_10
+        if self.window_kept is not None:
+            return TNX_0_10_BATCH_SIZES
+        return TNX_0_13 if self.loop_takes_attention_mask else TNX_0_11
+
+    def describe(self) -> str:
+        """The installed build in the words of a refusal."""
+        seen = f"; its window came back as {self.window_kept}" if self.window_kept and self.batch_sizes else ""
+        behaves = GENERATIONS[self.generation]
+        return f"the installed transformers-neuronx {self.version}, which behaves as {behaves}{seen}"
 
 
 def check_batch(
-    config: Config, models: dict[str, ModelConfig], report: ValidationReport, neuronx_generation: str = TNX_BATCHED
+    config: Config,
+    models: dict[str, ModelConfig],
+    report: ValidationReport,
+    neuronx_generation: str = TNX_DEFAULT,
+    installed: str | None = None,
 ) -> None:
-    """Every batch, continuous-batching and sampling problem of a Neuron config against its row of the table."""
+    """Every batch, continuous-batching and sampling problem of a Neuron config against its row of the table.
+    `installed`: the loader's words for the build it found (NeuronxBehaviour.describe), which its refusals name."""
     library, engine = config.neuron.library, config.speculation.engine
     generation = generation_of(library, neuronx_generation)
     rule = rule_for(library, engine, generation)
@@ -215,14 +298,14 @@ def check_batch(
                 Problem(
                     "speculation.engine",
                     engine,
-                    f"transformers-neuronx {GENERATIONS[generation]} has no FusedSpeculativeDecoder "
+                    f"{installed or 'transformers-neuronx ' + GENERATIONS[generation]} has no FusedSpeculativeDecoder "
                     "(fused_speculation.py first ships at 1ade6d7, 0.13)",
-                    f"{BATCHED_TNX_INSTALL}, or use speculation.engine: native",
+                    f"{TNX_INSTALL}, or use speculation.engine: native",
                 )
             )
         return  # engine library on NxDI is refused by engine_rules
     batch = models["target"].batch_size
-    report.errors.extend(_batch_problems(rule, models))
+    report.errors.extend(_batch_problems(rule, models, installed))
     draft = models.get("draft")
     if rule.batch and draft is not None and draft.batch_size != batch:
         report.errors.append(
@@ -238,21 +321,21 @@ def check_batch(
             Problem(
                 "sampling.temperature",
                 config.sampling.temperature,
-                f"{_named(rule)} decodes greedily only: {rule.sampling_source}",
+                f"{_named(rule, installed)} decodes greedily only: {rule.sampling_source}",
                 f"set sampling.temperature: 0{_alternatives(rule, 'sampling')}",
             )
         )
     _check_serve_batch(config, rule, batch, report)
 
 
-def _batch_problems(rule: BatchRule, models: dict[str, ModelConfig]) -> list[Problem]:
+def _batch_problems(rule: BatchRule, models: dict[str, ModelConfig], installed: str | None) -> list[Problem]:
     if rule.batch:
         return []
     return [
         Problem(
             f"{role}.batch_size",
             model.batch_size,
-            f"{_named(rule)} runs one sequence at a time: {rule.batch_source}",
+            f"{_named(rule, installed)} runs one sequence at a time: {rule.batch_source}",
             f"set {role}.batch_size: 1{_alternatives(rule, 'batch')}",
         )
         for role, model in models.items()
@@ -294,13 +377,13 @@ def _check_serve_batch(config: Config, rule: BatchRule, batch: int, report: Vali
         )
 
 
-def _named(rule: BatchRule) -> str:
+def _named(rule: BatchRule, installed: str | None = None) -> str:
     library = {NXDI: "NxD Inference", VLLM: "vllm-neuron"}.get(rule.library, "transformers-neuronx")
-    return f"engine {rule.engine} on {library} {GENERATIONS[rule.generation]}"
+    return f"engine {rule.engine} on {installed or library + ' ' + GENERATIONS[rule.generation]}"
 
 
 def _alternatives(rule: BatchRule, flag: str) -> str:
-    """', or ...': the other engines of this generation, or the newer generation, that have `flag`."""
+    """', or ...': the other engines of this generation that have `flag`, or the first newer generation that has it."""
     engines = [
         r.engine
         for r in BATCH_RULES
@@ -310,12 +393,17 @@ def _alternatives(rule: BatchRule, flag: str) -> str:
     options = [
         f"speculation.engine: {e}" + (" (greedy only)" if e in greedy and flag != "sampling" else "") for e in engines
     ]
-    newer = any(
-        (r.library, r.engine) == (rule.library, rule.engine) and r.generation != rule.generation and getattr(r, flag)
+    order = list(GENERATIONS)
+    newer = [
+        r.generation
         for r in BATCH_RULES
-    )
+        if (r.library, r.engine) == (rule.library, rule.engine)
+        and order.index(r.generation) > order.index(rule.generation)
+        and getattr(r, flag)
+    ]
     if newer and rule.library == TNX:
-        options.append(BATCHED_TNX_INSTALL)
+        first = GENERATIONS[min(newer, key=order.index)]
+        options.append(f"install transformers-neuronx {first} or later: {TNX_INSTALL}")
     return "".join(f", or {option}" for option in options)
 
 

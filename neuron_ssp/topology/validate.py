@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.errors import UsageError
-from neuron_ssp.topology.batch_rules import TNX_BATCHED, check_batch
+from neuron_ssp.topology.batch_rules import TNX_DEFAULT, check_batch
 from neuron_ssp.topology.drafter_rules import check_drafter
 from neuron_ssp.topology.engine_rules import check_engine
 from neuron_ssp.topology.fitting import Placed
@@ -34,11 +34,13 @@ def validate_config(
     config: Config,
     kv_rule: str = KV_PADDING,
     windows: Sequence[int] | None = None,
-    neuronx_generation: str = TNX_BATCHED,
+    neuronx_generation: str = TNX_DEFAULT,
+    neuronx_installed: str | None = None,
 ) -> ValidationReport:
     """All errors and warnings of `config`, plus the load order its placement implies, for the
-    transformers-neuronx version's `kv_rule` and API generation (batch_rules: 0.13's batched loops by default, what
-    the SDK 2.25 DLAMI installs) and a target compiled for `windows` (default: speculation.k)."""
+    transformers-neuronx version's `kv_rule` and generation (batch_rules: 0.13 by default, what the SDK 2.25 DLAMI
+    installs; the loader passes the generation the installed build behaves as, and `neuronx_installed`, its words
+    for that build) and a target compiled for `windows` (default: speculation.k)."""
     report = ValidationReport()
     models = loaded_models(config)
     on_neuron = config.platform.backend == "neuron"
@@ -61,6 +63,7 @@ def validate_config(
             kv_rule,
             tuple(windows or (config.speculation.k,)),
             neuronx_generation,
+            neuronx_installed,
         )
     return report
 
@@ -73,8 +76,9 @@ def _check_neuron(
     kv_rule: str,
     windows: tuple[int, ...],
     neuronx_generation: str,
+    neuronx_installed: str | None,
 ) -> None:
-    check_batch(config, models, report, neuronx_generation)
+    check_batch(config, models, report, neuronx_generation, neuronx_installed)
     check_vllm_neuron(config, models, report)
     report.errors.extend(nxdi_head_problems(config))
     instance = check_instance(config.platform.instance_type, report, config.neuron.library)

@@ -1,25 +1,24 @@
-"""Import transformers-neuronx, tell which API generation it is, and drive it only through what we checked.
+"""Import transformers-neuronx, tell what the installed build does, and drive it only through what we checked.
 
-Two generations are in the field (see tests/standin/neuronx_signatures.json):
-- `enable_speculative_decoder(k)` gained `batch_sizes=` after SDK 2.18 (source of April 2024);
-- the speculative loop passes batched acceptor shapes `(bs, k-1[, V])` and expects a zero-padded
-  `(bs, k)` result from SDK 2.21 (0.13) on; before, unbatched scores and the accepted tokens only.
-We detect both from signatures, not version strings (pip builds carry numbers like 0.13.322).
-`enable_speculative_decoder` takes a list of k in both (`Optional[Union[List[int], int]]` in base.py
+Builds differ in what matters to us, and a build is known by what it does, not by one keyword (tests/standin ports
+each public commit: 7a30b42 = 0.10, 0623de2 = 0.10 with `batch_sizes=`, c8d6bdc = 0.11, 1ade6d7 = 0.13):
+- `enable_speculative_decoder(k, batch_sizes=)`: a speculation network per (k, batch size), from 0623de2 on
+  (base.py:76-87 there; 7a30b42 compiles each k for one batch, line 76);
+- whether its preprocessing keeps a batched call's cache ids (probe.py: 0623de2 rewrites a 2-D window's to
+  arange(bucket), base.py:291-295; c8d6bdc and 1ade6d7 keep them), run on the host at import;
+- whether `SpeculativeGenerator.sample` takes the `attention_mask` of its batched loop and passes batched acceptor
+  shapes `(bs, k-1[, V])`, expecting a zero-padded `(bs, k)` result (SDK 2.21, 0.13, 1ade6d7 speculation.py:677-867);
+  before, unbatched scores and the accepted tokens only.
+topology/batch_rules.py turns those behaviours into the generation whose rules apply (`NeuronxBehaviour`), and the
+loader validates the config against it: the same table `validate` uses with a version alone.
+`enable_speculative_decoder` takes a list of k in every generation (`Optional[Union[List[int], int]]` in base.py
 at 7a30b42 and 1ade6d7), so one model holds every window; a build whose signature does not say so
-gets one model per k. `fused_speculation.FusedSpeculativeDecoder` exists only in the later generation
-(1ade6d7) and is looked up separately (`engine: fused`).
+gets one model per k. `fused_speculation.FusedSpeculativeDecoder` exists only in 1ade6d7 of the public commits and
+is looked up separately (`engine: fused`).
 
 `LlamaForSampling` swallows unknown keyword arguments without a word, so a misspelt or renamed option
 would silently compile the wrong model: we pass an explicit allow-list and check that the installed
 class declares every name in it.
-
-Batch > 1 in our loop needs a speculation network compiled for the batch (`enable_speculative_decoder(k,
-batch_sizes=B)`, base.py line 122 at 1ade6d7) and continuous batching (`ContinuousBatchingConfig`: each
-sequence prefilled into its own cache slot). 0.10 (7a30b42) compiles its speculation networks for k alone
-(base.py line 76), has no speculative branch in `_prepare_for_continuous_batching` (lines 278-307: a window
-there is padded as one token) and its own loop refuses batch > 1 (speculation.py line 347): such a build
-runs batch 1 only, told apart by `batch_sizes=` being absent, as above.
 """
 
 from __future__ import annotations
@@ -34,13 +33,14 @@ from types import ModuleType
 from typing import Any
 
 from neuron_ssp.backends.imports import import_library
+from neuron_ssp.backends.neuron.probe import window_kept
 from neuron_ssp.config import ModelConfig
 from neuron_ssp.errors import Problem, RuntimeProblem
+from neuron_ssp.topology.batch_rules import NeuronxBehaviour
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_REPLICATED_TO_HEADS
 
 SUPPORTED = "transformers-neuronx 0.10.x to 0.13.x (Neuron SDK 2.18 to 2.25)"
 SUPPORTED_MINORS = range(10, 14)
-BATCHED = "transformers-neuronx 0.13 (Neuron SDK 2.21+)"
 NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 INSTALL = (
     f"on a Neuron DLAMI: source /opt/aws_neuronx_venv_pytorch_2_7_transformers/bin/activate; elsewhere: "
@@ -61,7 +61,7 @@ REQUIRED_METHODS = (
 
 @dataclass(frozen=True)
 class NeuronxApi:
-    """The installed transformers-neuronx, and the two facts in which its generations differ."""
+    """The installed transformers-neuronx, and what it does where its builds differ."""
 
     version: str
     llama_class: type
@@ -73,15 +73,23 @@ class NeuronxApi:
     neuron_config_class: type | None = None  # transformers_neuronx.config.NeuronConfig
     worker_count_in_config: bool = False  # NeuronConfig(compilation_worker_count=) (1ade6d7 config.py line 239)
     continuous_batching_class: type | None = None  # transformers_neuronx.config.ContinuousBatchingConfig
+    window_kept: str | None = "not checked"  # probe.window_kept: None when a batched call keeps its cache ids
+    loop_takes_attention_mask: bool = False  # SpeculativeGenerator.sample(attention_mask=): its batched loop
 
     @property
-    def batches_speculation(self) -> bool:
-        """Speculation networks per (k, batch) and continuous batching: what our loop needs at batch > 1."""
-        return self.speculation_takes_batch_sizes and self.continuous_batching_class is not None
+    def behaviour(self) -> NeuronxBehaviour:
+        """What the batch rules key on (topology/batch_rules.py)."""
+        return NeuronxBehaviour(
+            self.version,
+            self.speculation_takes_batch_sizes,
+            self.continuous_batching_class is not None,
+            self.window_kept,
+            self.loop_takes_attention_mask,
+        )
 
     @property
     def generation(self) -> str:
-        return "sdk_2_21" if self.batched_acceptor else "sdk_2_18"
+        return self.behaviour.generation
 
     def constructor_kwargs(self, model: ModelConfig) -> dict[str, Any]:
         """from_pretrained arguments: the allow-list, nothing else. Identical for compile and load."""
@@ -98,27 +106,13 @@ class NeuronxApi:
         `target.sample(..., top_k=1)`, i.e. greedy whatever the acceptor does."""
         return not self.batched_acceptor
 
-    def batch_problem(self, role: str, batch_size: int) -> Problem | None:
-        """Why this build cannot run `role` at `batch_size`, if it cannot."""
-        if batch_size == 1 or self.batches_speculation:
-            return None
-        return Problem(
-            f"{role}.batch_size",
-            batch_size,
-            f"transformers-neuronx {self.version} runs speculation at batch 1 only: its enable_speculative_decoder "
-            "compiles each k for one batch size (no batch_sizes=, 7a30b42 base.py line 76) and its own loop "
-            "refuses batch > 1 (speculation.py line 347)",
-            f"set {role}.batch_size: 1, or install {BATCHED}: pip install 'transformers-neuronx>=0.13,<0.14' "
-            f"--extra-index-url={NEURON_INDEX}",
-        )
-
     def continuous_batching_options(self, batch_size: int) -> dict[str, Any]:
         """NeuronConfig keywords for a KV cache of `batch_size` sequences, each prefilled into its own slot (none
         at batch 1). `batch_size_for_shared_caches` is the name both generations take (1ade6d7 config.py line
         79, 7a30b42 line 52); NeuronConfig refuses unknown keywords (1ade6d7 config.py line 315)."""
         if batch_size == 1:
             return {}
-        assert self.continuous_batching_class is not None, "batch_problem refuses this build first"
+        assert self.continuous_batching_class is not None, "the batch rules refuse this build first"
         return {"continuous_batching": self.continuous_batching_class(batch_size_for_shared_caches=batch_size)}
 
     def static_batch_options(self, batch_size: int) -> dict[str, Any]:
@@ -130,7 +124,7 @@ class NeuronxApi:
         int64 tokens (speculation.py:356), which its continuous-batching scatter refuses (base.py:585)."""
         if batch_size == 1:
             return {}
-        assert self.neuron_config_class is not None, "batch_problem refuses a build without NeuronConfig first"
+        assert self.neuron_config_class is not None, "the batch rules refuse a build without NeuronConfig first"
         return {"padding_side": "right"}
 
     def enable_speculation(self, model: Any, ks: list[int], batch_size: int = 1) -> None:
@@ -190,18 +184,25 @@ def load_neuronx() -> NeuronxApi:
     _warn_if_unknown_version(version)
     config_module = _optional_module("transformers_neuronx.config")
     neuron_config_class = getattr(config_module, "NeuronConfig", None)
+    continuous_batching_class = getattr(config_module, "ContinuousBatchingConfig", None)
+    takes_batch_sizes = "batch_sizes" in _parameters(llama_class.enable_speculative_decoder)
+    sample = _parameters(speculation.SpeculativeGenerator.sample)
     return NeuronxApi(
         version=version,
         llama_class=llama_class,
         speculation=speculation,
-        speculation_takes_batch_sizes="batch_sizes" in _parameters(llama_class.enable_speculative_decoder),
-        batched_acceptor="pad_token_id" in _parameters(speculation.SpeculativeGenerator.sample),
+        speculation_takes_batch_sizes=takes_batch_sizes,
+        batched_acceptor="pad_token_id" in sample,
         speculation_takes_k_list=takes_k_list(llama_class.enable_speculative_decoder),
         kv_rule=installed_kv_rule(),
         neuron_config_class=neuron_config_class,
         worker_count_in_config=neuron_config_class is not None
         and "compilation_worker_count" in _parameters(neuron_config_class.__init__),
-        continuous_batching_class=getattr(config_module, "ContinuousBatchingConfig", None),
+        continuous_batching_class=continuous_batching_class,
+        window_kept=window_kept(llama_class, neuron_config_class, continuous_batching_class)
+        if takes_batch_sizes and neuron_config_class and continuous_batching_class
+        else "not checked: this build compiles no speculation network per batch size",
+        loop_takes_attention_mask="attention_mask" in sample,
     )
 
 

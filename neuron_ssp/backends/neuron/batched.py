@@ -113,22 +113,7 @@ class BatchedNeuronBackend(NeuronBackend):
     def _call(self, parts: dict[int, tuple[int, torch.Tensor]], width: int) -> list[torch.Tensor]:
         """One call of `width` over every slot: `parts` maps a slot to (start, its tokens); returns each slot's
         logits (width, vocab)."""
-        input_ids = torch.full((self.slots, width), PAD_TOKEN, dtype=torch.int64)
-        cache_ids = torch.empty((self.slots, width), dtype=torch.int64)
-        for slot in range(self.slots):
-            if slot in parts:
-                start, tokens = parts[slot]
-                if width > 1 and start == 0:
-                    raise ValueError(
-                        f"slot {slot}: a window at position 0 would be taken for a context encoding; "
-                        "prefill_slot encodes a prompt"
-                    )
-                input_ids[slot, : tokens.shape[0]] = tokens
-                input_ids[slot, tokens.shape[0] :] = tokens[-1]
-            else:
-                start = max(self._end[slot], 1) if width > 1 else self._end[slot]
-            cache_ids[slot] = torch.arange(start, start + width).clamp(max=self.n_positions - 1)
-        seq_ids = torch.arange(self.slots, dtype=torch.int32)
+        input_ids, cache_ids, seq_ids = call_inputs(parts, self._end, width, self.n_positions)
         if width == 1:
             logits = self.model.forward(input_ids, cache_ids=cache_ids, start_ids=seq_ids)  # (B, vocab)
             return [row[: self.vocab_size].float().view(1, -1) for row in logits]
@@ -136,3 +121,28 @@ class BatchedNeuronBackend(NeuronBackend):
             input_ids, cache_ids=cache_ids, start_ids=seq_ids, speculation_length=width
         )  # (k, vocab, B)
         return [logits[:, : self.vocab_size, slot].float() for slot in range(self.slots)]
+
+
+def call_inputs(
+    parts: dict[int, tuple[int, torch.Tensor]], ends: list[int], width: int, n_positions: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, cache_ids, start_ids) of one call of `width` over every slot (`ends`: one past each slot's last
+    written position): `parts` maps a slot to (start, its tokens), the other slots are padded (module docstring).
+    What the loader's probe (probe.py) hands the installed library's preprocessing is exactly this."""
+    slots = len(ends)
+    input_ids = torch.full((slots, width), PAD_TOKEN, dtype=torch.int64)
+    cache_ids = torch.empty((slots, width), dtype=torch.int64)
+    for slot in range(slots):
+        if slot in parts:
+            start, tokens = parts[slot]
+            if width > 1 and start == 0:
+                raise ValueError(
+                    f"slot {slot}: a window at position 0 would be taken for a context encoding; "
+                    "prefill_slot encodes a prompt"
+                )
+            input_ids[slot, : tokens.shape[0]] = tokens
+            input_ids[slot, tokens.shape[0] :] = tokens[-1]
+        else:
+            start = max(ends[slot], 1) if width > 1 else ends[slot]
+        cache_ids[slot] = torch.arange(start, start + width).clamp(max=n_positions - 1)
+    return input_ids, cache_ids, torch.arange(slots, dtype=torch.int32)

@@ -1,13 +1,15 @@
 """Load the draft and the speculation-enabled target onto NeuronCores through transformers-neuronx.
 
-Order matters on Neuron, so it is spelt out here: validate (a bad placement would otherwise fail
-minutes into a load), set `NEURON_RT_VISIBLE_CORES` and the compile cache before the runtime starts,
+Order matters on Neuron, so it is spelt out here: import the library and validate for the build it is (a bad
+placement would otherwise fail minutes into a load), set `NEURON_RT_VISIBLE_CORES` and the compile cache before the
+runtime starts,
 then per model in the plan's load order: `from_pretrained` with allow-listed arguments,
 `enable_speculative_decoder(ks)` on the target, `load(dir)` of compiled artifacts when they match,
 and `to_neuron()` last. A target compiled by `neuron-ssp compile --k 2..8` holds every k; the backend
 picks the window at run time (`speculative_forward(..., speculation_length=k)`).
 At batch > 1 our loop's models are compiled with continuous batching (each request prefilled into its own
-cache slot) and scored by `BatchedNeuronBackend`; a library build that cannot is refused before any load.
+cache slot) and scored by `BatchedNeuronBackend`; a library build that cannot is refused before any load, by the
+batch rules `validate` applies, keyed by what the installed build does (api.py, probe.py).
 The library's own loops (engine library / fused) take a static batch instead: both models at `batch_size` B
 with right padding, the target's speculation networks at (k, B) (`api.static_batch_options`).
 """
@@ -102,22 +104,16 @@ def load_on_device_backends(
 
 def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | None = None) -> NeuronxApi:
     """Everything that must hold before the first model touches the Neuron runtime, checked for the
-    installed library (its kv-head layout) and `windows`, every k one target will hold (default: k)."""
-    validate_config(config).raise_if_invalid()
+    installed library (its kv-head layout, and the generation it behaves as: the batch rules `validate` applies with
+    a version alone, here keyed by what the build does) and `windows`, every k one target will hold (default: k)."""
     api = load_neuronx()
-    refuse_unbatched(api, config)
     one_target = windows if windows and api.speculation_takes_k_list else None
-    if api.kv_rule != KV_PADDING or one_target:  # 0.10 replicates kv heads further; more k, more networks
-        validate_config(config, api.kv_rule, one_target).raise_if_invalid()
+    installed = api.behaviour
+    validate_config(
+        config, api.kv_rule, one_target, neuronx_generation=installed.generation, neuronx_installed=installed.describe()
+    ).raise_if_invalid()
     prepare_device(config, plan)
     return api
-
-
-def refuse_unbatched(api: NeuronxApi, config: Config) -> None:
-    """Every model at a batch size the installed library can run, or a UsageError naming each that it cannot."""
-    problems = [api.batch_problem(role, model.batch_size) for role, model in loaded_models(config).items()]
-    if found := [problem for problem in problems if problem is not None]:
-        raise UsageError(found)
 
 
 def scoring_options(api: NeuronxApi, config: Config, model_cfg: ModelConfig) -> dict[str, Any]:

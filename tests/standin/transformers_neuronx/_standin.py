@@ -10,14 +10,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-API = os.environ.get("NEURONX_STANDIN_API", "sdk_2_21")  # which generation of the API to imitate
-if API not in ("sdk_2_18", "sdk_2_21"):
-    raise ImportError(f"NEURONX_STANDIN_API must be sdk_2_18 or sdk_2_21, not {API!r}")
+# NEURONX_STANDIN_COMMIT: which public commit of transformers-neuronx to imitate, each ported from its source:
+# 7a30b42 (0.10), 0623de2 (0.10 with enable_speculative_decoder(batch_sizes=)), c8d6bdc (0.11), 1ade6d7 (0.13).
+# NEURONX_STANDIN_API=sdk_2_18 / sdk_2_21 name the first and the last (the two signature sets of
+# neuronx_signatures.json), for the tests that only tell the two loop generations apart.
+# the version each reports, numbered as the pip builds are (0623de2's build number is not known: only its 0.10 counts)
+COMMITS = {"7a30b42": "0.10.0.21", "0623de2": "0.10.0.360", "c8d6bdc": "0.11.351", "1ade6d7": "0.13.322"}
+_BY_API = {"sdk_2_18": "7a30b42", "sdk_2_21": "1ade6d7"}
+COMMIT = os.environ.get("NEURONX_STANDIN_COMMIT") or _BY_API.get(os.environ.get("NEURONX_STANDIN_API", "sdk_2_21"), "")
+if COMMIT not in COMMITS:
+    raise ImportError(f"NEURONX_STANDIN_COMMIT must be one of {sorted(COMMITS)}")
+# the speculative loop's generation: speculation.py is the same file at 7a30b42, 0623de2 and c8d6bdc
+API = "sdk_2_21" if COMMIT == "1ade6d7" else "sdk_2_18"
 DEVICE_CORES = 32  # a trn1.32xlarge unless a test says otherwise
-# NEURONX_STANDIN_SNAPSHOT=0623de2 imitates that snapshot's bug (April 2024, base.py _pad_cache_ids): a
-# speculative_forward window is padded to the smallest prompt bucket (64) and its cache_ids are capped at 63.
-SNAPSHOT = os.environ.get("NEURONX_STANDIN_SNAPSHOT", "")
-CAPPED_CACHE_ID = 63 if SNAPSHOT == "0623de2" else None
 # NEURONX_STANDIN_ONE_K=1 imitates a build whose enable_speculative_decoder takes a single int (its
 # signature does not declare a list), so each k needs its own model.
 ONE_K = os.environ.get("NEURONX_STANDIN_ONE_K") == "1"

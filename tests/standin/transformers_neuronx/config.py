@@ -1,14 +1,12 @@
-"""Stand-in of transformers_neuronx.config (1ade6d7): NeuronConfig and GenerationConfig.
+"""Stand-in of transformers_neuronx.config (1ade6d7): NeuronConfig and GenerationConfig, per imitated commit.
 
 Same keyword-only parameters and defaults as the real classes (see neuronx_signatures.json,
 "sdk_2_21_fused"), the same refusal of unknown NeuronConfig keywords; only the fields the fused
-decoder and on-device generation read do anything here. SDK 2.18 builds (7a30b42) have a
-NeuronConfig too (`__init__(self, **kargs)`, without compilation_worker_count), but no on-device
-generation for the fused decoder: the stand-in keeps this module for both generations, takes away
-compilation_worker_count in the older one and leaves fused_speculation out of it.
-ContinuousBatchingConfig (both generations): a KV cache of `batch_size_for_shared_caches` sequences that
-`start_ids` address as sequence ids; it forces the 2-D (left-aligned) cache_ids layout (1ade6d7 config.py
-lines 272-275, 7a30b42 lines 97-99).
+decoder and on-device generation read do anything here. The older commits' NeuronConfig takes what theirs takes:
+`**kargs` from a fixed list at 7a30b42 and 0623de2 (config.py:89-110: no padding_side, `use_2d_cache_ids`, and
+`lhs_aligned` from 0623de2 on), the keyword-only list of c8d6bdc (config.py:142-200, no compilation_worker_count).
+ContinuousBatchingConfig: a KV cache of `batch_size_for_shared_caches` sequences that `start_ids` address as sequence
+ids; it forces the 2-D (left-aligned) cache_ids layout (1ade6d7 config.py lines 272-275, 7a30b42 lines 97-99).
 """
 
 import enum
@@ -44,9 +42,9 @@ class ContinuousBatchingConfig:
         return self.max_num_seqs
 
 
-if _standin.API == "sdk_2_18":
+if _standin.COMMIT != "1ade6d7":
 
-    class ContinuousBatchingConfig:  # noqa: F811 (7a30b42 config.py lines 49-53)
+    class ContinuousBatchingConfig:  # noqa: F811 (7a30b42 config.py lines 49-53, the same to c8d6bdc)
         def __init__(self, batch_size_for_shared_caches):
             self.batch_size_for_shared_caches = batch_size_for_shared_caches
 
@@ -142,11 +140,73 @@ class NeuronConfig:
     def use_2d_cache_ids(self):
         return self.lhs_aligned
 
+    @property
+    def vectorize_last_token_id(self):
+        return self.lhs_aligned
 
-if _standin.API == "sdk_2_18":
-    _NeuronConfig = NeuronConfig
 
-    class NeuronConfig(_NeuronConfig):  # noqa: F811 (7a30b42's takes **kargs, and no compilation_worker_count)
+_NeuronConfig = NeuronConfig
+
+if _standin.COMMIT in ("7a30b42", "0623de2"):
+    _OLD_KEYS = {
+        "all_reduce_dtype",
+        "sparse_attn",
+        "quant",
+        "cast_logits_dtype",
+        "fuse_qkv",
+        "continuous_batching",
+        "use_2d_cache_ids",
+        "attention_layout",
+        "cache_layout",
+        "collectives_layout",
+        "log_softmax_scores",
+        "group_query_attention",
+        "on_device_embedding",
+        "on_device_generation",
+    } | ({"lhs_aligned"} if _standin.COMMIT == "0623de2" else set())
+
+    class NeuronConfig(_NeuronConfig):  # noqa: F811 (config.py:89-110 at 7a30b42 and 0623de2)
         def __init__(self, **kargs):
-            assert "compilation_worker_count" not in kargs, f"unexpected arguments: {kargs}"
+            unexpected = set(kargs) - _OLD_KEYS
+            assert not unexpected, f"unexpected arguments: {unexpected}"
+            aligned = bool(kargs.pop("use_2d_cache_ids", False) or kargs.pop("lhs_aligned", False))
             super().__init__(**kargs)
+            self.lhs_aligned = self.lhs_aligned or aligned
+
+elif _standin.COMMIT == "c8d6bdc":
+
+    class NeuronConfig(_NeuronConfig):  # noqa: F811 (config.py:142-200 at c8d6bdc)
+        def __init__(
+            self,
+            *,
+            sparse_attn=None,
+            quant=None,
+            continuous_batching=None,
+            attention_layout: Layout = Layout.HSB,
+            collectives_layout: Layout = Layout.HSB,
+            cache_layout: Layout = Layout.SBH,
+            padding_side: str = "left",
+            group_query_attention=None,
+            on_device_embedding: bool = False,
+            on_device_generation: GenerationConfig | None = None,
+            all_reduce_dtype: str | None = None,
+            cast_logits_dtype: str = "float32",
+            fuse_qkv: bool = False,
+            qkv_tiling: bool = False,
+            weight_tiling: bool = False,
+            log_softmax_scores: bool = False,
+            shard_over_sequence: bool = False,
+            output_all_logits: bool = False,
+            attn_output_transposed: bool = False,
+            **kwargs,
+        ):
+            aligned = bool(kwargs.pop("use_2d_cache_ids", False) or kwargs.pop("lhs_aligned", False))  # deprecated
+            assert len(kwargs) == 0, f"Unexpected NeuronConfig keyword arguments: {kwargs}"
+            super().__init__(
+                continuous_batching=continuous_batching,
+                padding_side=padding_side,
+                on_device_embedding=on_device_embedding,
+                on_device_generation=on_device_generation,
+                shard_over_sequence=shard_over_sequence,
+            )
+            self.lhs_aligned = self.lhs_aligned or aligned

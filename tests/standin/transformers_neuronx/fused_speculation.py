@@ -223,4 +223,4 @@ def _score(model, row, tokens, positions):
     below the first position and the tokens before it (the stand-in model's 1-D or 2-D layout)."""
     if model.neuron_config.use_2d_cache_ids:
         return model._run_row(row, tokens, positions, positions[0], list(range(len(tokens))))
-    return model._write_and_score(torch.tensor([tokens]), positions, positions)
+    return model._write_and_score(tokens, positions, positions)

@@ -1,5 +1,5 @@
-"""Stand-in version: the numbering of the pip builds of the imitated API generation."""
+"""Stand-in version: the numbering of the pip builds of the imitated commit."""
 
-from transformers_neuronx._standin import API
+from transformers_neuronx._standin import COMMIT, COMMITS
 
-__version__ = "0.10.0.21" if API == "sdk_2_18" else "0.13.322"
+__version__ = COMMITS[COMMIT]
