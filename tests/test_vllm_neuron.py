@@ -188,3 +188,15 @@ def test_the_ec2_launch_boots_the_vllm_venv_and_serves_at_boot() -> None:
     assert "/opt/aws_neuronx_venv_pytorch_inference_vllm_0_24_0_1_1_0" in text and "neuron-ssp-server" in text
     assert model_paths(config) == ()  # Hugging Face ids: vLLM downloads them
     assert not any("AMI must already hold" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(
+    "command", [["compile", str(TUTORIAL), "--out", "unused"], ["generate", "--config", str(TUTORIAL), "hi"]]
+)
+def test_commands_that_load_models_refuse_a_vllm_neuron_config(command: list[str]) -> None:
+    from click.testing import CliRunner
+
+    from neuron_ssp.cli import main
+
+    result = CliRunner().invoke(main, command, env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "loaded and compiled by vLLM itself" in result.output

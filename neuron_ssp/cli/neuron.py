@@ -76,8 +76,10 @@ def compile_command(
     """
     from neuron_ssp.backends.neuron.compile import Compiler
     from neuron_ssp.backends.nxdi.compile import NxdiCompiler
+    from neuron_ssp.topology.vllm_neuron import refuse_loading
 
     config = load_config(config_path, {"neuron.compiled_dir": out})
+    refuse_loading(config, "compile")
     ks = parse_ks(ks_text, config.speculation.k)
     widest = config.model_copy(update={"speculation": config.speculation.model_copy(update={"k": max(ks)})})
     nxdi = config.neuron.library == "nxdi"

@@ -24,11 +24,13 @@ from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.topology import DeploymentPlan, validate_config
+from neuron_ssp.topology.vllm_neuron import refuse_loading
 
 
 def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
     """`max_batch`: requests the pipeline runs at once (the server's serve.max_batch): the target's KV cache
     holds that many sequences, and the cost policy times calls of up to max_batch x k rows."""
+    refuse_loading(config, "this command")
     validate_config(config).raise_if_invalid()
     build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), None)  # fail before loading
     transformers_logging.disable_progress_bar()

@@ -114,3 +114,20 @@ def check_vllm_neuron(config: Config, models: dict[str, ModelConfig], report: Va
                 )
             )
     report.errors.extend(problems)
+
+
+def refuse_loading(config: Config, what: str) -> None:
+    """neuron-ssp never loads a vllm-neuron config's models (vLLM does, in `vllm serve`): `what` is refused."""
+    if config.platform.backend == "neuron" and config.neuron.library == "vllm-neuron":
+        from neuron_ssp.errors import UsageError
+
+        raise UsageError(
+            Problem(
+                "neuron.library",
+                "vllm-neuron",
+                f"{what} loads the models through neuron-ssp; a vllm-neuron config's models are loaded and "
+                "compiled by vLLM itself, at `vllm serve`",
+                "run `neuron-ssp serve --config CONFIG` (it runs vllm serve) and send it requests "
+                "(neuron-ssp bench-serve, vllm bench serve), or use neuron.library: nxdi",
+            )
+        )
