@@ -9,7 +9,7 @@ reader) carries neither the target's embedding nor an lm_head over the whole voc
 - `lm_head.weight`: widened from draft_vocab x H to vocab x H. Row t of a draft token keeps its row (t = draft id
   + d2t); every other row is the mean of the head's rows, whose logit is the mean of the draft logits, below their
   maximum unless they are all equal. NxDI drafts greedily (the fused model forces its draft greedy,
-  model_base.py:1632-1635 at 4bcdc54b), so the widened head drafts the reduced head's tokens, and the target
+  model_base.py:1633-1636 at 4bcdc54b), so the widened head drafts the reduced head's tokens, and the target
   verifies every one of them: the output is the target's either way;
 - the decoder layer under NxDI's names, `layers.0.*` (its Llama model has `layers`; only the padded-hidden path
   renames `midlayer`, modeling_llama.py:1284), d2t / t2d dropped, config.json's draft_vocab_size = vocab_size.
@@ -53,7 +53,7 @@ def widen_lm_head(lm_head: torch.Tensor, target_ids: torch.Tensor, vocab_size: i
 
 def target_tensors(target_dir: Path) -> dict[str, torch.Tensor]:
     """The target's `embed_tokens.weight` and `lm_head.weight` (its embedding where they are tied), read from its
-    safetensors (one file or an index) as NxDI's feature guide does (feature-guide.rst:666-700)."""
+    safetensors (one file or an index) as NxDI's feature guide does (feature-guide.rst:683-710)."""
     from safetensors import safe_open
 
     wanted = {"model.embed_tokens.weight": "embed_tokens.weight", "lm_head.weight": "lm_head.weight"}
