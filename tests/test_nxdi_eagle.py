@@ -40,7 +40,28 @@ def eagle_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_tiny_llama(root / "target", seed=0, layers=8)
     write_checkpoint(tiny_head(VOCAB, draft_vocab_size=40, taps=(2, 4, 5), seed=5), root / "eagle3-head")
     prepare_draft(root / "eagle3-head", root / "target", root / "eagle3-nxdi")
-    return {"target": root / "target", "eagle3": root / "eagle3-nxdi", "eagle": eagle1_head(root)}
+    return {
+        "target": root / "target",
+        "eagle3": root / "eagle3-nxdi",
+        "eagle": eagle1_head(root),
+        **agreeing_pair(root),
+    }
+
+
+def agreeing_pair(root: Path) -> dict[str, Path]:
+    """A target and a head whose final norms are zero: every logit 0, so both always choose token 0 and every draft
+    is accepted. The tokens prove nothing; the path does: k tokens per call, positions and the rolling buffer of
+    hidden states advancing by k, rows at different positions in one call."""
+    save_tiny_llama(root / "flat-target", seed=0, layers=8)
+    weights = root / "flat-target" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.norm.weight"] = torch.zeros_like(tensors["model.norm.weight"])
+    save_file(tensors, str(weights))
+    head = tiny_head(VOCAB, draft_vocab_size=VOCAB, taps=(2, 4, 5), seed=6)
+    head.tensors["norm.weight"] = torch.zeros_like(head.tensors["norm.weight"])
+    write_checkpoint(head, root / "flat-head")
+    prepare_draft(root / "flat-head", root / "flat-target", root / "flat-nxdi")
+    return {"flat-target": root / "flat-target", "flat": root / "flat-nxdi"}
 
 
 def eagle1_head(root: Path) -> Path:
@@ -56,11 +77,11 @@ def eagle1_head(root: Path) -> Path:
     return root / "eagle1"
 
 
-def eagle_config(dirs: dict[str, Path], drafter: str, batch: int) -> Any:
+def eagle_config(dirs: dict[str, Path], drafter: str, batch: int, head: str | None = None) -> Any:
     batches = {"batch_size": batch}
     return nxdi_config(
-        dirs["target"],
-        dirs[drafter],
+        dirs["flat-target" if head == "flat" else "target"],
+        dirs[head or drafter],
         target=batches,
         draft=batches,
         speculation={"engine": "fused", "acceptor": "greedy", "k": K, "drafter": drafter},
@@ -68,10 +89,10 @@ def eagle_config(dirs: dict[str, Path], drafter: str, batch: int) -> Any:
     )
 
 
-def eagle_target(dirs: dict[str, Path], drafter: str, batch: int) -> Any:
+def eagle_target(dirs: dict[str, Path], drafter: str, batch: int, head: str | None = None) -> Any:
     from neuron_ssp.backends.nxdi.load import load_nxdi_fused
 
-    config = eagle_config(dirs, drafter, batch)
+    config = eagle_config(dirs, drafter, batch, head)
     assert validate_config(config).errors == []
     return load_nxdi_fused(config, plan_deployment(config))[0]
 
@@ -118,6 +139,19 @@ def test_eagle3_rows_joining_and_leaving_decode_as_each_would_alone(
     assert max(running) == batch and min(running) < batch and any(step > 0 for step in joined_at)
     assert loop.free_slots == batch
     assert {len(c["seq_ids"]) for c in calls if c["position_ids"][0][0] == 0} == {1}  # prompts one at a time
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_accepted_drafts_advance_k_tokens_per_call(nxdi: Any, eagle_dirs: dict[str, Path], batch: int) -> None:
+    loop = NxdiFusedLoop(eagle_target(eagle_dirs, "eagle3", batch, "flat"), K)
+    requests = [RowRequest(prompt(length, seed), budget, GREEDY) for length, seed, budget in REQUESTS[:3]]
+    rows, _, _ = serve(loop, requests)
+    for row, (_, _, budget) in zip(rows, REQUESTS[:3], strict=True):
+        assert row.result().tokens == [0] * budget
+        calls = -(-(budget - 1) // K)  # the prefill's token, then K a call
+        last = budget - 1 - K * (calls - 1)  # what the budget leaves of the last call's K
+        accepted = (K - 1) * (calls - 1) + min(K - 1, last)  # every draft the budget kept
+        assert (row.stats.target_calls, row.stats.accepted_tokens) == (calls, accepted)
 
 
 def test_compile_builds_the_eagle_graph_once_with_the_head_inside(
