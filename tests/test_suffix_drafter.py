@@ -347,10 +347,18 @@ def test_a_prefer_recent_tree_drafts_what_followed_the_latest_occurrence(seed):
         seq += step
         for n in range(1, 4):
             context = seq[-n:]
-            starts = [i for i in range(len(seq) - n) if seq[i : i + n] == context]
             path = tree.speculate(context, 1, max_spec_factor=4.0, min_token_prob=0.0)
-            if starts and path.match_len == n:
-                assert path.tokens == [seq[starts[-1] + n]], (seq, context)
+            assert (path.match_len, path.tokens) == latest_continuation(seq, context), (seq, context)
+
+
+def latest_continuation(seq: list[int], context: list[int]) -> tuple[int, list[int]]:
+    """Brute force: the longest suffix of `context` seen earlier in `seq` with a token after it, and the token that
+    followed its latest occurrence; (0, []) where not even its last token was."""
+    for m in range(len(context), 0, -1):
+        starts = [i for i in range(len(seq) - m) if seq[i : i + m] == context[-m:]]
+        if starts:
+            return m, [seq[starts[-1] + m]]
+    return 0, []
 
 
 def test_the_request_drafts_its_latest_continuation_and_the_history_its_most_frequent():
