@@ -27,9 +27,9 @@ class RecordingPipeline(FakePipeline):
         super().__init__(step_s=0.001)
         self.asked: list[str] = []
 
-    def generate_ids(self, prompt_ids, *args, **kwargs):
+    def row_request(self, prompt_ids, *args, **kwargs):
         self.asked.append("".join(chr(int(i)) for i in prompt_ids))
-        return super().generate_ids(prompt_ids, *args, **kwargs)
+        return super().row_request(prompt_ids, *args, **kwargs)
 
 
 class InThreadServer:
