@@ -1,8 +1,8 @@
 """A stand-in pipeline (characters as tokens) whose loop is a row loop, and a uvicorn server in a thread.
 
 `FakePipeline` keeps `Pipeline`'s public surface that the server uses (encode, encode_messages, check_room,
-request_sampling, row_request, batch_loop, tokenizer, eos_token_ids, config, target.n_positions). Its
-`batch_loop` is `ScriptedRows`, a `RowLoop` (engines/rows.py) of real `Row`s in real `RowSlots`: the server's
+request_sampling, row_request, row_loop, max_batch, tokenizer, eos_token_ids, config, target.n_positions). Its
+`row_loop` is `ScriptedRows`, a `RowLoop` (engines/rows.py) of real `Row`s in real `RowSlots`: the server's
 scheduler (admission between steps, cancels, deadlines, the drain) runs as in production, and only the target's
 calls are scripted, with timing the test controls. So the HTTP layer is tested in milliseconds;
 tests/test_serve_embedded.py runs the same server on the embedded model.
@@ -24,8 +24,7 @@ from fastapi import FastAPI
 from neuron_ssp.config import SamplingConfig, ServeConfig, load_config
 from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.engines.base import GenerationResult, check_room, sampling_params
-from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
-from neuron_ssp.pipeline.build import RowCallbacks
+from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSlots, run_alone
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
@@ -138,6 +137,7 @@ class FakePipeline:
         prefill_s_per_token: float = 0.0,
     ):
         self.config = load_config(None, {"serve.max_batch": max_batch})
+        self.max_batch = max_batch
         self.tokenizer = CharTokenizer()
         self.eos_token_ids = {EOS}
         self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None)
@@ -164,7 +164,7 @@ class FakePipeline:
     def check_room(self, prompt_ids: torch.Tensor, max_new_tokens: int) -> None:
         check_room(self.target, prompt_ids.shape[0], max_new_tokens, "target.n_positions")
 
-    def batch_loop(self) -> ScriptedRows:
+    def row_loop(self) -> ScriptedRows:
         return ScriptedRows(self, self.config.serve.max_batch)
 
     def row_request(

@@ -1,6 +1,6 @@
 """`engine: library` and `engine: fused` at batch > 1 from a config: what the loader builds for the library's own
 batched loops (both models at batch_size B with NeuronConfig(padding_side='right'), the library target's windows
-at (k, B), no continuous batching), and the whole path `load_pipeline` -> `batch_loop()` through the stand-in,
+at (k, B), no continuous batching), and the whole path `load_pipeline` -> `row_loop()` through the stand-in,
 each row's tokens those of its batch-1 run."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from neuron_support import neuron_config, prompt, with_tokenizer
 from neuron_ssp.backends.neuron.artifacts import MANIFEST
 from neuron_ssp.backends.neuron.compile import compile_models
 from neuron_ssp.config import Config
-from neuron_ssp.pipeline.build import RowCallbacks
+from neuron_ssp.engines.rows import RowCallbacks
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.topology import plan_deployment
 
@@ -64,7 +64,7 @@ def test_a_batch_of_two_rows_from_a_config_gives_each_row_its_batch_1_tokens(
     assert set(built(neuronx)) == {target.name, tiny_model_dirs["draft"].name}
     assert enabled(neuronx) == ([{"speculation_length": K, "batch_sizes": BATCH}] if engine == "library" else [])
 
-    loop = pipeline.batch_loop()
+    loop = pipeline.row_loop()
     rows = [loop.join(pipeline.row_request(ids, new, config.sampling, RowCallbacks())) for ids, new in ROWS]
     assert loop.free_slots == 0
     finished = loop.step()

@@ -144,8 +144,8 @@ def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_l
     """engine fused on NxDI at batch_size 2: the pipeline batches, its loop is the engine's own (two loops would
     share cache line 0), two requests run at once and each equals its run alone; logprobs are refused."""
     from neuron_ssp.config import SamplingConfig
+    from neuron_ssp.engines.rows import RowCallbacks
     from neuron_ssp.errors import UsageError
-    from neuron_ssp.pipeline.build import RowCallbacks
 
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
     config = nxdi_config(
@@ -158,8 +158,8 @@ def test_a_fused_target_compiled_for_a_batch_serves_rows_through_the_pipelines_l
     )
     pipeline = load_pipeline(config)
     assert not pipeline.scores_tokens
-    loop = pipeline.batch_loop()
-    assert loop is pipeline.batch_loop() is pipeline.generator.loop and loop.free_slots == 2
+    loop = pipeline.row_loop()
+    assert loop is pipeline.row_loop() is pipeline.generator.loop and loop.free_slots == 2
     greedy = SamplingConfig(temperature=0.0)
     prompts = [pipeline.encode(TEXT), pipeline.encode("w3 w7 w3 w7 w3")]
     alone = [pipeline.generate_ids(ids, 12, greedy).tokens for ids in prompts]

@@ -13,6 +13,7 @@ from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import Config, config_from_dict
 from neuron_ssp.pipeline.build import build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.serve.capacity import serving_batch
 
 EOS = 2
 
@@ -46,7 +47,8 @@ def tiny_config(**sections: Any) -> Config:
 
 
 def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos: set[int] | None = None) -> Pipeline:
-    """What load_pipeline would build, around an already loaded target (the draft is the ngram drafter)."""
+    """What load_pipeline would build for a server, around an already loaded target (the draft is the ngram
+    drafter): as many rows at once as the config serves."""
     shared = share(config, target, None)
     return Pipeline(
         config,
@@ -56,6 +58,7 @@ def pipeline_on(target: ModelBackend, config: Config, tokenizer: Any = None, eos
         build_generator(config, target, None, shared),
         eos or {EOS},
         shared,
+        serving_batch(config),
     )
 
 

@@ -1,10 +1,11 @@
-"""Our speculative sampling engine for one request at a time, and plain decoding through the same loop.
+"""Our speculative sampling engine, and plain decoding through the same loop.
 
 Per iteration: the policy picks a window w <= k, the drafter proposes up to w-1 tokens, the policy
 keeps a prefix of them (the cost policy weighs the proposal's evidence against the call's cost), the
 target scores [last committed token] + draft at their cache positions in ONE call, and the acceptor
 commits 1..w tokens. Rejected positions need no cleanup: the next call overwrites them (see backends.base).
-The loop itself is `engines.batch.BatchLoop`, here with one row; the server runs it with many.
+The loop itself is `engines.batch.BatchLoop`: `generate` runs it with one row, the server with many, and both
+choose windows alike (the target's call cost goes to the loop either way).
 """
 
 from __future__ import annotations
@@ -16,25 +17,18 @@ import torch
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters.base import Drafter
-from neuron_ssp.engines.base import (
-    CommitCallback,
-    GenerationResult,
-    LogitsCallback,
-    StopCheck,
-    TokenCallback,
-    sampling_params,
-)
+from neuron_ssp.engines.base import GenerationResult, TokenCallback, sampling_params
 from neuron_ssp.engines.batch import BatchLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import Generator, RowCallbacks, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.policies import WindowPolicy
 
 
-class SpeculativeGenerator:
+class SpeculativeGenerator(Generator):
     """A target, a drafter, an acceptor and a window policy: transformers-neuronx's three swappable pieces
-    (and the policy), generating one request at a time."""
+    (and the policy); `generate` runs one request through our loop."""
 
     def __init__(
         self,
@@ -68,37 +62,21 @@ class SpeculativeGenerator:
         # for acceptors and drafters that draw from a generator rather than the per-position noise
         self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_ids: Collection[int] = (),
-        on_tokens: TokenCallback | None = None,
-        *,
-        on_commit: CommitCallback | None = None,
-        should_stop: StopCheck | None = None,
-        on_logits: LogitsCallback | None = None,
-    ) -> GenerationResult:
-        self.rng.manual_seed(self.sampling.seed)
-        drafter = self.drafter  # one request at a time: the generator's own drafter, whatever the slot
-        request = RowRequest(
-            prompt_ids,
-            max_new_tokens,
+    def row_settings(self) -> RowSettings:
+        """Every request of `generate`: the generator's own drafter (whatever the slot), acceptor and policy."""
+        drafter = self.drafter
+        return RowSettings(
             self.params,
             self.sampling.seed,
-            eos_token_ids,
             None if drafter is None else (lambda slot: drafter),
             self.acceptor,
             self.policy,
-            on_tokens,
-            on_commit,
-            on_logits,
-            should_stop,
+            self.rng,
         )
-        return BatchLoop(self.target, self.k).run(request)
 
     def row_loop(self) -> BatchLoop:
-        """Requests as rows of our loop over the target's slots (the server's continuous batching)."""
+        """Requests as rows of our loop over the target's slots, windows chosen by goodput where the policy weighs
+        so: one request alone chooses them as it would among others (the server's continuous batching)."""
         return BatchLoop(self.target, self.k, self.cost)
 
 
@@ -112,7 +90,7 @@ def plain_generate(
 ) -> GenerationResult:
     """Plain autoregressive decoding of the target (RSp): the baseline every speedup is measured against,
     through the same loop (a row without a drafter), drawing from the same (seed, position) noise."""
-    request = RowRequest(
-        prompt_ids, max_new_tokens, sampling_params(sampling), sampling.seed, eos_token_ids, on_tokens=on_tokens
+    request = RowSettings(sampling_params(sampling), sampling.seed).request(
+        prompt_ids, max_new_tokens, eos_token_ids, RowCallbacks(on_tokens=on_tokens)
     )
     return BatchLoop(target, 1).run(request)

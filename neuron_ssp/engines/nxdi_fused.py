@@ -35,13 +35,12 @@ and commits n); the draft/target time split is not observable inside one graph a
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 import torch
 
-from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
+from neuron_ssp.engines.base import GenerationResult, check_room
+from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings, RowSlots, run_alone
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
@@ -147,8 +146,8 @@ class NxdiFusedLoop:
         return [[int(t) for t in row if t != PADDING] for row in accepted.view(len(slots), -1)]
 
 
-class NxdiFusedEngine:
-    """Same `generate` as `SpeculativeGenerator`: the loop with one row."""
+class NxdiFusedEngine(Generator):
+    """The graph's loop as an engine: `generate` runs one request through it."""
 
     def __init__(self, target: Any, k: int):
         self.loop = NxdiFusedLoop(target, k)
@@ -157,16 +156,8 @@ class NxdiFusedEngine:
         """The graph's one loop: it owns the cache lines, so every caller shares it."""
         return self.loop
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_ids: Collection[int] = (),
-        on_tokens: TokenCallback | None = None,
-    ) -> GenerationResult:
-        return self.loop.run(
-            RowRequest(prompt_ids, max_new_tokens, GREEDY, eos_token_ids=eos_token_ids, on_tokens=on_tokens)
-        )
+    def row_settings(self) -> RowSettings:
+        return RowSettings(GREEDY)  # the graph's own drafts and acceptance, greedy
 
 
 def compiled_batch(app: Any) -> int:

@@ -1,8 +1,10 @@
-"""A request as a row of a batching loop, and the interface every such loop offers the server.
+"""A request as a row of a loop, the interface every such loop offers, and the engine around it.
 
-Our loop (batch.py) and a library's batched loop (NxD Inference's fused speculation with continuous
-batching) both take `RowRequest`s, keep each as a `Row` (committed tokens, cache slot, stats, callbacks)
-and step all rows at once; the server's scheduler drives either through `RowLoop`.
+Every engine's loop (ours, batch.py; transformers-neuronx's static batches, static_batch.py; NxD Inference's fused
+graph, nxdi_fused.py) takes `RowRequest`s, keeps each as a `Row` (committed tokens, cache slot, stats, callbacks)
+and steps all rows at once: the server's scheduler drives it through `RowLoop`, and a single generation is the same
+loop with one row (`Generator.generate`). A `RowRequest` is made in one place, `RowSettings.request`: what the engine
+or the pipeline chose for the request (sampling, seed, drafter, acceptor, window policy) and its callbacks.
 """
 
 from __future__ import annotations
@@ -48,6 +50,56 @@ class RowRequest:
     on_commit: CommitCallback | None = None
     on_logits: LogitsCallback | None = None
     should_stop: StopCheck | None = None
+
+
+@dataclass
+class RowCallbacks:
+    """What a request's caller hears of it (engines/base.py: tokens, their origin, the target's logits) and how it
+    stops it."""
+
+    on_tokens: TokenCallback | None = None
+    on_commit: CommitCallback | None = None
+    on_logits: LogitsCallback | None = None
+    should_stop: StopCheck | None = None
+
+
+@dataclass
+class RowSettings:
+    """How a request runs: its sampling and seed, and (our loop) its drafter, acceptor and window policy. `rng`: the
+    generator the acceptor and drafter draw from where they do not use the per-position noise, seeded per request."""
+
+    sampling: SamplingParams
+    seed: int = 0
+    drafter_for: DrafterForSlot | None = None
+    acceptor: TokenAcceptor | None = None
+    policy: WindowPolicy | None = None
+    rng: torch.Generator | None = None
+
+    def request(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        callbacks: RowCallbacks | None = None,
+    ) -> RowRequest:
+        """The request a loop runs: these settings, a prompt, its budget and stop ids, the caller's callbacks."""
+        if self.rng is not None:
+            self.rng.manual_seed(self.seed)
+        heard = callbacks or RowCallbacks()
+        return RowRequest(
+            prompt_ids,
+            max_new_tokens,
+            self.sampling,
+            self.seed,
+            eos_token_ids,
+            self.drafter_for,
+            self.acceptor,
+            self.policy,
+            heard.on_tokens,
+            heard.on_commit,
+            heard.on_logits,
+            heard.should_stop,
+        )
 
 
 class Row:
@@ -177,3 +229,29 @@ class RowLoop(Protocol):
     def run(self, request: RowRequest) -> GenerationResult:
         """One request alone, to its end."""
         ...
+
+
+class Generator:
+    """An engine: its row loop and the settings of the requests it runs by itself. `generate` is one request through
+    that loop (the loop with one row); the pipeline sends its own per-request settings through the same loop."""
+
+    def row_loop(self) -> RowLoop:
+        raise NotImplementedError
+
+    def row_settings(self) -> RowSettings:
+        raise NotImplementedError
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        eos_token_ids: Collection[int] = (),
+        on_tokens: TokenCallback | None = None,
+        *,
+        on_commit: CommitCallback | None = None,
+        should_stop: StopCheck | None = None,
+        on_logits: LogitsCallback | None = None,
+    ) -> GenerationResult:
+        callbacks = RowCallbacks(on_tokens, on_commit, on_logits, should_stop)
+        request = self.row_settings().request(prompt_ids, max_new_tokens, eos_token_ids, callbacks)
+        return self.row_loop().run(request)

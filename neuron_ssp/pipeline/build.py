@@ -3,15 +3,13 @@
 Backends are loaded once (pipeline.load); everything built here is cheap and shares them. What every
 request of a pipeline shares is in `Shared`: the target's call cost (timed once at load), the cost
 policy's acceptance counts, and the drafter (a model-free drafter's history of earlier requests). Each
-request of our loop is a row (`row_request`): its own acceptor, policy and drafter state over those. With
+request runs with its own settings (`request_settings`): acceptor, policy and drafter state over those. With
 per-position noise a window cannot change a seeded output, so sampled and greedy requests share the counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -23,37 +21,14 @@ from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel, measure_head_ms
 from neuron_ssp.drafters.eagle_checkpoint import read_checkpoint
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.embedded.heads import resolve_head_path
-from neuron_ssp.engines.base import (
-    CommitCallback,
-    GenerationResult,
-    LogitsCallback,
-    StopCheck,
-    TokenCallback,
-    sampling_params,
-)
+from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.native import SpeculativeGenerator
-from neuron_ssp.engines.rows import RowLoop, RowRequest
+from neuron_ssp.engines.rows import Generator, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import WidthCost, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, build_policy
-
-
-class Generator(Protocol):
-    """What a pipeline drives: our SpeculativeGenerator or a library's engine. `generate` runs one request;
-    `row_loop` gives the loop that runs requests as rows (ours; transformers-neuronx's static batches; NxDI's
-    fused graph with continuous batching)."""
-
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_ids: Collection[int] = (),
-        on_tokens: Callable[[list[int]], None] | None = None,
-    ) -> GenerationResult: ...
-
-    def row_loop(self) -> RowLoop: ...
 
 
 @dataclass
@@ -87,21 +62,17 @@ def share(
 
 
 def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | None, shared: Shared) -> Generator:
-    """rng + acceptor + generator for `config`: our loop by default; transformers-neuronx's own loop
-    with `engine: library`, its on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or
-    NxD Inference's fused speculation with `engine: fused` and `neuron.library: nxdi`.
-
-    The rng draws where the logits are (CUDA: no copies); our loop draws from per-position noise, and
-    the rng serves acceptors and drafters that bring their own draws. Our loop's drafter is `shared.drafter`
-    (built with `build_drafter`), its policy learns into `shared.acceptance`.
+    """The engine for `config`: our loop by default; transformers-neuronx's own loop with `engine: library`, its
+    on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or NxD Inference's fused speculation with
+    `engine: fused` and `neuron.library: nxdi`. Its own requests (`generate`) get the settings a request with the
+    config's sampling gets (`request_settings`); our loop drafts with `shared.drafter` (built with `build_drafter`).
     """
     spec = config.speculation
-    rng = torch.Generator(device=sampling_device(config))
-    acceptor = build_acceptor(spec.acceptor, sampling_params(config.sampling), rng)
+    settings = request_settings(config, config.sampling, draft, shared)
     if spec.engine == "library":
         from neuron_ssp.engines.library import LibraryEngine
 
-        return LibraryEngine.from_config(config, target, draft, acceptor, rng)
+        return LibraryEngine.from_config(config, target, draft, settings.acceptor, settings.rng)
     if spec.engine == "fused" and config.neuron.library == "nxdi":
         from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
 
@@ -113,34 +84,20 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
     drafter = (
         shared.drafter
         if shared.drafter is not None or spec.drafter == "none"
-        else build_drafter(config, target, draft, rng)
+        else build_drafter(config, target, draft, settings.rng)
     )
-    policy = row_policy(config, shared)
-    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost)
+    return SpeculativeGenerator(
+        target, drafter, settings.acceptor, settings.policy, config.sampling, spec.k, settings.rng, shared.cost
+    )
 
 
-@dataclass
-class RowCallbacks:
-    on_tokens: TokenCallback | None = None
-    on_commit: CommitCallback | None = None
-    on_logits: LogitsCallback | None = None
-    should_stop: StopCheck | None = None
-
-
-def row_request(
-    config: Config,
-    sampling: SamplingConfig,
-    draft: ModelBackend | None,
-    shared: Shared,
-    prompt_ids: torch.Tensor,
-    max_new_tokens: int,
-    eos_token_ids: Collection[int],
-    callbacks: RowCallbacks,
-) -> RowRequest:
-    """One request of our loop as a row: its own acceptor, policy and drafter state, with `sampling`'s
-    settings and seed, over the pipeline's shared models, cost, counts and drafter history."""
-    spec, params = config.speculation, sampling_params(sampling)
-    rng = torch.Generator(device=sampling_device(config)).manual_seed(sampling.seed)
+def request_settings(
+    config: Config, sampling: SamplingConfig, draft: ModelBackend | None, shared: Shared
+) -> RowSettings:
+    """How one request runs: `sampling`'s settings and seed, its own acceptor and window policy, and a drafter per
+    cache slot over the pipeline's shared models, cost, counts and drafter history."""
+    params = sampling_params(sampling)
+    rng = torch.Generator(device=sampling_device(config))
     loaded = shared.drafter
 
     def drafter_for(slot: int) -> Drafter:
@@ -156,19 +113,13 @@ def row_request(
             return LookupOrHead(loaded.lookup, head, loaded.choice)
         return loaded  # prompt lookup keeps no state
 
-    return RowRequest(
-        prompt_ids,
-        max_new_tokens,
+    return RowSettings(
         params,
         sampling.seed,
-        eos_token_ids,
         drafter_for if loaded is not None else None,
-        build_acceptor(spec.acceptor, params, rng),
+        build_acceptor(config.speculation.acceptor, params, rng),
         row_policy(config, shared),
-        callbacks.on_tokens,
-        callbacks.on_commit,
-        callbacks.on_logits,
-        callbacks.should_stop,
+        rng,
     )
 
 

@@ -18,11 +18,10 @@ from neuron_ssp.drafters.combined import LookupOrHead
 from neuron_ssp.drafters.eagle import EagleDrafter
 from neuron_ssp.embedded.heads import EMBEDDED_HEADS, check_head_answer
 from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.pipeline.build import Shared, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
-from neuron_ssp.speculation.acceptors import build_acceptor
+from neuron_ssp.speculation.acceptors import acceptor_class
 from neuron_ssp.topology import DeploymentPlan, validate_config
 from neuron_ssp.topology.vllm_neuron import refuse_loading
 
@@ -32,7 +31,7 @@ def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
     holds that many sequences, and the cost policy times calls of up to max_batch x k rows."""
     refuse_loading(config, "this command")
     validate_config(config).raise_if_invalid()
-    build_acceptor(config.speculation.acceptor, sampling_params(config.sampling), None)  # fail before loading
+    acceptor_class(config.speculation.acceptor)  # a plug-in that does not import fails before any weight loads
     transformers_logging.disable_progress_bar()
     target_dir = resolve_model_path(config.target.path, "target.path")
     if config.platform.backend == "neuron":
@@ -48,7 +47,8 @@ def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
     eos = stop_token_ids(tokenizer, config.generation.stop_tokens, checkpoint_eos_ids(target_dir))
     shared = share(config, target, draft, max_batch * config.speculation.k if max_batch > 1 else None)
     check_if_embedded_head(config, shared, target, tokenizer)
-    return Pipeline(config, tokenizer, target, draft, build_generator(config, target, draft, shared), eos, shared)
+    generator = build_generator(config, target, draft, shared)
+    return Pipeline(config, tokenizer, target, draft, generator, eos, shared, max_batch)
 
 
 def check_if_embedded_head(config: Config, shared: Shared, target: ModelBackend, tokenizer: Any) -> None:

@@ -12,11 +12,11 @@ from transformers import PreTrainedTokenizerBase
 
 from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config, SamplingConfig
-from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck
+from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCallback, StopCheck, TokenCallback
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.engines.rows import RowLoop, RowRequest
+from neuron_ssp.engines.rows import Generator, RowCallbacks, RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, RowCallbacks, Shared, refuse_unhonoured, row_request
+from neuron_ssp.pipeline.build import Shared, refuse_unhonoured, request_settings
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
@@ -32,7 +32,8 @@ class TextResult:
 @dataclass
 class Pipeline:
     """Everything one generation needs; `speculative` and `plain` share the same target backend. `shared`:
-    what every request shares (build.Shared: the call cost, the acceptance counts, the drafter)."""
+    what every request shares (build.Shared: the call cost, the acceptance counts, the drafter); `max_batch`: the
+    requests its loop runs at once, what it was loaded for (the server's `serving_batch`)."""
 
     config: Config
     tokenizer: PreTrainedTokenizerBase
@@ -41,6 +42,7 @@ class Pipeline:
     generator: Generator
     eos_token_ids: set[int]
     shared: Shared
+    max_batch: int = 1
 
     def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
         """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
@@ -104,8 +106,9 @@ class Pipeline:
         on_commit: CommitCallback | None = None,
         should_stop: StopCheck | None = None,
         on_logits: LogitsCallback | None = None,
+        on_tokens: TokenCallback | None = None,
     ) -> GenerationResult:
-        """One request with its own sampling settings, alone.
+        """One request with its own sampling settings, alone in the engine's row loop, as the server runs it.
 
         `on_commit(tokens, from_draft, drafted)` reports each step's tokens, how many of them are
         accepted draft tokens and how many were drafted; `on_logits(rows)` (our loop only) the target's
@@ -116,38 +119,33 @@ class Pipeline:
         sampling = sampling or self.config.sampling
         if on_logits is not None and not self.scores_tokens:
             raise UsageError(logprobs_problem(self.config.speculation.engine))
-        request = self.row_request(
-            prompt_ids,
-            max_new_tokens,
-            sampling,
-            RowCallbacks(on_commit=on_commit, on_logits=on_logits, should_stop=should_stop),
-        )
-        return self.batch_loop().run(request)
+        callbacks = RowCallbacks(on_tokens, on_commit, on_logits, should_stop)
+        return self.row_loop().run(self.row_request(prompt_ids, max_new_tokens, sampling, callbacks))
 
     @property
     def scores_tokens(self) -> bool:
         """Whether the engine reports the target's logits per committed token (logprobs): our loop only."""
         return self.config.speculation.engine == "native"
 
-    def batch_loop(self) -> RowLoop:
+    def row_loop(self) -> RowLoop:
         """The engine's loop over the target's slots (one loop at a time per target: it owns them)."""
         return self.generator.row_loop()
 
     def row_request(
         self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, callbacks: RowCallbacks
     ) -> RowRequest:
-        """One request as a row of our loop, with its sampling settings and seed."""
+        """One request as a row of the engine's loop, with its sampling settings and seed."""
         refuse_unhonoured(self.config, sampling)
-        return row_request(
-            self.config, sampling, self.draft, self.shared, prompt_ids, max_new_tokens, self.eos_token_ids, callbacks
-        )
+        settings = request_settings(self.config, sampling, self.draft, self.shared)
+        return settings.request(prompt_ids, max_new_tokens, self.eos_token_ids, callbacks)
 
     def speculative(
         self, prompt: str, on_text: TextCallback | None = None, max_new_tokens: int | None = None
     ) -> TextResult:
+        """The prompt through the engine's row loop with the config's sampling: the server's path for one request."""
         streamer = TextStream(self.tokenizer, on_text) if on_text else None
-        result = self.generator.generate(
-            self.encode(prompt), max_new_tokens or self.config.generation.max_new_tokens, self.eos_token_ids, streamer
+        result = self.generate_ids(
+            self.encode(prompt), max_new_tokens or self.config.generation.max_new_tokens, on_tokens=streamer
         )
         return self._text(result)
 

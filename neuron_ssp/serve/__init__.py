@@ -5,5 +5,5 @@ strings), worker (the one generation thread and its bounded FIFO queue), streams
 events), responses (OpenAI bodies and SSE chunks), sagemaker (LMI/TGI bodies), metrics (Prometheus),
 gate (request ids, body limit, API key), app (routes), server (uvicorn, SIGTERM drain).
 The server knows only the pipeline's public API: it runs every request as a row of the engine's loop
-(`Pipeline.row_request`, `Pipeline.batch_loop`), whatever the engine.
+(`Pipeline.row_request`, `Pipeline.row_loop`), whatever the engine.
 """

@@ -45,6 +45,19 @@ class Listen:
         return f"http://{self.host}:{self.port}"
 
 
+@dataclass
+class Serving:
+    """What a server starts with, read from its settings once, before the models load: where it listens and the
+    key its clients must send (a key asked for and missing is refused then)."""
+
+    listen: Listen
+    api_key: str | None
+
+
+def serving(settings: ServeConfig) -> Serving:
+    return Serving(listen_address(settings), read_api_key(settings))
+
+
 def listen_address(settings: ServeConfig) -> Listen:
     """--sagemaker means 0.0.0.0:8080; an explicit host or port still wins."""
     host = settings.host or (SAGEMAKER_HOST if settings.sagemaker else DEFAULT_HOST)
@@ -118,22 +131,23 @@ class _DrainingServer(uvicorn.Server):
             super().handle_exit(sig, frame)
 
 
-def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
+def run_server(config: Config, pipeline: Pipeline | None = None, started: Serving | None = None) -> None:
+    """Serve `pipeline` (loaded here for `serving_batch` requests at once when not given) with `started`'s address
+    and key (read here when not given)."""
     settings = config.serve
-    listen = listen_address(settings)
-    api_key = read_api_key(settings)
+    started = started or serving(settings)
     log_serving_batch(config)
     pipeline = pipeline or load_pipeline(config, serving_batch(config))
     name = served_model_name(config)
-    app = create_app(pipeline, settings, name, api_key)
+    app = create_app(pipeline, settings, name, started.api_key)
     log.info(
         "model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
         name,
-        serving_batch(config),
+        pipeline.max_batch,
         settings.max_queue,
         settings.timeout_s,
         settings.drain_timeout,
-        "required" if api_key else "off",
+        "required" if started.api_key else "off",
     )
     if settings.sagemaker and settings.timeout_s >= SAGEMAKER_INVOKE_LIMIT:
         log.warning(
@@ -142,12 +156,14 @@ def run_server(config: Config, pipeline: Pipeline | None = None) -> None:
             settings.timeout_s,
             SAGEMAKER_INVOKE_LIMIT,
         )
-    log.info("serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics, API at /docs)", listen.url)
+    log.info(
+        "serving on %s (OpenAI API under /v1, playground at /, metrics at /metrics, API at /docs)", started.listen.url
+    )
     server = _DrainingServer(
         uvicorn.Config(
             app,
-            host=listen.host,
-            port=listen.port,
+            host=started.listen.host,
+            port=started.listen.port,
             log_level="info",
             timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,
             access_log=False,

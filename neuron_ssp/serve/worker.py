@@ -1,11 +1,11 @@
 """The generation thread: a scheduler that feeds requests as rows into our continuous-batching loop.
 
-Requests wait in a FIFO queue; between two steps of the loop (engines/batch.py) the scheduler
-admits queued requests while a slot is free (up to serve/capacity.py's `serving_batch` rows: serve.max_batch,
-capped on Neuron by the compiled batch), then runs one step for every running row. A row leaves at EOS, its
-budget, a stop string, a cancel or its deadline, and its slot takes the next request. The same scheduler drives
-every engine's loop: ours, transformers-neuronx's static batches (engines/static_batch.py) and NxD Inference's
-fused graph with continuous batching (engines/nxdi_fused.py) are each a RowLoop (engines/rows.py).
+Requests wait in a FIFO queue; between two steps of the loop (engines/batch.py) the scheduler admits queued
+requests while a slot is free (up to the pipeline's `max_batch` rows, what it was loaded for: serve/capacity.py's
+`serving_batch`, serve.max_batch capped on Neuron by the compiled batch), then runs one step for every running row.
+A row leaves at EOS, its budget, a stop string, a cancel or its deadline, and its slot takes the next request. The
+same scheduler drives every engine's loop: ours, transformers-neuronx's static batches (engines/static_batch.py) and
+NxD Inference's fused graph with continuous batching (engines/nxdi_fused.py) are each a RowLoop (engines/rows.py).
 
 The server holds at most its slots plus serve.max_queue requests, counted from arrival to answer; one more is
 refused at once (503 + Retry-After). A burst is counted the same way whatever the worker is doing when it
@@ -37,11 +37,9 @@ import torch
 
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import GenerationResult
-from neuron_ssp.engines.rows import Row, RowLoop
+from neuron_ssp.engines.rows import Row, RowCallbacks, RowLoop
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
-from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.pipeline import Pipeline
-from neuron_ssp.serve.capacity import serving_batch
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.text import Piece, TokenLogprob, TokenText
@@ -147,7 +145,7 @@ class GenerationWorker:
         self.accepting = True
         self.drain_deadline: float | None = None  # monotonic time past which running jobs are cut (SIGTERM)
         self.prefill = PrefillCost()
-        self.max_rows = serving_batch(pipeline.config)  # the loop may hold more slots (a larger compiled batch)
+        self.max_rows = pipeline.max_batch  # the loop may hold more slots (a larger compiled batch)
         self.held = 0  # jobs submitted and not yet answered by the worker: queued, being joined or running
         self.held_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="generation-worker", daemon=True)
@@ -233,7 +231,7 @@ class GenerationWorker:
 
     def _run(self) -> None:
         """Admit queued jobs while slots are free (waiting for one only when nothing runs), then step."""
-        loop = self.pipeline.batch_loop()
+        loop = self.pipeline.row_loop()
         rows: dict[Row, JobRun] = {}
         stopping = False
         while not stopping or rows:

@@ -199,18 +199,9 @@ BUILTIN: dict[str, type[TokenAcceptor]] = {
 
 def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generator | None) -> TokenAcceptor:
     """A built-in name or a `module:Class` plug-in -> a ready acceptor."""
+    cls = acceptor_class(spec)
     if spec in BUILTIN:
-        return BUILTIN[spec](sampling, generator)
-    if ":" not in spec:
-        raise UsageError(
-            Problem(
-                "speculation.acceptor",
-                spec,
-                "unknown acceptor",
-                f"{did_you_mean(spec, list(BUILTIN))}use one of {', '.join(BUILTIN)}, or a plug-in as 'module:Class'",
-            )
-        )
-    cls = _import_plugin(spec)
+        return cls(sampling, generator)
     params = inspect.signature(cls).parameters
     kwargs = {name: value for name, value in (("sampling", sampling), ("generator", generator)) if name in params}
     try:
@@ -225,6 +216,39 @@ def build_acceptor(spec: str, sampling: SamplingParams, generator: torch.Generat
             )
         ) from None
     return acceptor if isinstance(acceptor, TokenAcceptor) else ZeroPaddedAcceptor(acceptor)
+
+
+def acceptor_class(spec: str) -> type:
+    """The class a built-in name or a `module:Class` plug-in names, imported and checked (before any model loads)."""
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    if ":" not in spec:
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                "unknown acceptor",
+                f"{did_you_mean(spec, list(BUILTIN))}use one of {', '.join(BUILTIN)}, or a plug-in as 'module:Class'",
+            )
+        )
+    cls = _import_plugin(spec)
+    required = [
+        name
+        for name, param in inspect.signature(cls).parameters.items()
+        if param.default is param.empty
+        and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+        and name not in ("sampling", "generator")
+    ]
+    if required:
+        raise UsageError(
+            Problem(
+                "speculation.acceptor",
+                spec,
+                f"the class cannot be built: its __init__ requires {', '.join(required)}",
+                "give it an __init__ whose arguments are optional, or only `sampling` and `generator`",
+            )
+        )
+    return cls
 
 
 def _import_plugin(spec: str) -> type:

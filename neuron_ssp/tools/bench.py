@@ -23,8 +23,9 @@ from typing import Any
 from neuron_ssp.config import config_from_dict
 from neuron_ssp.drafters.suffix import SuffixDrafter
 from neuron_ssp.engines.native import plain_generate
+from neuron_ssp.engines.rows import Generator
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Generator, Shared, build_generator, share
+from neuron_ssp.pipeline.build import Shared, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.speculation.stats import GenerationStats, merge_stats
 from neuron_ssp.tools.hf_baseline import HfRun, hf_generate, hf_model
