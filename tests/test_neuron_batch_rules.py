@@ -13,8 +13,8 @@ import torch
 from neuron_support import neuron_config, prompt, with_tokenizer
 
 from neuron_ssp.config import Config, SamplingConfig
+from neuron_ssp.engines.rows import RowCallbacks
 from neuron_ssp.errors import NeuronSSPError, UsageError
-from neuron_ssp.pipeline.build import RowCallbacks
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.topology import validate_config
 from neuron_ssp.topology.batch_rules import generation_for_version
@@ -49,7 +49,7 @@ def rows_alone_and_together(config: Config, batch: int) -> tuple[list[list[int]]
     sampling = SamplingConfig()
 
     def run(cases: list[tuple[torch.Tensor, int]]) -> list[list[int]]:
-        loop = pipeline.batch_loop()
+        loop = pipeline.row_loop()
         rows = [loop.join(pipeline.row_request(ids, new, sampling, RowCallbacks())) for ids, new in cases]
         while loop.rows:
             loop.step()
