@@ -393,3 +393,43 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
     assert max(widths) == 3 and loop.free_slots == 3
     windows = [cache_ids for call, cache_ids, *_ in sent(neuronx) if call == "speculative_forward"]
     assert windows and all(len(rows) == 3 and all(len(row) == K for row in rows) for rows in windows)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_a_freed_slot_leaves_the_bucket_to_the_running_rows(
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], drafter: str
+) -> None:
+    """n_positions 256: token buckets 128 and 256, and a call runs the first that holds the largest cache id of ANY
+    of its rows (decoder.py:490, :538-546 at 1ade6d7). A row that reached position 140 and left must not keep every
+    later call of a short row in the 256 bucket: its slot is parked where it costs nothing."""
+    sizes = {"n_positions": 256, "batch_size": 2}
+    config = neuron_config(
+        tiny_model_dirs["target"],
+        tiny_model_dirs["draft"] if drafter == "model" else None,
+        target=sizes,
+        **({"draft": sizes} if drafter == "model" else {}),
+        neuron={"self_test": False},
+    )
+    target, draft = load(config)
+    params = sampling_params(SamplingConfig())
+
+    def drafter_for(slot: int):
+        return ModelDrafter(SlotView(draft, slot), params, torch.Generator()) if draft else NgramDrafter(VOCAB)
+
+    def request(ids: torch.Tensor, budget: int) -> RowRequest:
+        return RowRequest(
+            ids, budget, params, drafter_for=drafter_for, acceptor=GreedyAcceptor(), policy=FixedPolicy(K)
+        )
+
+    loop = BatchLoop(target, K)
+    long = loop.join(request(torch.arange(138) % 90 + 3, 4))
+    short = loop.join(request(prompt(8), 40))
+    while not long.finished:
+        loop.step()
+    neuronx.RUNTIME.events.clear()
+    while not short.finished:
+        loop.step()
+    assert short.error is None and long.error is None
+    calls = [(who, d["bucket"]) for who, _, d in neuronx.RUNTIME.events if "bucket" in d]
+    assert calls and {bucket for _, bucket in calls} == {128}, calls
+    assert {who for who, _ in calls} == ({"tiny-target", "tiny-draft"} if draft else {"tiny-target"})

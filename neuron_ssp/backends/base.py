@@ -139,6 +139,12 @@ class SlotView(SingleSlot):
     def score(self, token_ids: torch.Tensor, start: int) -> torch.Tensor:
         return self.backend.score_batch([Segment(self.slot, start, token_ids)])
 
+    def release(self) -> None:
+        """The slot's sequence ended: tell a backend that pads free slots where they cost least."""
+        release_slot = getattr(self.backend, "release_slot", None)
+        if release_slot is not None:
+            release_slot(self.slot)
+
     def __getattr__(self, name: str) -> Any:
         """name, vocab_size, n_positions, max_score_width, device...: the backend's."""
         return getattr(self.backend, name)

@@ -63,7 +63,9 @@ class ModelDrafter:
         return propose_together([(self, sequence, max_tokens)])[0]
 
     def finish(self, sequence: torch.Tensor) -> None:
-        """A draft model learns nothing across requests."""
+        """A draft model learns nothing across requests; the row's slot of a batched draft backend is released."""
+        if isinstance(self.backend, SlotView):
+            self.backend.release()
 
     @staticmethod
     def propose_together(requests: Sequence[DraftRequest]) -> list[Draft]:

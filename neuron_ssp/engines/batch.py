@@ -45,7 +45,7 @@ class BatchLoop:
         # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
         self.prefill_chunk: int | None = getattr(target, "prompt_chunk", None)
-        self.slot_rows = RowSlots(target.slots)
+        self.slot_rows = RowSlots(target.slots, getattr(target, "release_slot", None))
 
     @property
     def rows(self) -> list[Row]:

@@ -149,12 +149,14 @@ def cancelled_rows(rows: list[Row]) -> list[Row]:
 
 class RowSlots:
     """A loop's cache slots: the rows running in them, in joining order, and the free ones. A row takes a slot to
-    start and gives it back when it leaves, whatever ended it (EOS, budget, cancel, its own error)."""
+    start and gives it back when it leaves, whatever ended it (EOS, budget, cancel, its own error); `release`, when
+    given, is told each slot that comes back (a backend that pads free slots where they cost least)."""
 
-    def __init__(self, count: int):
+    def __init__(self, count: int, release: Callable[[int], None] | None = None):
         self.count = count
         self.rows: list[Row] = []
         self._free = list(range(count - 1, -1, -1))
+        self._release = release
 
     @property
     def free(self) -> int:
@@ -185,6 +187,8 @@ class RowSlots:
         row.stats.wall_s = time.perf_counter() - row.started
         row.stats.new_tokens = row.seq.generated_count
         self._free.append(row.slot)
+        if self._release is not None:
+            self._release(row.slot)
 
     def leave_cancelled(self) -> list[Row]:
         """Before a step: the rows whose callers no longer want them leave (cancelled_rows)."""

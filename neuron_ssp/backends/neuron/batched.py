@@ -17,12 +17,16 @@ row of a step scored in ONE call. Read from transformers-neuronx at 1ade6d7 (0.1
   padding (lines 575-587) has nothing to add. A call has one width: 1 when every segment is one token (the
   token-generation network), else the compiled k (`speculative_forward(..., speculation_length=k)`, whose
   `speculation_batches` assertion, line 549, wants the compiled batch). A shorter segment repeats its last
-  token into the rest of the window; a slot with no segment (a free one, or a row whose draft is not
-  scored this call) gets token 0 at positions from its `end` on. Both write only positions that are stale
-  by contract: each slot's `end` is one past its last written token, and its next call starts at or
-  before it. A window reads the cache below the row's smallest cache id and its own tokens causally by
-  index (hlo.py lines 3507-3604), so a padded position never reaches a real token's logits; padding that
-  would run past the cache is put on the last position, which only the call writing it ever reads.
+  token into the rest of the window; a slot with no segment gets token 0: a running row's (its draft not
+  scored this call) at positions from its `end` on, a released slot's (`release_slot`: its row left) at
+  position 0, or 1..k in a window. Both write only positions that are stale by contract: each slot's `end` is
+  one past its last written token, and its next call starts at or before it; a released slot holds nothing.
+  A free slot costs nothing there: the token bucket of a call is chosen by the LARGEST cache id of all its
+  rows (decoder.py:490, :538-546), so a slot left at its old end would drag every running row into the
+  largest bucket its last request reached.
+  A window reads the cache below the row's smallest cache id and its own tokens causally by index (hlo.py
+  lines 3507-3604), so a padded position never reaches a real token's logits; padding that would run past the
+  cache is put on the last position, which only the call writing it ever reads.
   The library tells a window from a context encoding by the FIRST cache id of the FIRST row (base.py
   lines 502 and 539): it must not be 0, so no window starts at position 0 and a padding row at 1 or later.
   cache_ids are sent in the input ids' dtype: the token-generation branch scatters one into the other
@@ -102,6 +106,11 @@ class BatchedNeuronBackend(NeuronBackend):
                     rows.append(logits[segment.slot][: tokens.shape[0]])
                     self._end[segment.slot] = start + tokens.shape[0]
         return torch.cat([torch.cat(rows) for rows in scored])
+
+    def release_slot(self, slot: int) -> None:
+        """`slot`'s sequence ended: every position of it is stale, so it is padded at the start of the cache."""
+        check_slots([slot], self.slots)
+        self._end[slot] = 0
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Slot 0's, like `score`: what the self-test and the cost timing drive."""
