@@ -137,7 +137,7 @@ def test_training_lowers_the_loss_on_a_fixed_batch():
         target.lm_head.weight.mul_(40)
     batch = features_of(target, [list(range(3, 33)), list(range(10, 40))])
     draft_ids = torch.arange(VOCAB)
-    head = new_head(target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), draft_ids, None)
+    head = new_head(target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), draft_ids, None, False)
     in_draft = torch.ones(VOCAB, dtype=torch.bool)
     optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
     first = None
@@ -156,7 +156,9 @@ def test_training_time_test_targets_the_token_two_ahead():
     that argmax everywhere is right at every counted position of every step."""
     target = tiny_llama(0, VOCAB, layers=LAYERS)
     batch = features_of(target, [list(range(3, 30))], answer_start=5)
-    head = new_head(target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), torch.arange(VOCAB), None)
+    head = new_head(
+        target, head_config_for(target.config.to_dict(), VOCAB, (2, 4, 5)), torch.arange(VOCAB), None, False
+    )
 
     step = {"i": 0}
     original = head.logits
@@ -173,6 +175,19 @@ def test_training_time_test_targets_the_token_two_ahead():
     result = training_time_test(head, batch, 3, torch.ones(VOCAB, dtype=torch.bool))
     assert result.correct == result.counted
     assert result.counted == [22, 22, 22]  # every step: the predicted token is one of the answer's 5..26
+
+
+def test_a_head_can_start_from_the_targets_output_rows_or_layer():
+    target = tiny_llama(0, VOCAB, layers=LAYERS)
+    config = head_config_for(target.config.to_dict(), 32, (2, 4, 5))
+    draft_ids = torch.arange(0, 64, 2)
+    plain = new_head(target, config, draft_ids, None, False)
+    rows = new_head(target, config, draft_ids, None, True)
+    layer = new_head(target, config, draft_ids, 5, False)
+    assert torch.equal(rows.lm_head, target.lm_head.weight[draft_ids]) and not torch.equal(plain.lm_head, rows.lm_head)
+    assert torch.equal(rows.norm, target.model.norm.weight) and torch.equal(layer.lm_head, rows.lm_head)
+    assert torch.equal(layer.gate, target.model.layers[5].mlp.gate_proj.weight)
+    assert torch.equal(layer.q[:, 32:], target.model.layers[5].self_attn.q_proj.weight) and not layer.q[:, :32].any()
 
 
 def features_of(target, conversations: list[list[int]], answer_start: int = 2) -> Batch:

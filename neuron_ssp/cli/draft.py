@@ -105,6 +105,7 @@ def draft_data(
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--held-out", type=click.FloatRange(0, 0.5, min_open=True), default=0.05, show_default=True)
 @click.option("--init-layer", type=click.IntRange(min=0), help="Start the head's layer from this target layer.")
+@click.option("--init-lm-head", is_flag=True, help="Start the head's lm_head and norm from the target's.")
 @click.option("--max-train-tokens", type=click.IntRange(min=1), help="Train on the first N tokens only (a curve).")
 @click.option("--eval-every", type=click.IntRange(min=0), default=100, show_default=True, help="Steps; 0: at the end.")
 @click.option("--eval-tokens", type=click.IntRange(min=1), default=12000, show_default=True)
@@ -132,6 +133,7 @@ def train_draft(
     seed: int,
     held_out: float,
     init_layer: int | None,
+    init_lm_head: bool,
     max_train_tokens: int | None,
     eval_every: int,
     eval_tokens: int,
@@ -157,6 +159,7 @@ def train_draft(
         seed=seed,
         held_out=held_out,
         init_layer=init_layer,
+        init_lm_head=init_lm_head,
         max_train_tokens=max_train_tokens,
         eval_every=eval_every,
         eval_tokens=eval_tokens,

@@ -14,7 +14,7 @@ The recipe follows SafeAILab/EAGLE cb7e0841 `eagle/traineagle3/` (cited file:lin
 Differences, said here so nobody guesses: the loss is a mean over counted positions (SafeAILab: over all
 positions of the batch, `cnets.py:855`), the learning rate is larger and constant after a short warm-up (its
 5e-5 with 12000 warm-up steps is for millions of GPU tokens), and the head may start from one of the target's
-layers (`init_layer`).
+layers (`init_layer`) and its lm_head from the target's output rows (`init_lm_head`).
 
 Resumable: the state (head, optimizer, step, data order, history) is written every `checkpoint_minutes` and at
 the end; a second run continues it. The head is written in the standard EAGLE-3 layout (eagle_checkpoint).
@@ -58,6 +58,7 @@ class TrainSettings:
     held_out: float = 0.05  # share of conversations (by a hash of their index) never trained on
     draft_vocab_size: int = 8192
     init_layer: int | None = None  # start the head's layer (and lm_head) from the target's
+    init_lm_head: bool = False  # start lm_head and norm from the target's
     max_train_tokens: int | None = None  # the first N tokens of the training split (the learning curve)
 
 
@@ -79,37 +80,39 @@ def split(conversations: Conversations, share: float, max_train_tokens: int | No
     return train, held
 
 
-def new_head(target_model: Any, config: EagleConfig, draft_ids: torch.Tensor, init_layer: int | None) -> EagleHead:
-    """A fresh head on the target's embedding. With `init_layer`: its decoder layer starts as the target's layer
-    (q/k/v read the hidden half of [embedding; hidden]), fc picks the last tap, and norm and lm_head start as the
-    target's final norm and (tied) output rows of the draft vocabulary: the head starts as an early exit."""
+def new_head(
+    target_model: Any, config: EagleConfig, draft_ids: torch.Tensor, init_layer: int | None, init_lm_head: bool
+) -> EagleHead:
+    """A fresh head on the target's embedding. `init_lm_head`: its norm and lm_head start as the target's final norm
+    and (tied) output rows of the draft vocabulary, so the head only has to produce a state the target's own head
+    reads. `init_layer` (implies init_lm_head): its decoder layer starts as the target's layer (q/k/v read the hidden
+    half of [embedding; hidden]) and fc picks the last tap: the head starts as an early exit of the target."""
     embedding = target_model.get_input_embeddings().weight.detach()
     head = EagleHead(config, embedding)
     head.target_ids.copy_(draft_ids)
-    if init_layer is None:
-        return head
-    layer = target_model.model.layers[init_layer]
-    h = config.hidden_size
     with torch.no_grad():
-        head.fc.zero_()
-        head.fc[:, 2 * h : 3 * h] = torch.eye(h)
-        for name, source in (
-            ("q", layer.self_attn.q_proj),
-            ("k", layer.self_attn.k_proj),
-            ("v", layer.self_attn.v_proj),
-        ):
-            weight = getattr(head, name)
-            weight.zero_()
-            weight[:, h:] = source.weight
-        head.o.copy_(layer.self_attn.o_proj.weight)
-        head.gate.copy_(layer.mlp.gate_proj.weight)
-        head.up.copy_(layer.mlp.up_proj.weight)
-        head.down.copy_(layer.mlp.down_proj.weight)
-        head.hidden_norm.copy_(layer.input_layernorm.weight)
-        head.post_norm.copy_(layer.post_attention_layernorm.weight)
-        head.norm.copy_(target_model.model.norm.weight)
-        head.lm_head.copy_(target_model.get_output_embeddings().weight[draft_ids])
+        if init_lm_head or init_layer is not None:
+            head.norm.copy_(target_model.model.norm.weight)
+            head.lm_head.copy_(target_model.get_output_embeddings().weight[draft_ids])
+        if init_layer is not None:
+            copy_layer(head, target_model.model.layers[init_layer])
     return head
+
+
+def copy_layer(head: EagleHead, layer: Any) -> None:
+    h = head.config.hidden_size
+    head.fc.zero_()
+    head.fc[:, 2 * h : 3 * h] = torch.eye(h)
+    for name, source in (("q", layer.self_attn.q_proj), ("k", layer.self_attn.k_proj), ("v", layer.self_attn.v_proj)):
+        weight = getattr(head, name)
+        weight.zero_()
+        weight[:, h:] = source.weight
+    head.o.copy_(layer.self_attn.o_proj.weight)
+    head.gate.copy_(layer.mlp.gate_proj.weight)
+    head.up.copy_(layer.mlp.up_proj.weight)
+    head.down.copy_(layer.mlp.down_proj.weight)
+    head.hidden_norm.copy_(layer.input_layernorm.weight)
+    head.post_norm.copy_(layer.post_attention_layernorm.weight)
 
 
 TOP_K = 64  # the target's distribution over the draft vocabulary is kept as its K most likely draft ids
@@ -356,7 +359,7 @@ def restore(saved: dict[str, Any]) -> TrainState:
 
 def check_resumable(saved_meta: dict[str, Any], meta: dict[str, Any], directory: Path) -> None:
     """A resumed run must train the same head on the same split: every setting that differs is refused."""
-    saved = dict(saved_meta["settings"], taps=saved_meta["taps"])
+    saved = dict(asdict(TrainSettings(**saved_meta["settings"])), taps=saved_meta["taps"])  # newer keys: defaults
     wanted = dict(meta["settings"], taps=meta["taps"])
     changed = [key for key in wanted if saved.get(key) != wanted[key]]
     if changed:

@@ -65,6 +65,7 @@ class TrainRequest:
     seed: int
     held_out: float
     init_layer: int | None
+    init_lm_head: bool
     max_train_tokens: int | None
     eval_every: int
     eval_tokens: int
@@ -119,7 +120,7 @@ def run_training(request: TrainRequest, console: Console, status: Console) -> No
             "vocab_table": [asdict(row) for row in table],
         }
     head_cfg = head_config_for(target_model.config.to_dict(), int(draft_ids.shape[0]), taps)
-    head = new_head(target_model, head_cfg, draft_ids, settings.init_layer)
+    head = new_head(target_model, head_cfg, draft_ids, settings.init_layer, settings.init_lm_head)
     train_tokens = sum(len(conversations.ids[p]) for p in train_positions)
     console.print(
         f"training split: {len(train_positions)} conversations, {train_tokens:,} tokens; "
@@ -162,6 +163,7 @@ def requested(request: TrainRequest, draft_vocab_size: int) -> TrainSettings:
         held_out=request.held_out,
         draft_vocab_size=draft_vocab_size,
         init_layer=request.init_layer,
+        init_lm_head=request.init_lm_head,
         max_train_tokens=request.max_train_tokens,
     )
 
