@@ -224,6 +224,7 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
+    validate_config(target_only).raise_if_invalid()
     target, _ = load_neuron_models(target_only, plan_deployment(target_only))
     result = self_test(target, config, _library_version(config))
     judgement = result.judgement

@@ -14,7 +14,7 @@ from typing import Any
 
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.responses import speculative_stats
-from neuron_ssp.serve.text import Piece
+from neuron_ssp.serve.text import TextPiece
 from neuron_ssp.serve.worker import Done
 
 JSONLINES = "application/jsonlines"
@@ -28,11 +28,11 @@ def lmi_body(done: Done, inputs: str, details: bool) -> dict[str, Any]:
     return body
 
 
-def lmi_token_lines(pieces: list[Piece]) -> list[str]:
+def lmi_token_lines(pieces: list[TextPiece]) -> list[str]:
     return [_line({"token": _token(p)}) for p in pieces]
 
 
-def lmi_last_line(done: Done, inputs: str, last: Piece | None) -> str:
+def lmi_last_line(done: Done, inputs: str, last: TextPiece | None) -> str:
     token = _token(last) if last else {"id": -1, "text": "", "log_prob": None, "special_token": True}
     return _line(
         {
@@ -44,7 +44,7 @@ def lmi_last_line(done: Done, inputs: str, last: Piece | None) -> str:
     )
 
 
-def _token(piece: Piece) -> dict[str, Any]:
+def _token(piece: TextPiece) -> dict[str, Any]:
     return {"id": piece.token, "text": piece.text, "log_prob": None, "origin": piece.origin}
 
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from neuron_ssp.serve import sagemaker
 from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.schemas import GenerationRequest
-from neuron_ssp.serve.text import Piece
+from neuron_ssp.serve.text import TextPiece
 from neuron_ssp.serve.worker import Delta, Done, Event, Failed, Job, timeout_error
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -102,7 +102,7 @@ async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first:
         return JSONResponse(sagemaker.lmi_body(done, spec.prompt, spec.details))
 
     async def lines(event: Event) -> AsyncIterator[str]:
-        held: Piece | None = None  # LMI's last line carries the last token, so one piece waits
+        held: TextPiece | None = None  # LMI's last line carries the last token, so one piece waits
         ended = False
         try:
             while True:

@@ -29,7 +29,9 @@ class TokenLogprob:
 
 
 @dataclass
-class Piece:
+class TextPiece:
+    """The text one committed token completed, where it came from, and the token (a stop string may cut it)."""
+
     text: str
     origin: str  # "draft" | "target" | "unknown"
     token: int  # the id whose decoding completed this text
@@ -44,7 +46,7 @@ class TokenText:
         self.logprobs: list[TokenLogprob] = []  # per token, when the request asked for them
         self.released = 0  # logprobs handed out
         self.text = ""  # decoded so far (cut at a stop string once one is found)
-        self.pending: list[Piece] = []  # decoded, not yet handed out
+        self.pending: list[TextPiece] = []  # decoded, not yet handed out
         self.sent = 0  # characters handed out
         self.stopped = False
 
@@ -60,7 +62,7 @@ class TokenText:
         if not piece:
             return
         self.text += piece
-        self.pending.append(Piece(piece, origin, token))
+        self.pending.append(TextPiece(piece, origin, token))
         self._cut_at_stop(len(self.text) - len(piece))
 
     @property
@@ -97,11 +99,11 @@ class TokenText:
             room = end - position
             if room <= 0:
                 break
-            kept.append(Piece(piece.text[:room], piece.origin, piece.token))
+            kept.append(TextPiece(piece.text[:room], piece.origin, piece.token))
             position += len(kept[-1].text)
         self.pending = kept
 
-    def take(self, final: bool = False) -> list[Piece]:
+    def take(self, final: bool = False) -> list[TextPiece]:
         """Pieces safe to send now: all of them when final or stopped, else all but the held-back tail."""
         end = len(self.text) if final or self.stopped else len(self.text) - self.hold
         out, position = [], self.sent
@@ -111,8 +113,8 @@ class TokenText:
             if len(piece.text) <= room:
                 out.append(self.pending.pop(0))
             else:
-                out.append(Piece(piece.text[:room], piece.origin, piece.token))
-                self.pending[0] = Piece(piece.text[room:], piece.origin, piece.token)
+                out.append(TextPiece(piece.text[:room], piece.origin, piece.token))
+                self.pending[0] = TextPiece(piece.text[room:], piece.origin, piece.token)
             position += len(out[-1].text)
         self.sent = position
         return out

@@ -42,7 +42,7 @@ from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
-from neuron_ssp.serve.text import Piece, TokenLogprob, TokenText
+from neuron_ssp.serve.text import TextPiece, TokenLogprob, TokenText
 from neuron_ssp.speculation.stats import GenerationStats
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -62,7 +62,7 @@ class Progress:
 
 @dataclass
 class Delta:
-    pieces: list[Piece]
+    pieces: list[TextPiece]
     progress: Progress
     logprobs: list[TokenLogprob] = field(default_factory=list)
     returned: int = 0  # tokens whose text has been handed out so far, these pieces included

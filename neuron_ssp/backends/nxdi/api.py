@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from neuron_ssp.backends.imports import import_library
-from neuron_ssp.config import Config, ModelConfig
+from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
 from neuron_ssp.topology.nxdi_releases import install_advice
@@ -58,8 +58,7 @@ class NxdiApi:
     ) -> dict[str, Any]:
         """The allow-list of NeuronConfig arguments for one model; identical for compile and load. Context
         encoding is bucketed (topology/nxdi_graphs.py), and the config's neuron.nxdi settings are passed as given."""
-        model = config.target if role == "target" else config.draft
-        assert model is not None, f"no {role} in the config"
+        model = config.role_model(role)
         kwargs: dict[str, Any] = {
             "tp_degree": model.tp_degree,
             "batch_size": model.batch_size,
@@ -209,9 +208,3 @@ def installed_version() -> str:
         return importlib.metadata.version("neuronx-distributed-inference")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def model_config(config: Config, role: str) -> ModelConfig:
-    model = config.target if role == "target" else config.draft
-    assert model is not None, f"the plan loads a {role} the config does not have"
-    return model

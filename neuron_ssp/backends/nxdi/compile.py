@@ -4,8 +4,8 @@ width per target), each kept with our manifest; loading and tune-k reuse them (b
 from __future__ import annotations
 
 from neuron_ssp.backends.neuron.compile import CompileJob, CompileResult, compile_jobs
-from neuron_ssp.backends.nxdi.api import model_config
 from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
+from neuron_ssp.backends.resolve import resolve_models
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
@@ -25,7 +25,7 @@ class NxdiCompiler:
                     "pass one k, e.g. --k 5",
                 )
             )
-        self.models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+        self.models = NxdiModels(config, plan, prepare_nxdi(config, plan), resolve_models(config))
         self.force = force
         self.fused = config.speculation.engine == "fused"
         self.jobs = [CompileJob("target", tuple(ks))] if self.fused else compile_jobs(plan, ks, one_k_per_model=True)
@@ -33,7 +33,7 @@ class NxdiCompiler:
     def graph_counts(self) -> dict[str, int]:
         """Graphs NxDI traces per job: one per context-encoding and decoding bucket (topology/nxdi_graphs.py)."""
         config = self.models.config
-        return {job.label: nxdi_graphs(config, job.role, model_config(config, job.role)).total for job in self.jobs}
+        return {job.label: nxdi_graphs(config, job.role, config.role_model(job.role)).total for job in self.jobs}
 
     def lines(self) -> list[str]:
         counts = self.graph_counts()

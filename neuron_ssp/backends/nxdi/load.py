@@ -30,16 +30,15 @@ from neuron_ssp.backends.nxdi.api import (
     continuous_batching,
     eagle_switches,
     load_nxdi,
-    model_config,
 )
 from neuron_ssp.backends.nxdi.scoring import NxdiBackend
+from neuron_ssp.backends.resolve import ModelDirs, resolve_models
 from neuron_ssp.config import Config
-from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.topology import DeploymentPlan, validate_config
+from neuron_ssp.topology import DeploymentPlan
 
 
 def prepare_nxdi(config: Config, plan: DeploymentPlan) -> NxdiApi:
-    validate_config(config).raise_if_invalid()
+    """The installed NxDI and the visible cores, for a config its caller validated."""
     api = load_nxdi(plan.instance.generation)
     prepare_device(config, plan)
     return api
@@ -50,19 +49,21 @@ def artifact_store(config: Config) -> ArtifactStore:
 
 
 class NxdiModels:
-    """Builds, compiles (once) and loads the NxDI applications of one config."""
+    """Builds, compiles (once) and loads the NxDI applications of one config, from the checked models in `dirs`
+    (checked and resolved here when not given)."""
 
-    def __init__(self, config: Config, plan: DeploymentPlan, api: NxdiApi):
+    def __init__(self, config: Config, plan: DeploymentPlan, api: NxdiApi, dirs: ModelDirs | None = None):
         self.config = config
         self.plan = plan
         self.api = api
+        self.dirs = dirs or resolve_models(config)
         self.store = artifact_store(config)
         self.lnc = LNC.get(plan.instance.generation, 1)
 
     def application(self, role: str, speculation_length: int) -> tuple[Any, ArtifactSpec]:
         """The NxDI application for `role` and the artifact spec its compiled form is kept under."""
         kwargs = self.api.neuron_config_kwargs(self.config, role, speculation_length, lnc=self.lnc)
-        model_dir = resolve_model_path(model_config(self.config, role).path, f"{role}.path")
+        model_dir = self.dirs.of(role)
         neuron_config = self.api.neuron_config(kwargs)
         app = self.api.application(model_dir, self.api.inference_config(model_dir, neuron_config))
         return app, self.spec(role, model_dir, kwargs, neuron_config, speculation_length)
@@ -97,20 +98,24 @@ class NxdiModels:
 
     def load(self, role: str, app: Any, directory: Path) -> None:
         """NEFFs and weights onto the first `tp_degree` visible cores: ranks 0.. of a one-node model."""
-        app.load(str(directory), start_rank_id=0, local_ranks_size=model_config(self.config, role).tp_degree)
+        app.load(str(directory), start_rank_id=0, local_ranks_size=self.config.role_model(role).tp_degree)
 
 
-def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBackend, NxdiBackend | None]:
-    """(target, draft) on Neuron through NxDI; the draft is None unless `speculation.drafter` is 'model'."""
+def load_nxdi_backends(
+    config: Config, plan: DeploymentPlan, dirs: ModelDirs | None = None
+) -> tuple[NxdiBackend, NxdiBackend | None]:
+    """(target, draft) on Neuron through NxDI; the draft is None unless `speculation.drafter` is 'model'. `dirs`:
+    the pipeline's checked models (checked and resolved here when not given)."""
+    dirs = dirs or resolve_models(config)
     api = prepare_nxdi(config, plan)
-    models = NxdiModels(config, plan, api)
+    models = NxdiModels(config, plan, api, dirs)
     backends: dict[str, NxdiBackend] = {}
     for role in plan.load_order:
         k = config.speculation.k if role == "target" else 0
         app, spec = models.application(role, k)
         directory, _ = models.compiled(app, spec)
         models.load(role, app, directory)
-        backends[role] = NxdiBackend(app, role, vocab_size(app), model_config(config, role).n_positions, k or None)
+        backends[role] = NxdiBackend(app, role, vocab_size(app), config.role_model(role).n_positions, k or None)
     if config.neuron.self_test:
         from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, self_test
 
@@ -118,13 +123,14 @@ def load_nxdi_backends(config: Config, plan: DeploymentPlan) -> tuple[NxdiBacken
     return backends["target"], backends.get("draft")
 
 
-def load_nxdi_fused(config: Config, plan: DeploymentPlan) -> tuple[Any, None]:
+def load_nxdi_fused(config: Config, plan: DeploymentPlan, dirs: ModelDirs | None = None) -> tuple[Any, None]:
     """engine fused: ONE application holding draft and target (`enable_fused_speculation` with a
     `FusedSpecNeuronConfig`, feature guide "Fused Speculation"); it returns token ids, not logits, so the
     backend refuses to score (plain decoding needs engine native)."""
     from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
 
-    models = NxdiModels(config, plan, prepare_nxdi(config, plan))
+    dirs = dirs or resolve_models(config)
+    models = NxdiModels(config, plan, prepare_nxdi(config, plan), dirs)
     app, spec = fused_application(models)
     directory, _ = models.compiled(app, spec)
     models.load("target", app, directory)
@@ -141,10 +147,9 @@ def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
     head = eagle_switches(config.speculation.drafter)
     draft = {**head, **EAGLE_DRAFT} if head else {}
     draft_kwargs = {**api.neuron_config_kwargs(config, "draft", k if head else 0, lnc=models.lnc), **batch, **draft}
-    draft_dir = resolve_model_path(model_config(config, "draft").path, "draft.path")
+    draft_dir, target_dir = models.dirs.of("draft"), models.dirs.target
     draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
     target_kwargs = {**api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc), **batch, **head}
-    target_dir = resolve_model_path(config.target.path, "target.path")
     neuron_config = api.neuron_config(target_kwargs, greedy)
     inference_config = api.inference_config(target_dir, neuron_config)
     inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)

@@ -15,9 +15,10 @@ from packaging.version import Version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from neuron_ssp.backends.neuron.env import host_memory_available
+from neuron_ssp.backends.resolve import ModelDirs, resolve_models
 from neuron_ssp.backends.torch.scoring import TorchBackend, kv_cache_bytes
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig
-from neuron_ssp.embedded.models import check_embedded_answer, resolve_model_path
+from neuron_ssp.embedded.models import check_embedded_answer
 from neuron_ssp.errors import Problem, UsageError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,24 +41,23 @@ def load_hf_model(path: Path, dtype: str, device: torch.device) -> PreTrainedMod
 
 
 def load_torch_backends(
-    config: Config, slots: int = 1
+    config: Config, slots: int = 1, dirs: ModelDirs | None = None
 ) -> tuple[TorchBackend, TorchBackend | None, PreTrainedTokenizerBase]:
     """(target, draft, tokenizer); the draft is None unless `speculation.drafter` is 'model'. Both caches hold
-    `slots` sequences (a request's draft model is its slot of the draft: base.SlotView)."""
+    `slots` sequences (a request's draft model is its slot of the draft: base.SlotView). `dirs`: the pipeline's
+    checked models (checked and resolved here when not given)."""
     device = resolve_device(config.platform.device)
-    target_dir = resolve_model_path(config.target.path, "target.path")
-    draft_cfg = config.draft if config.speculation.drafter == "model" else None
-    draft_dir = resolve_model_path(draft_cfg.path, "draft.path") if draft_cfg else None
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    target_model = load_hf_model(target_dir, config.target.dtype, device)
+    dirs = dirs or resolve_models(config)
+    tokenizer = AutoTokenizer.from_pretrained(str(dirs.target))
+    target_model = load_hf_model(dirs.target, config.target.dtype, device)
     _check_if_embedded(target_model, tokenizer, config.target.path, "target.path")
     caches = [(target_model, config.target.n_positions)]
-    if draft_cfg is not None and draft_dir is not None:
-        same = _same_model(target_dir, draft_dir, config.target, draft_cfg)
-        draft_model = target_model if same else load_hf_model(draft_dir, draft_cfg.dtype, device)
+    if dirs.draft is not None and config.draft is not None:
+        same = _same_model(dirs.target, dirs.draft, config.target, config.draft)
+        draft_model = target_model if same else load_hf_model(dirs.draft, config.draft.dtype, device)
         if not same:
-            _check_if_embedded(draft_model, tokenizer, draft_cfg.path, "draft.path")
-        caches.append((draft_model, draft_cfg.n_positions))
+            _check_if_embedded(draft_model, tokenizer, config.draft.path, "draft.path")
+        caches.append((draft_model, config.draft.n_positions))
     check_caches_fit(caches, slots, device)
     platform = config.platform
     target = TorchBackend(

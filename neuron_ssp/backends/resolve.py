@@ -1,0 +1,38 @@
+"""A config's models, checked and found on disk once, before anything loads.
+
+The pipeline calls `resolve_models` once and hands the result down: the loaders, the self-test and the engines
+read each model's directory from `ModelDirs` instead of resolving the config's paths again. A loader called on its
+own (a test, a benchmark) resolves here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_ssp.config import Config
+from neuron_ssp.embedded.models import resolve_model_path
+from neuron_ssp.topology.placement import loaded_models
+from neuron_ssp.topology.validate import validate_config
+
+
+@dataclass(frozen=True)
+class ModelDirs:
+    """The local Hugging Face directory of every model a config loads (`loaded_models`: the target, and a draft
+    model or, on Neuron, an EAGLE head)."""
+
+    target: Path
+    draft: Path | None = None
+
+    def of(self, role: str) -> Path:
+        directory = self.target if role == "target" else self.draft
+        assert directory is not None, f"the plan loads a {role} the config does not have"
+        return directory
+
+
+def resolve_models(config: Config) -> ModelDirs:
+    """Every problem of the config at once (validate_config: topology, placement and memory before a weight is
+    read), then each loaded model's directory: the embedded model converted on first use, a local path checked."""
+    validate_config(config).raise_if_invalid()
+    dirs = {role: resolve_model_path(model.path, f"{role}.path") for role, model in loaded_models(config).items()}
+    return ModelDirs(dirs["target"], dirs.get("draft"))
