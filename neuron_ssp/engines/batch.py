@@ -25,8 +25,8 @@ import torch
 
 from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft, LockStep, ReadsHiddenStates
-from neuron_ssp.engines.base import GenerationResult, check_finite, check_room
-from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, run_alone
+from neuron_ssp.engines.base import check_finite, check_room
+from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, SlotLoop
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -34,10 +34,12 @@ from neuron_ssp.speculation.goodput import goodput_windows, speculate_together
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
 
 
-class BatchLoop:
-    """Rows of one target, at most `target.slots` at once. One loop per target at a time: it owns the slots."""
+class BatchLoop(SlotLoop):
+    """Rows of one target, at most `target.slots` at once, prompts prefilled first come, first served. One loop per
+    target at a time: it owns the slots."""
 
     def __init__(self, target: ModelBackend, k: int, cost: WidthCost | None = None):
+        super().__init__(RowSlots(target.slots, getattr(target, "release_slot", None)))
         self.target = target
         self.k = k
         self.cost = cost  # the target's call cost per row count: goodput windows (cost policy rows)
@@ -45,16 +47,6 @@ class BatchLoop:
         # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
         self.prefill_chunk: int | None = getattr(target, "prompt_chunk", None)
-        self.slot_rows = RowSlots(target.slots, getattr(target, "release_slot", None))
-
-    @property
-    def rows(self) -> list[Row]:
-        """The running rows in joining order: prompts are prefilled first come, first served."""
-        return self.slot_rows.rows
-
-    @property
-    def free_slots(self) -> int:
-        return self.slot_rows.free
 
     def join(self, request: RowRequest) -> Row:
         """Start a request: check its room, take a free slot, start its drafter and (without chunked prefill)
@@ -103,9 +95,6 @@ class BatchLoop:
             return self.target.score_batch_hidden(segments)  # type: ignore[attr-defined]
         logits = self.target.score_batch(segments)
         return logits, logits.new_empty(0, 0)
-
-    def run(self, request: RowRequest) -> GenerationResult:
-        return run_alone(self, request)
 
     def _begin(self, row: Row) -> None:
         request = row.request

@@ -39,11 +39,10 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.engines.base import GenerationResult, check_room
-from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings, RowSlots, run_alone
+from neuron_ssp.engines.base import check_room
+from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings, RowSlots, SlotLoop
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
-from neuron_ssp.speculation.stats import GenerationStats
 from neuron_ssp.topology.batch_rules import NXDI_FUSED_SAMPLING
 from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
@@ -51,7 +50,7 @@ PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:165
 GREEDY = SamplingParams()
 
 
-class NxdiFusedLoop:
+class NxdiFusedLoop(SlotLoop):
     """Rows of NxDI's fused speculation graph, at most its compiled batch at once (`RowLoop`, engines/rows.py).
     One loop per loaded target: it owns the cache lines. A request's drafter, acceptor and window policy are the
     graph's (a draft model, greedy acceptance, k fixed at compile time); its sampling must be greedy."""
@@ -61,15 +60,7 @@ class NxdiFusedLoop:
         self.app = target.model
         self.k = k
         self.slots = compiled_batch(self.app)
-        self.slot_rows = RowSlots(self.slots)
-
-    @property
-    def rows(self) -> list[Row]:
-        return self.slot_rows.rows
-
-    @property
-    def free_slots(self) -> int:
-        return self.slot_rows.free
+        super().__init__(RowSlots(self.slots))
 
     def join(self, request: RowRequest) -> Row:
         """Encode the prompt into a free cache line (its own call) and commit the target's first token. A
@@ -82,7 +73,9 @@ class NxdiFusedLoop:
             "target.n_positions",
             extra_target_slots("fused", self.k, NXDI),
         )
-        return self.slot_rows.start(lambda slot: Row(request, slot, self.k, self.target.vocab_size), self._prefill)
+        return self.slot_rows.start(
+            lambda slot: Row(request, slot, self.k, self.target.vocab_size, speculates=True), self._prefill
+        )  # the graph drafts k-1 tokens every call
 
     def step(self) -> list[Row]:
         """One fused call for every running row; returns the rows that finished (cancelled ones included)."""
@@ -113,12 +106,8 @@ class NxdiFusedLoop:
                 row.error = exc
         return cancelled + self.slot_rows.leave_finished()
 
-    def run(self, request: RowRequest) -> GenerationResult:
-        return run_alone(self, request)
-
     def _prefill(self, row: Row) -> None:
         """The prompt into the row's cache line in one context-encoding call, and the target's first token."""
-        row.stats = GenerationStats(k=self.k)  # the graph drafts k-1 tokens every call
         prompt_len = row.request.prompt_ids.shape[0]
         first = self._call(
             row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1), [prompt_len]

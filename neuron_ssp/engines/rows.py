@@ -105,7 +105,9 @@ class RowSettings:
 class Row:
     """A running request."""
 
-    def __init__(self, request: RowRequest, slot: int, k: int, vocab_size: int):
+    def __init__(self, request: RowRequest, slot: int, k: int, vocab_size: int, speculates: bool | None = None):
+        """`speculates`: whether its calls draft and score windows of k (None: where it has a drafter of ours; a
+        library's loop drafts for every row)."""
         self.request = request
         self.slot = slot
         self.seq = Committed(
@@ -119,7 +121,8 @@ class Row:
         self.policy = request.policy or WindowPolicy(1)
         self.drafter = request.drafter_for(slot) if request.drafter_for is not None else None
         self.noise = PositionNoise(request.seed)
-        self.stats = GenerationStats(k=k if self.drafter is not None else 1)
+        drafts = self.drafter is not None if speculates is None else speculates
+        self.stats = GenerationStats(k=k if drafts else 1)
         self.started = time.perf_counter()
         self.confidence = 1.0
         self.draft = Draft.empty(vocab_size)  # this step's proposal, then what is kept of it
@@ -203,6 +206,31 @@ class RowSlots:
         for row in ended:
             self.leave(row)
         return ended
+
+
+class SlotLoop:
+    """What every loop over `RowSlots` offers beside its own join and step (`RowLoop`): its running rows in joining
+    order, its free slots, and one request alone."""
+
+    def __init__(self, slots: RowSlots):
+        self.slot_rows = slots
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.slot_rows.rows
+
+    @property
+    def free_slots(self) -> int:
+        return self.slot_rows.free
+
+    def join(self, request: RowRequest) -> Row:
+        raise NotImplementedError
+
+    def step(self) -> list[Row]:
+        raise NotImplementedError
+
+    def run(self, request: RowRequest) -> GenerationResult:
+        return run_alone(self, request)
 
 
 def run_alone(loop: RowLoop, request: RowRequest) -> GenerationResult:
