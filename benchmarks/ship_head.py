@@ -1,7 +1,7 @@
 """Put a head trained by train-draft into the package as `embedded:smollm2-135m-instruct-eagle3`.
 
 Copies the head's config.json, model.safetensors (fp16) and recipe.json into
-neuron_ssp/data/smollm2-135m-instruct-eagle3/ and records its known answer there (embedded/heads.py:
+neuron_ssp/data/smollm2-135m-instruct-eagle3/ and records its known answer there (drafters/head_answer.py:
 the target's greedy token after a fixed prompt, then the head's greedy chain), which every load of the
 shipped head checks. Refuses a head over 25 MB or not in fp16.
 
@@ -21,7 +21,8 @@ from neuron_ssp.backends.torch.load import load_torch_backends
 from neuron_ssp.config import EMBEDDED_EAGLE3, load_config
 from neuron_ssp.drafters.eagle import EagleModel
 from neuron_ssp.drafters.eagle_checkpoint import WEIGHTS_FILE, read_checkpoint
-from neuron_ssp.embedded.heads import EMBEDDED_HEADS, check_head_answer, record_head_answer
+from neuron_ssp.drafters.head_answer import check_head_answer, record_head_answer
+from neuron_ssp.embedded.heads import EMBEDDED_HEADS
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.tools.train_draft import RECIPE_FILE
 

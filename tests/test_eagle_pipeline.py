@@ -13,6 +13,7 @@ from neuron_support import VOCAB, save_tiny_llama, with_tokenizer
 from transformers import AutoTokenizer
 
 from neuron_ssp.config import EMBEDDED_DEFAULT, EMBEDDED_EAGLE3, SamplingConfig, load_config
+from neuron_ssp.drafters import head_answer
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.combined import DraftChoice, LookupOrHead, best_rate
 from neuron_ssp.drafters.eagle import EagleDrafter
@@ -107,12 +108,12 @@ def test_a_shipped_head_is_checked_by_its_known_answer(model_dirs, monkeypatch, 
         pipeline(model_dirs, "eagle3", EMBEDDED_EAGLE3)
     loaded = pipeline(model_dirs, "eagle3", model_dirs["head"])  # the same weights, loaded as a plain directory
     tokenizer = AutoTokenizer.from_pretrained(model_dirs["target"])
-    recorded = heads.record_head_answer(loaded.shared.drafter.model, loaded.target, tokenizer, shipped)
-    assert len(recorded) == 1 + heads.ANSWER_DRAFT
+    recorded = head_answer.record_head_answer(loaded.shared.drafter.model, loaded.target, tokenizer, shipped)
+    assert len(recorded) == 1 + head_answer.ANSWER_DRAFT
     assert isinstance(pipeline(model_dirs, "eagle3", EMBEDDED_EAGLE3).shared.drafter, EagleDrafter)
-    answer = json.loads((shipped / heads.ANSWER_FILE).read_text())
+    answer = json.loads((shipped / head_answer.ANSWER_FILE).read_text())
     answer["tokens"][-1] = (answer["tokens"][-1] + 1) % VOCAB
-    (shipped / heads.ANSWER_FILE).write_text(json.dumps(answer))
+    (shipped / head_answer.ANSWER_FILE).write_text(json.dumps(answer))
     with pytest.raises(RuntimeProblem, match="failed its known-answer check"):
         pipeline(model_dirs, "eagle3", EMBEDDED_EAGLE3)
 

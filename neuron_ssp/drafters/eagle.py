@@ -27,11 +27,12 @@ import torch
 
 from neuron_ssp.backends.base import HiddenStates, ModelBackend
 from neuron_ssp.drafters.base import Draft
-from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint, default_taps
+from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint
 from neuron_ssp.drafters.eagle_head import EagleHead, HeadCache
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.position_noise import PositionNoise, race
 from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, logits_to_probs, sample
+from neuron_ssp.topology.head_config import default_taps
 
 
 class EagleModel:

@@ -29,7 +29,8 @@ import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint, EagleConfig
+from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint
+from neuron_ssp.topology.head_config import EagleConfig
 
 Span = tuple[int, int, int]  # rows of one slot in a decode call: (slot, first position, count)
 StepCache = list[tuple[torch.Tensor, torch.Tensor]]  # training: each earlier step's (keys, values)

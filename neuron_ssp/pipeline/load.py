@@ -17,7 +17,8 @@ from neuron_ssp.backends.resolve import ModelDirs, resolve_models
 from neuron_ssp.config import Config
 from neuron_ssp.drafters.combined import LookupOrHead
 from neuron_ssp.drafters.eagle import EagleDrafter
-from neuron_ssp.embedded.heads import EMBEDDED_HEADS, check_head_answer
+from neuron_ssp.drafters.head_answer import check_head_answer
+from neuron_ssp.embedded.heads import EMBEDDED_HEADS
 from neuron_ssp.pipeline.build import Shared, build_generator, share
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids

@@ -24,9 +24,12 @@ Sources, at the commits named:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem
+from neuron_ssp.topology.head_config import default_taps, parse_config
+from neuron_ssp.topology.models import _head_json
 from neuron_ssp.topology.report import ValidationReport
 
 TNX, NXDI, VLLM = "transformers-neuronx", "nxdi", "vllm-neuron"
@@ -203,11 +206,6 @@ def head_checkpoint_problems(config: Config, target_layers: int | None) -> list[
     draft = config.draft
     if config.neuron.library != NXDI or config.speculation.drafter != "eagle3" or draft is None:
         return []
-    from pathlib import Path
-
-    from neuron_ssp.drafters.eagle_checkpoint import default_taps, parse_config
-    from neuron_ssp.topology.models import _head_json
-
     data = _head_json(draft.path)
     if not data:
         return []  # not here: `neuron-ssp prepare-draft` checks it where it is
