@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 from neuron_support import STANDIN, save_tiny_llama
+from transformers import LlamaForCausalLM
 
 
 def _purge_standin() -> None:
@@ -105,3 +106,16 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
         "target": save_tiny_llama(root / "tiny-target", seed=0),
         "draft": save_tiny_llama(root / "tiny-draft", seed=1),
     }
+
+
+@pytest.fixture(scope="session")
+def near_draft(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The target with noise on its output head: a draft that agrees with it at some positions only."""
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dirs["target"])
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        head = model.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=generator) * head.std() * 0.8)
+    path = tmp_path_factory.mktemp("near") / "tiny-near-draft"
+    model.save_pretrained(path)
+    return {"target": tiny_model_dirs["target"], "draft": path}

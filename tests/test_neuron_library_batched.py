@@ -1,5 +1,6 @@
-"""`engine: library` and `engine: fused` at batch > 1: transformers-neuronx's own loops (stand-in ports of 1ade6d7)
-over a static batch of rows: each row's output that of the row alone, the calls as the real signatures take them."""
+"""`engine: library` at batch > 1: transformers-neuronx's own SpeculativeGenerator loop (a stand-in port of 1ade6d7)
+over a static batch of rows: each row's output that of the row alone, the calls as the real signatures take them.
+(`engine: fused` at batch > 1 batches continuously: tests/test_neuron_fused_rows.py.)"""
 
 from __future__ import annotations
 
@@ -14,11 +15,9 @@ from neuron_support import STANDIN, VOCAB, neuron_config, prompt
 
 from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
-from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, generation_settings
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.fused import FusedEngine, fused_k
 from neuron_ssp.engines.library import LibraryEngine
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import RuntimeProblem, UsageError
@@ -113,21 +112,6 @@ class CappedGreedy(GreedyAcceptor):
 
 def self_drafted(dirs: dict[str, Path]) -> dict[str, Path]:
     return {"target": dirs["target"], "draft": dirs["target"]}
-
-
-@pytest.fixture(scope="module")
-def near_draft(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The target with noise on its output head: a draft that agrees with it at some positions only."""
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dirs["target"])
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        head = model.lm_head.weight
-        head.add_(torch.randn(head.shape, generator=generator) * head.std() * 0.8)
-    path = tmp_path_factory.mktemp("near") / "tiny-near-draft"
-    model.save_pretrained(path)
-    return {"target": tiny_model_dirs["target"], "draft": path}
 
 
 CASES = [(prompt(5, seed=1), 20), (prompt(13, seed=2), 9), (prompt(9, seed=3), 30)]  # lengths and budgets differ
@@ -304,69 +288,6 @@ def test_a_prompt_that_fills_a_context_bucket_is_sent_at_that_width_and_leaves_t
     rows = [loop.join(request(ids, new)) for ids, new in cases]
     loop.step()
     assert [row.seq.generated() for row in rows] == expected and widths == [64]
-
-
-def fused_engine(dirs: dict[str, Path], batch: int, sampling: SamplingConfig = GREEDY) -> FusedEngine:
-    from transformers_neuronx.config import GenerationConfig
-    from transformers_neuronx.fused_speculation import FusedSpeculativeDecoder
-
-    generation = GenerationConfig(**generation_settings(sampling, [2], VOCAB))
-    target, draft = (
-        batched_model(dirs[role], batch, on_device_embedding=True, on_device_generation=generation)
-        for role in ("target", "draft")
-    )
-    decoder = FusedSpeculativeDecoder(draft, target, k=fused_k(K), pad_token_id=0, eos_token_id=2)
-    decoder.to_neuron()
-    return FusedEngine(decoder, OnDeviceBackend(target, "target", VOCAB, N_POSITIONS), K, batch)
-
-
-def fused_alone(dirs: dict[str, Path], ids: torch.Tensor, new: int):
-    config = neuron_config(dirs["target"], dirs["draft"], speculation={"engine": "fused"})
-    target, draft = load_neuron_backends(config, plan_deployment(config))
-    return FusedEngine.build(config, target, draft).generate(ids, new)
-
-
-def test_fused_rows_are_the_rows_alone_and_their_stats_their_own(
-    neuronx: ModuleType, near_draft: dict[str, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The fused graph runs every row from its own cache ids, so a greedy row's iterations are those it has alone:
-    its tokens and its statistics. `rate` would give every row row 0's counts (fused_speculation.py:683)."""
-    from transformers_neuronx import fused_speculation
-
-    sent: list[dict] = []
-    real_sample = fused_speculation.FusedSpeculativeDecoder.sample
-
-    @functools.wraps(real_sample)
-    def spy(self, input_ids, **kwargs):
-        sent.append(kwargs)
-        return real_sample(self, input_ids, **kwargs)
-
-    alone = [fused_alone(near_draft, ids, new) for ids, new in CASES]
-    monkeypatch.setattr(fused_speculation.FusedSpeculativeDecoder, "sample", spy)
-    loop = fused_engine(near_draft, 3).row_loop()
-    rows = [loop.join(request(ids, new)) for ids, new in CASES]
-    loop.step()
-    for row, result in zip(rows, alone, strict=True):
-        assert row.error is None and row.seq.generated() == result.tokens
-        for name in ("target_calls", "accepted_tokens", "draft_tokens", "accepted_at", "loop_tokens"):
-            assert getattr(row.stats, name) == getattr(result.stats, name), name
-    assert len({row.stats.accepted_tokens for row in rows}) > 1  # the rows did accept differently
-    ((call,),) = [sent]
-    assert set(call) <= real_names("sdk_2_21_fused", "FusedSpeculativeDecoder.sample")
-    width = max(len(ids) for ids, _ in CASES)
-    assert call["attention_mask"].tolist() == [[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in CASES]
-    assert call["start_ids"].tolist() == [0, 1, 2]
-
-
-def test_fused_samples_per_row_on_the_device(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:
-    """With do_sample the graph draws per row (hlo.multinomial over the batch, fused_speculation.py:396); the
-    settings are the compiled ones and the draws unseeded, so only the shape of the result is checked."""
-    loop = fused_engine(tiny_model_dirs, 2, SamplingConfig(temperature=0.8, top_k=20)).row_loop()
-    rows = [loop.join(request(ids, new, eos={2})) for ids, new in CASES[:2]]
-    loop.step()
-    for row, (_, new) in zip(rows, CASES[:2], strict=True):
-        tokens = row.seq.generated()
-        assert row.error is None and (len(tokens) == new or tokens[-1] == 2) and 2 not in tokens[:-1]
 
 
 def test_models_without_right_padding_are_refused(neuronx: ModuleType, tiny_model_dirs: dict[str, Path]) -> None:

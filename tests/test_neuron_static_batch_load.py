@@ -1,7 +1,7 @@
-"""`engine: library` and `engine: fused` at batch > 1 from a config: what the loader builds for the library's own
-batched loops (both models at batch_size B with NeuronConfig(padding_side='right'), the library target's windows
-at (k, B), no continuous batching), and the whole path `load_pipeline` -> `row_loop()` through the stand-in,
-each row's tokens those of its batch-1 run."""
+"""`engine: library` at batch > 1 from a config: what the loader builds for the library's own batched loop (both
+models at batch_size B with NeuronConfig(padding_side='right'), the target's windows at (k, B), no continuous
+batching), and the whole path `load_pipeline` -> `row_loop()` through the stand-in, each row's tokens those of its
+batch-1 run. (`engine: fused` at batch > 1 batches continuously: tests/test_neuron_fused_rows.py.)"""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def enabled(standin: ModuleType) -> list[dict[str, Any]]:
     return [d for _, call, d in standin.RUNTIME.events if call == "enable_speculative_decoder"]
 
 
-@pytest.mark.parametrize("engine", ["library", "fused"])
 def test_a_batch_of_two_rows_from_a_config_gives_each_row_its_batch_1_tokens(
-    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path, engine: str
+    neuronx: ModuleType, tiny_model_dirs: dict[str, Path], tmp_path: Path
 ) -> None:
+    engine = "library"
     target = with_tokenizer(tiny_model_dirs["target"], tmp_path)
     alone = load_pipeline(config_at(tiny_model_dirs, target, engine, 1))
     expected = [alone.generator.generate(ids, new, alone.eos_token_ids).tokens for ids, new in ROWS]
@@ -62,7 +62,7 @@ def test_a_batch_of_two_rows_from_a_config_gives_each_row_its_batch_1_tokens(
         assert kwargs["batch_size"] == BATCH, name
         assert kwargs["neuron_config"].padding_side == "right" and not kwargs["neuron_config"].continuous_batching
     assert set(built(neuronx)) == {target.name, tiny_model_dirs["draft"].name}
-    assert enabled(neuronx) == ([{"speculation_length": K, "batch_sizes": BATCH}] if engine == "library" else [])
+    assert enabled(neuronx) == [{"speculation_length": K, "batch_sizes": BATCH}]
 
     loop = pipeline.row_loop()
     rows = [loop.join(pipeline.row_request(ids, new, config.sampling, RowCallbacks())) for ids, new in ROWS]

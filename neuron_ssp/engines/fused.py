@@ -20,26 +20,37 @@ source says, and how it maps onto this package:
   the host, and count in `stats.tokens_after_eos` what the device generated past an EOS it was not
   told about: wall time, tokens/s and the acceptance counts include that work.
 
-Batch > 1 (`sample(input_ids, start_ids, attention_mask, sequence_length)`, fused_speculation.py:504-742): the
-prompts are padded on the RIGHT and `attention_mask` marks the real tokens (asserted for batch > 1, :555-558);
-context `cache_ids = arange(len) * mask` (:559), each row's first new token at its count of ones (:598-601);
-`start_ids` are the sequence ids arange(bs) (:552-553). Both models must be built with
-NeuronConfig(padding_side='right') (asserted, :318-325); then the graph keeps 2-D cache_ids, each row drafting
-and scoring from its own position (:200-202). One `sequence_length` for all rows (the longest budget; shorter
-rows are cut here); a row stops at the one EOS id (:685-710) or at sequence_length (:730-732). Sampling is per
-row on the device, with the settings compiled in (one GenerationConfig for the whole batch, unseeded): the
-pipeline refuses per-request settings that differ (pipeline/build.py `refuse_unhonoured`).
-Statistics: `rate[row]` would count row 0's tokens for every row (`rate[batch][counts[0][0]]`, :683), so each
-iteration's per-row counts are read where the loop reads them, from its `speculator.execute(...)` (:677: tokens,
-counts): every iteration drafts fused_k tokens and commits counts[row], so acceptance rate, mean accepted length
-and per-position acceptance are exact per row; the draft / target time split is not observable (one graph), and
-is reported as zero.
+Batch 1 runs `sample` (fused_speculation.py:504-742), as before batching existed. Statistics: `rate[row]` would
+count row 0's tokens for every row (`rate[batch][counts[0][0]]`, :683), so each iteration's counts are read where
+the loop reads them, from its `speculator.execute(...)` (:677: tokens, counts): every iteration drafts fused_k
+tokens and commits counts[row], so acceptance rate, mean accepted length and per-position acceptance are exact;
+the draft / target time split is not observable (one graph), and is reported as zero.
+
+Batch B > 1 is continuous batching through the decoder's own entry for it, `speculative_iteration` (:746-867), as
+vLLM's transformers-neuronx worker drives it (`NeuronSpeculationCausalLM.forward`, vllm 9f77d7f7
+model_executor/model_loader/neuron.py, both models built with `ContinuousBatchingConfig`, on-device embedding and
+generation): a call whose cache ids start at 0 is a prompt, context-encoded by target and draft into the cache line
+its start id names (:776-811; at batch 1 per prompt under continuous batching, llama/model.py:83-84); any other
+call is one iteration of the fused graph for the rows given, padded to the compiled batch with the missing
+sequence ids (token 0 at cache id 0, :826-831, :871-894, so a free line costs nothing: the graph's bucket follows
+the largest cache id, program.py:451-452), and returns each row's tokens and count (:862-867). The fused graph
+advances every row from its own position (:173-202), so rows join between iterations (engines/fused_rows.py) and
+each commits its own count; nothing here meets SpeculativeGenerator's int32 draft step (speculation.py:356),
+which is what keeps `engine: library` from continuous batching. Two things the source does are worked around:
+- `speculative_iteration_post_process` (:220-234) rewrites every token equal to pad_token_id into row 0's first
+  token before it cuts the rows at their counts: with the EOS as pad, a row's EOS would become another token. The
+  decoder is built with pad_token_id = the vocabulary size, which no row produces;
+- a one-token prompt would take the one-token branch of continuous batching, which writes token 0 at cache id 0 of
+  every other sequence (base.py:575-587): it is encoded in a full-batch call instead, every running row at its
+  next position (stale: the next iteration writes it before reading it).
+A prompt must fit one context network (the library asserts it, base.py:508). Sampling is per row on the device,
+with the settings compiled in (one GenerationConfig for the whole batch, unseeded): the pipeline refuses
+per-request settings that differ (pipeline/build.py `refuse_unhonoured`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -49,8 +60,9 @@ from neuron_ssp.backends.neuron.load import compile_estimate
 from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.embedded.models import resolve_model_path
-from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.base import check_room
+from neuron_ssp.engines.fused_rows import FusedRowLoop
+from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
     Piece,
@@ -60,8 +72,8 @@ from neuron_ssp.engines.static_batch import (
     pad_id,
     padded_batch,
     require_one_context,
-    require_right_padding,
 )
+from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.topology.positions import extra_target_slots
 
@@ -74,9 +86,9 @@ def fused_k(window: int) -> int:
     return window - 1
 
 
-class FusedEngine:
-    """Same `generate` as `SpeculativeGenerator`, run by `FusedSpeculativeDecoder.sample`; `row_loop()` runs it
-    over as many requests at once as the models were compiled for (`target.batch_size`)."""
+class FusedEngine(Generator):
+    """`FusedSpeculativeDecoder` as an engine: `row_loop()` runs one `sample` call per request at batch 1, and the
+    rows of one continuous batch at `target.batch_size` > 1 (`FusedDecoderLoop`)."""
 
     def __init__(self, decoder: Any, target: OnDeviceBackend, k: int, batch_size: int = 1):
         self.decoder = decoder
@@ -84,13 +96,14 @@ class FusedEngine:
         self.k = k
         self.batch_size = batch_size
         self.vocab_size = target.vocab_size
+        self.loop = FusedDecoderLoop(decoder, target, k) if batch_size > 1 else None
 
     @classmethod
     def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
         fused, _ = load_fused_modules()
         batch_size = config.target.batch_size  # one the installed build's decoder takes: its loader checked
         if batch_size > 1:
-            require_right_padding({"target": target.model, "draft": draft.model})
+            require_continuous_batching({"target": target.model, "draft": draft.model})
         warn_about_device_sampling(config.sampling)
         model_dir = resolve_model_path(config.target.path, "target.path")
         stop = stop_id(model_dir, config.generation.chat_template)
@@ -98,28 +111,19 @@ class FusedEngine:
             draft.model,
             target.model,
             k=fused_k(config.speculation.k),
-            pad_token_id=pad_id(target.model, stop),
+            pad_token_id=pad_id(target.model, stop) if batch_size == 1 else target.vocab_size,  # module docstring
             eos_token_id=stop,
         )
         decoder.to_neuron(workers=compile_estimate(config).bound)  # its fused graphs compile now
         return cls(decoder, target, config.speculation.k, batch_size)
 
-    def row_loop(self) -> StaticBatchLoop:
-        """Requests as rows of one `sample` call each (`RowLoop`): up to `batch_size` join, one call runs them all."""
-        return StaticBatchLoop(self)
+    def row_loop(self) -> FusedDecoderLoop | StaticBatchLoop:
+        """At batch > 1 the decoder's one loop (it owns the cache lines, so every caller shares it); at batch 1 one
+        `sample` call per request."""
+        return self.loop if self.loop is not None else StaticBatchLoop(self)
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_ids: Collection[int] = (),
-        on_tokens: TokenCallback | None = None,
-    ) -> GenerationResult:
-        """One request: the row loop with one row (padded to the compiled batch)."""
-        request = RowRequest(
-            prompt_ids, max_new_tokens, SamplingParams(), eos_token_ids=eos_token_ids, on_tokens=on_tokens
-        )  # the device samples with the settings it was compiled with
-        return self.row_loop().run(request)
+    def row_settings(self) -> RowSettings:
+        return RowSettings(SamplingParams())  # the device samples with the settings it was compiled with
 
     # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
 
@@ -132,35 +136,15 @@ class FusedEngine:
             "target.n_positions",
             extra_target_slots("fused", self.k),
         )
-        if self.batch_size > 1:
-            require_one_context(request.prompt_ids.shape[0], min(max(buckets) for buckets in self.buckets))
-
-    @property
-    def buckets(self) -> tuple[list[int], list[int]]:
-        """The target's and the draft's context buckets (both encode the prompts, fused_speculation.py:576, :592):
-        a batch's prompts fit the smallest of their largest."""
-        draft = self.decoder.draft
-        return (
-            context_buckets(self.target.model, self.target.n_positions),
-            context_buckets(draft, getattr(draft, "n_positions", self.target.n_positions)),
-        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
-        """One `FusedSpeculativeDecoder.sample` over `rows`, padded to the compiled batch."""
+        """One `FusedSpeculativeDecoder.sample` over the one row of batch 1."""
         batch = padded_batch(rows, self.batch_size, self.decoder.pad_token_id)
         speculator = self.decoder.speculator
         counted = _CountedIterations(speculator, self.batch_size, fused_k(self.k))
         self.decoder.speculator = counted
         try:
-            if self.batch_size == 1:  # as before batching existed
-                sequences, _, _ = self.decoder.sample(batch.input_ids, sequence_length=batch.sequence_length)
-            else:  # fused_speculation.py:551-560: right-padded prompts, their mask, sequence ids
-                sequences, _, _ = self.decoder.sample(
-                    batch.input_ids,
-                    start_ids=batch.start_ids,
-                    attention_mask=batch.attention_mask,
-                    sequence_length=batch.sequence_length,
-                )
+            sequences, _, _ = self.decoder.sample(batch.input_ids, sequence_length=batch.sequence_length)
         finally:
             self.decoder.speculator = speculator
         return [
@@ -170,6 +154,61 @@ class FusedEngine:
             )
             for i, row in enumerate(rows)
         ]
+
+
+class FusedDecoderLoop(FusedRowLoop):
+    """Rows of one continuous batch of `FusedSpeculativeDecoder` (engines/fused_rows.py), each call through
+    `speculative_iteration` (module docstring)."""
+
+    library = "transformers-neuronx"
+
+    def __init__(self, decoder: Any, target: OnDeviceBackend, k: int):
+        super().__init__(target, k, decoder.batch_sizes[0])
+        self.decoder = decoder
+
+    def check(self, request: RowRequest) -> None:
+        prompt_len = request.prompt_ids.shape[0]
+        check_room(
+            self.target, prompt_len, request.max_new_tokens, "target.n_positions", extra_target_slots("fused", self.k)
+        )
+        n_positions = self.target.n_positions  # the draft's is at least the target's (topology.positions)
+        largest = min(max(context_buckets(model, n_positions)) for model in (self.decoder.target, self.decoder.draft))
+        require_one_context(
+            prompt_len,
+            largest,
+            "a longer one fails its continuous-batching context encoding (base.py:508 at 1ade6d7), and a fused "
+            "iteration takes one token per row",
+        )
+
+    def first_token(self, row: Row) -> int:
+        prompt = row.request.prompt_ids
+        if prompt.shape[0] == 1:
+            return self._one_token_prompt(row)
+        token, _ = self.decoder.speculative_iteration(
+            prompt.view(1, -1), torch.arange(prompt.shape[0]).view(1, -1), torch.tensor([row.slot])
+        )
+        return int(token.reshape(-1)[0])
+
+    def accepted(self, rows: list[Row]) -> list[list[int]]:
+        tokens, counts = self.decoder.speculative_iteration(
+            torch.tensor([[row.seq.last] for row in rows]),
+            torch.tensor([[row.seq.length - 1] for row in rows]),  # each row's last committed token, in no cache yet
+            torch.tensor([row.slot for row in rows]),
+        )
+        return [tokens[i, : int(counts[i])].tolist() for i in range(len(rows))]
+
+    def _one_token_prompt(self, row: Row) -> int:
+        """Target and draft over every cache line at once: the new row's token at 0, every running row a pad token
+        at its next position, the free lines at 0 (module docstring)."""
+        input_ids = torch.zeros(self.slots, 1, dtype=torch.int64)
+        cache_ids = torch.zeros(self.slots, 1, dtype=torch.int64)
+        for running in self.rows:
+            cache_ids[running.slot] = running.seq.length - 1
+        input_ids[row.slot] = row.request.prompt_ids[0]
+        seq_ids = torch.arange(self.slots, dtype=torch.int32)
+        tokens = self.decoder.target(input_ids, cache_ids=cache_ids, start_ids=seq_ids)
+        self.decoder.draft(input_ids, cache_ids=cache_ids, start_ids=seq_ids)
+        return int(tokens.reshape(self.slots, -1)[row.slot, 0])
 
 
 class _CountedIterations:
@@ -208,3 +247,24 @@ def warn_about_device_sampling(sampling: SamplingConfig) -> None:
         )
     if notes:
         warnings.warn("engine fused samples on device: " + "; ".join(notes), stacklevel=3)
+
+
+def require_continuous_batching(models: dict[str, Any]) -> None:
+    """Batch > 1 runs rows that join and leave: both models built with NeuronConfig(continuous_batching=...), one KV
+    cache line per sequence that start ids address (what load_on_device_backends builds)."""
+    missing = [
+        role
+        for role, model in models.items()
+        if getattr(getattr(model, "neuron_config", None), "continuous_batching", None) is None
+    ]
+    if missing:
+        raise RuntimeProblem(
+            Problem(
+                "target.batch_size",
+                "> 1",
+                f"the {' and '.join(missing)} model was built without NeuronConfig(continuous_batching=...), which "
+                "engine fused at batch > 1 needs (its rows join and leave through speculative_iteration)",
+                "load the models through neuron-ssp with the batch in the config (it sets continuous batching), or set "
+                "target.batch_size: 1",
+            )
+        )

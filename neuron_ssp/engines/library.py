@@ -208,7 +208,12 @@ class LibraryEngine:
             "draft.n_positions",
         )
         if self.batch_size > 1:
-            require_one_context(prompt_len, min(max(buckets) for buckets in self.buckets))
+            require_one_context(
+                prompt_len,
+                min(max(buckets) for buckets in self.buckets),
+                "a static batch with a longer prompt is encoded token by token past it after base.py:246-249 at "
+                "1ade6d7 slices its 2-D cache_ids by row, which a batch does not survive",
+            )
 
     @property
     def buckets(self) -> tuple[list[int], list[int]]:

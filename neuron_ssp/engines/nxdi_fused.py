@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from neuron_ssp.engines.base import check_room
-from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings, RowSlots, SlotLoop
+from neuron_ssp.engines.fused_rows import FusedRowLoop
+from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.topology.batch_rules import NXDI_FUSED_SAMPLING
@@ -50,21 +51,16 @@ PADDING = -1  # NeuronFusedSpecModel.acceptance_padding_token (model_base.py:165
 GREEDY = SamplingParams()
 
 
-class NxdiFusedLoop(SlotLoop):
-    """Rows of NxDI's fused speculation graph, at most its compiled batch at once (`RowLoop`, engines/rows.py).
-    One loop per loaded target: it owns the cache lines. A request's drafter, acceptor and window policy are the
-    graph's (a draft model, greedy acceptance, k fixed at compile time); its sampling must be greedy."""
+class NxdiFusedLoop(FusedRowLoop):
+    """Rows of NxDI's fused speculation graph (engines/fused_rows.py); its sampling must be greedy."""
+
+    library = "NxD Inference"
 
     def __init__(self, target: Any, k: int):
-        self.target = target  # OnDeviceBackend over the fused NeuronLlamaForCausalLM
-        self.app = target.model
-        self.k = k
-        self.slots = compiled_batch(self.app)
-        super().__init__(RowSlots(self.slots))
+        super().__init__(target, k, compiled_batch(target.model))
+        self.app = target.model  # the fused NeuronLlamaForCausalLM
 
-    def join(self, request: RowRequest) -> Row:
-        """Encode the prompt into a free cache line (its own call) and commit the target's first token. A
-        request that ends there (EOS, a budget of one) is returned finished, not running."""
+    def check(self, request: RowRequest) -> None:
         refuse_sampled(request.sampling)
         check_room(
             self.target,
@@ -73,47 +69,23 @@ class NxdiFusedLoop(SlotLoop):
             "target.n_positions",
             extra_target_slots("fused", self.k, NXDI),
         )
-        return self.slot_rows.start(
-            lambda slot: Row(request, slot, self.k, self.target.vocab_size, speculates=True), self._prefill
-        )  # the graph drafts k-1 tokens every call
 
-    def step(self) -> list[Row]:
-        """One fused call for every running row; returns the rows that finished (cancelled ones included)."""
-        cancelled = self.slot_rows.leave_cancelled()
-        if not self.rows:
-            return cancelled
-        rows = sorted(self.rows, key=lambda row: row.slot)
+    def first_token(self, row: Row) -> int:
+        """The prompt into the row's cache line in one context-encoding call."""
+        prompt_len = row.request.prompt_ids.shape[0]
+        first = self._call(
+            row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1), [prompt_len]
+        )
+        return first[0][0]
+
+    def accepted(self, rows: list[Row]) -> list[list[int]]:
         positions = [row.seq.length - 1 for row in rows]  # each row's last committed token, not yet in a cache
-        accepted = self._call(
+        return self._call(
             torch.tensor([[row.seq.last] for row in rows]),
             [row.slot for row in rows],
             torch.tensor(positions).view(-1, 1),
             positions,
         )
-        for row, tokens in zip(rows, accepted, strict=True):
-            try:
-                if not tokens:
-                    raise RuntimeProblem(
-                        Problem(
-                            "speculation.engine",
-                            "fused",
-                            f"NxD Inference returned no token for cache line {row.slot}",
-                            "report it with the NxD Inference version; serve with speculation.engine: native meanwhile",
-                        )
-                    )
-                row.stats.record_call(self.k - 1, len(tokens) - 1, row.seq.extend(tokens, len(tokens) - 1, self.k - 1))
-            except Exception as exc:  # this row's failure (a callback): the others go on
-                row.error = exc
-        return cancelled + self.slot_rows.leave_finished()
-
-    def _prefill(self, row: Row) -> None:
-        """The prompt into the row's cache line in one context-encoding call, and the target's first token."""
-        prompt_len = row.request.prompt_ids.shape[0]
-        first = self._call(
-            row.request.prompt_ids.view(1, -1), [row.slot], torch.arange(prompt_len).view(1, -1), [prompt_len]
-        )
-        row.prefilled = prompt_len
-        row.seq.extend(first[0][:1])
 
     def _call(
         self, input_ids: torch.Tensor, slots: list[int], position_ids: torch.Tensor, visible: list[int]

@@ -1,7 +1,8 @@
 """A static batch: the rows of a library loop that generates whole requests per call.
 
-transformers-neuronx's `SpeculativeGenerator.sample` and `FusedSpeculativeDecoder.sample` (1ade6d7) take a
-batch of prompts and run every one to its end in one call; nothing joins or leaves while they run. So
+transformers-neuronx's `SpeculativeGenerator.sample` (engine library, any batch) and
+`FusedSpeculativeDecoder.sample` (engine fused at batch 1; at batch > 1 it runs rows that join and leave:
+engines/fused.py) take a batch of prompts and run every one to its end in one call; nothing joins or leaves. So
 rows join while no call runs, up to the batch size the models were compiled for; `step()` runs the
 library ONCE over every joined row and returns all of them finished (EOS, budget, a row's own error).
 Each row keeps its own prompt, budget, EOS ids, sampling seed and callbacks (`Row.seq` cuts at its EOS and
@@ -212,18 +213,16 @@ def context_buckets(model: Any, n_positions: int) -> list[int]:
     return [bucket // 2 for bucket in [*tokens, n_positions]]
 
 
-def require_one_context(prompt_len: int, largest: int) -> None:
+def require_one_context(prompt_len: int, largest: int, why: str) -> None:
     """At batch > 1 every prompt must fit one context network (`largest`: the smaller of the models' largest
-    context buckets): past it 1ade6d7 encodes the rest token by token after slicing the 2-D cache_ids by ROW
-    (`cache_ids[:estimate]`, base.py:246-249), which a batch does not survive."""
+    context buckets); `why`: what the library does with a longer one."""
     if prompt_len > largest:
         raise UsageError(
             Problem(
                 "prompt",
                 f"{prompt_len} tokens",
-                f"at batch > 1 transformers-neuronx encodes the prompts in one context network of at most {largest} "
-                "tokens (its largest context bucket, half of n_positions); a batch with a longer prompt is split by "
-                "base.py:246-249 at 1ade6d7, which slices its 2-D cache_ids by row",
+                f"at batch > 1 transformers-neuronx encodes a prompt in one context network of at most {largest} "
+                f"tokens (its largest context bucket, half of n_positions): {why}",
                 f"shorten the prompt to {largest} tokens or fewer, compile the models with a larger n_positions, or "
                 "set target.batch_size: 1",
             )

@@ -179,11 +179,13 @@ BATCH_RULES: tuple[BatchRule, ...] = (
         "fused",
         TNX_0_13,
         True,
-        "FusedSpeculativeDecoder.sample: attention_mask required, 2-D cache_ids "
-        "(fused_speculation.py:555-560 at 1ade6d7); a graph per (batch size, bucket) (:464-470)",
-        False,
-        "this engine runs sample over a fixed batch; the library's speculative_iteration "
-        "(fused_speculation.py:746) is not driven",
+        "FusedSpeculativeDecoder's graph advances every row from its own cache id (fused_speculation.py:173-202 at "
+        "1ade6d7); a graph per (batch size, bucket) (:464-470)",
+        True,
+        "speculative_iteration (fused_speculation.py:746-867): a prompt is context-encoded into its own cache line "
+        "(:776-811), an iteration runs the rows given, padded to the compiled batch by sequence id (:813-860), as "
+        "vLLM's transformers-neuronx worker drives it (NeuronSpeculationCausalLM.forward, vllm 9f77d7f7 "
+        "model_executor/model_loader/neuron.py)",
         True,
         "on device, GenerationConfig(do_sample=True) (config.py:106-118)",
     ),

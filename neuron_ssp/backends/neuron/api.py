@@ -116,12 +116,13 @@ class NeuronxApi:
         return {"continuous_batching": self.continuous_batching_class(batch_size_for_shared_caches=batch_size)}
 
     def static_batch_options(self, batch_size: int) -> dict[str, Any]:
-        """NeuronConfig keywords of a model the library's own loops run at a static batch (`engine: library` /
-        `fused`): right padding (none at batch 1). Their batched `sample` sends right-padded prompts with 2-D
-        cache_ids (speculation.py:722-728, fused_speculation.py:555-559 at 1ade6d7), which the models read only
-        with `padding_side='right'` (config.py:214, :254-259 `lhs_aligned`); the fused decoder asserts it
-        (fused_speculation.py:318-325). No continuous batching: 1ade6d7's draft step sends int32 cache_ids with
-        int64 tokens (speculation.py:356), which its continuous-batching scatter refuses (base.py:585)."""
+        """NeuronConfig keywords of a model SpeculativeGenerator runs at a static batch (`engine: library`): right
+        padding (none at batch 1). Its batched `sample` sends right-padded prompts with 2-D cache_ids
+        (speculation.py:722-728 at 1ade6d7), which the models read only with `padding_side='right'` (config.py:214,
+        :254-259 `lhs_aligned`). No continuous batching: from k = 3 its draft step sends int32 cache_ids with int64
+        tokens (speculation.py:356), which the continuous-batching scatter refuses (base.py:585), and `sample` takes
+        its rows at the start. (`engine: fused` batches continuously: its decoder advances rows on the device,
+        fused_speculation.py:173-202, through speculative_iteration, :746.)"""
         if batch_size == 1:
             return {}
         assert self.neuron_config_class is not None, "the batch rules refuse a build without NeuronConfig first"

@@ -10,8 +10,9 @@ picks the window at run time (`speculative_forward(..., speculation_length=k)`).
 At batch > 1 our loop's models are compiled with continuous batching (each request prefilled into its own
 cache slot) and scored by `BatchedNeuronBackend`; a library build that cannot is refused before any load, by the
 batch rules `validate` applies, keyed by what the installed build does (api.py, probe.py).
-The library's own loops (engine library / fused) take a static batch instead: both models at `batch_size` B
-with right padding, the target's speculation networks at (k, B) (`api.static_batch_options`).
+The library's own loop (engine library) takes a static batch instead: both models at `batch_size` B with right
+padding, the target's speculation networks at (k, B) (`api.static_batch_options`); engine fused's models are built
+for continuous batching, like our loop's.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def load_on_device_backends(
     api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
 ) -> tuple[Any, Any]:
     """engine fused: both models with on-device embedding and generation, no speculation network of their
-    own (the fused decoder compiles its graph from them). Compiled at every load: the fused graph is not
+    own (the fused decoder compiles its graph from them), and at batch > 1 continuous batching (rows join and leave
+    through the decoder's speculative_iteration: engines/fused.py). Compiled at every load: the fused graph is not
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
     from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, on_device_options
 
@@ -96,7 +98,7 @@ def load_on_device_backends(
     for role in plan.load_order:
         model_cfg = model_config(config, role)
         model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
-        options = {**on_device_options(config, model_dir), **api.static_batch_options(model_cfg.batch_size)}
+        options = {**on_device_options(config, model_dir), **api.continuous_batching_options(model_cfg.batch_size)}
         model = build_model(api, model_dir, model_cfg, None, None, options, workers)
         backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
     return backends["target"], backends.get("draft")

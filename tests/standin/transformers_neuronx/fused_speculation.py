@@ -8,7 +8,10 @@ positions, and the token selection, all on device, for every row of the batch fr
 the constructor keeps the real signature and assertions, and `sample` is the real loop (:546-742) statement
 for statement without the EAGLE, output_scores and debug branches: right-padded prompts with their
 attention_mask at batch > 1, each row's first token at its count of ones, per-row EOS and clamping, and
-`rate[batch][counts[0][0]]` (:683), which counts row 0's tokens for every row.
+`rate[batch][counts[0][0]]` (:683), which counts row 0's tokens for every row. The continuous-batching entry is
+ported the same way (without EAGLE and debug): `speculative_iteration` (:746-867) with `prepare_cache_ids`,
+`preprocess_input`, `postprocess_output` (:871-936) and `speculative_iteration_post_process` (:220-234), which
+rewrites every token equal to pad_token_id into row 0's first token before it cuts each row at its count.
 Only in the SDK 2.21 generation, like the real module.
 """
 
@@ -165,6 +168,53 @@ class FusedSpeculativeDecoder(torch.nn.Module):
             streamer.end()
         return sequences[:, : ends.max().item()], rate, iters
 
+    def speculative_iteration(self, input_ids, cache_ids, start_ids):  # :746-867, without EAGLE and debug
+        batch_size, context_len = input_ids.shape
+        cache_ids = self.prepare_cache_ids(cache_ids, batch_size, context_len)
+        min_values_per_row, _ = torch.min(cache_ids, dim=-1)
+        do_context_decoding = (min_values_per_row == 0).any()
+        if do_context_decoding:
+            target_next_id = self.target(input_ids, cache_ids, start_ids).reshape(batch_size, -1)
+            self.draft(input_ids, cache_ids, start_ids)
+            return target_next_id, torch.tensor([[1]] * batch_size)
+        seq_ids = start_ids.flatten().to(torch.long)
+        graph_batch_size = self.batch_sizes[0]
+        full_input_ids, cache_ids_pad = [
+            self.preprocess_input(tensor=t, seq_ids=seq_ids, target_batch_size=graph_batch_size)
+            for t in [input_ids, cache_ids]
+        ]
+        seq_ids_pad = torch.arange(graph_batch_size)
+        tokens, counts, token_id, *score = self.speculator.execute(
+            full_input_ids, cache_ids_pad, seq_ids_pad, return_ranks=1
+        )
+        output_tokens, output_counts = [self.postprocess_output(tensor=t, seq_ids=seq_ids) for t in [tokens, counts]]
+        return self.speculative_iteration_post_process(output_tokens, output_counts)
+
+    def speculative_iteration_post_process(self, output_tokens, output_counts):  # :220-234 (FusedSpeculativeBase)
+        non_pad_value = output_tokens[0, 0]
+        output_tokens[output_tokens == self.pad_token_id] = non_pad_value
+        result_tokens = torch.full_like(output_tokens, fill_value=self.pad_token_id)
+        for i in range(output_tokens.size(0)):
+            result_tokens[i, : output_counts[i].item()] = output_tokens[i, : output_counts[i].item()]
+        return result_tokens, output_counts
+
+    def preprocess_input(self, tensor, seq_ids, target_batch_size):  # :871-894
+        original_shape = tensor.shape
+        new_shape = (target_batch_size,) + original_shape[1:]
+        output_tensor = torch.zeros(new_shape, dtype=tensor.dtype)
+        output_tensor[seq_ids] = tensor
+        return output_tensor
+
+    def postprocess_output(self, tensor, seq_ids):  # :897-915
+        return tensor[seq_ids]
+
+    def prepare_cache_ids(self, cache_ids, batch, seq_len):  # :918-936
+        if cache_ids is not None:
+            return cache_ids
+        if self.target.neuron_config and self.target.neuron_config.use_2d_cache_ids:
+            return torch.tensor([[j for j in range(seq_len)] for i in range(batch)])
+        return torch.tensor([i for i in range(seq_len)])
+
 
 class _Speculator:
     """The compiled fused graph, in torch: per row, k draft steps + 1 cache-filling step from the row's own cache
@@ -174,12 +224,11 @@ class _Speculator:
         self.decoder = decoder
 
     def execute(self, token_id, cache_ids, start_ids, return_ranks=1):
+        """Each batch line drafts, scores and selects on the cache row its start id (sequence id) names."""
         decoder = self.decoder
         positions = cache_ids.reshape(token_id.shape[0], -1)[:, 0].tolist()
-        rows = [
-            self._row(row, int(token), int(position))
-            for row, (token, position) in enumerate(zip(token_id.view(-1).tolist(), positions, strict=True))
-        ]
+        lines = zip(start_ids.view(-1).tolist(), token_id.view(-1).tolist(), positions, strict=True)
+        rows = [self._row(int(row), int(token), int(position)) for row, token, position in lines]
         tokens = torch.full((len(rows), decoder.k + 1), decoder.pad_token_id, dtype=torch.int32)
         for row, committed in enumerate(rows):
             tokens[row, : len(committed)] = torch.tensor(committed, dtype=torch.int32)
