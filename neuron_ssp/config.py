@@ -57,6 +57,10 @@ class PlatformConfig(_Strict):
     # 0: every prompt whole, in its own call. The same for one request alone, so its output does not depend on
     # the batch (engines/batch.py)
     prefill_chunk: int = Field(64, ge=0, le=4096)
+    # torch backend, compact forward: what its KV cache holds. bfloat16 halves the bytes attention reads per step
+    # (a batch reads every sequence's cache each step); attention still computes in fp32 (docs/benchmarks.md,
+    # "The KV cache's dtype": agreement with a float32 cache over the dev prompts)
+    kv_dtype: Literal["float32", "bfloat16"] = "float32"
 
     @model_validator(mode="after")
     def _compile_needs_compact(self) -> PlatformConfig:

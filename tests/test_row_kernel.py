@@ -14,7 +14,7 @@ from test_compact_forward import rope_llama
 
 from neuron_ssp.backends.torch import row_kernel as kernel_module
 from neuron_ssp.backends.torch.llama_weights import llama_weights
-from neuron_ssp.backends.torch.row_kernel import Spans
+from neuron_ssp.backends.torch.row_kernel import LayerCache, Spans
 from neuron_ssp.backends.torch.scoring import TorchBackend
 
 KERNEL = kernel_module.row_kernel()
@@ -157,15 +157,19 @@ def test_positions_and_slots_past_the_cache_are_refused_before_the_c_code_could_
     with pytest.raises(ValueError, match="at most 64 rows"):  # C's buffers hold 64
         KERNEL.linear(torch.zeros(65, 64), KERNEL.pack(torch.zeros(8, 64)))
     forward = backend._forward
-    matrices, norms, (keys, values) = forward._kernel_layers[0]
-    one_row = torch.zeros(1, forward._shape.hidden)
-    with pytest.raises(ValueError, match="dense"):  # keys whose rows are shorter than the cache
-        KERNEL.layer(
-            one_row, Spans.of([(0, 0, 1)]), matrices, norms, (keys[..., :8], values), forward._rotary, forward._shape
+    layer, cache, model = forward.w.layers[0], forward.caches[0], forward._kernel
+    rotary = (forward.cos.squeeze(1).contiguous(), forward.sin.squeeze(1).contiguous())
+    with pytest.raises(ValueError, match="dense"):  # keys stored the usual way, not in tiles of positions
+        KERNEL.model(
+            [(layer.panels(), (layer.attn_norm, layer.mlp_norm), LayerCache(cache.standard_keys(), cache.values))],
+            rotary,
+            model.shape,
         )
+    one_row = torch.zeros(1, model.shape.hidden)
     with pytest.raises(IndexError, match="cache slot 2 is outside the cache's 2"):
-        KERNEL.layer(one_row, Spans.of([(2, 0, 1)]), matrices, norms, (keys, values), forward._rotary, forward._shape)
+        model.call(one_row, Spans.of([(2, 0, 1)]))
     with pytest.raises(ValueError, match="1 rows for segments of 2"):
-        KERNEL.layer(
-            one_row, Spans.of([(0, 0, 1), (1, 0, 1)]), matrices, norms, (keys, values), forward._rotary, forward._shape
-        )
+        model.call(one_row, Spans.of([(0, 0, 1), (1, 0, 1)]))
+    layers = len(forward.w.layers)
+    with pytest.raises(IndexError, match=f"layers 0..{layers} of {layers}"):
+        model.call(one_row, Spans.of([(0, 0, 1)])).run(0, layers + 1)

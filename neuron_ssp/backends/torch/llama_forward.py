@@ -10,13 +10,17 @@ the logits against its forward within fp32 tolerance).
 Rotary tables are computed once per backend by the model's own `rotary_emb` (every rope type whose
 frequencies do not change with the length: default, linear, llama3, yarn), for its n_positions.
 
-With the row kernel built (llama_weights.py, row_kernel.py), a call runs each decoder layer as one C call
-(llama_layer.c) over at most MAX_ROWS rows of all its segments together (each weight read once for all of
-them); a wider call is cut into such chunks. Its rows do not depend on each other, so a row's logits are
-bit-identical whichever rows, segments and chunks share its call. The torch path (no kernel: no C compiler,
-CUDA, bf16/fp16, NEURON_SSP_ROW_KERNEL=0; and prompts longer than MAX_ROWS) runs the linear layers over all
-rows together and attention segment by segment; its GEMMs may round differently for different row counts, so
-there a row's logits can differ in the last bits with the rows beside it.
+With the row kernel built (llama_weights.py, row_kernel.py), a call runs its decoder layers in C (llama_layer.c)
+over at most MAX_ROWS rows of all its segments together (each weight read once for all of them); a wider call, a
+long prompt's prefill included, is cut into such chunks. Its rows do not depend on each other, so a row's logits
+are bit-identical whichever rows, segments and chunks share its call, and a prompt prefilled whole leaves the
+cache a chunked prefill leaves. The torch path (no kernel: no C compiler, CUDA, bf16/fp16,
+NEURON_SSP_ROW_KERNEL=0) runs the linear layers over all rows together and attention segment by segment; its
+GEMMs may round differently for different row counts, so there a row's logits can differ in the last bits with
+the rows beside it.
+
+The cache holds `kv_dtype` (float32, or bfloat16: half the bytes attention reads per step; platform.kv_dtype);
+attention computes in fp32 from the stored values, the new rows' keys and values included.
 
 `compile=True` runs the forward through `torch.compile` (inductor, dynamic shapes: widths and
 positions vary; no CUDA graphs). It is not a fast path. On an NVIDIA H100 (measured once by a project
@@ -42,61 +46,78 @@ import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
 from neuron_ssp.backends.base import Scored, Segment
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
-from neuron_ssp.backends.torch.row_kernel import KEY_PADDING, MAX_ROWS, LayerShape, RowKernel, Spans, row_kernel
+from neuron_ssp.backends.torch.row_kernel import (
+    MAX_ROWS,
+    KernelModel,
+    LayerCache,
+    LayerShape,
+    Spans,
+    allocate_caches,
+    row_kernel,
+)
 from neuron_ssp.embedded.cache import cache_root
 
 Span = tuple[int, int, int]  # one segment of a call: (cache slot, first position, rows)
 
 
 class CompactLlama:
-    """`slots` sequences: their KV cache, (slots, kv_heads, n_positions, head_dim) per layer for keys and for values.
-
-    With the row kernel the keys are stored transposed, (slots, kv_heads, head_dim, n_positions + KEY_PADDING), so
-    that llama_layer.c scores a vector of positions at a time; `keys` is then a transposed view of that storage,
-    and the torch ops (long prefills) read and write it in the usual shape."""
+    """`slots` sequences: their KV cache, keys and values of (slots, kv_heads, n_positions, head_dim) per layer, in
+    `kv_dtype`. With the row kernel it is laid out as llama_layer.c reads it (row_kernel.LayerCache: keys in tiles of
+    positions); `keys` gives them in the usual shape either way."""
 
     def __init__(
-        self, weights: LlamaWeights, rotary: torch.nn.Module, n_positions: int, compile: bool = False, slots: int = 1
+        self,
+        weights: LlamaWeights,
+        rotary: torch.nn.Module,
+        n_positions: int,
+        compile: bool = False,
+        slots: int = 1,
+        kv_dtype: torch.dtype = torch.float32,
     ):
         self.w = weights
-        self._kernel: RowKernel | None = row_kernel() if weights.layout == "row kernel" else None
-        shape = (len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim)
-        if self._kernel is not None:
-            padded = torch.zeros(shape[:3] + (weights.head_dim, n_positions + KEY_PADDING), dtype=weights.dtype)
-            self.keys = padded[..., :n_positions].transpose(-1, -2)
-        else:
-            self.keys = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
-        self.values = torch.zeros(shape, dtype=weights.dtype, device=weights.device)
-        self._layers = list(zip(weights.layers, self.keys.unbind(0), self.values.unbind(0), strict=True))
+        self.kv_dtype = kv_dtype
+        kernel = row_kernel() if weights.layout == "row kernel" else None
         self.cos, self.sin = _rotary_tables(rotary, weights, n_positions)
         self._run: Callable[..., Scored] = _compiled(self._forward) if compile else self._forward
         self.taps: tuple[int, ...] = ()  # layers whose input residual stream a call returns where asked (set_taps)
-        self._rotary = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
-        self._shape = LayerShape(
-            hidden=int(weights.embed.shape[1]),
-            heads=weights.heads,
-            kv_heads=weights.kv_heads,
-            head_dim=weights.head_dim,
-            inter=weights.layers[0].gate_up.sizes[0] if weights.layers else 0,
-            eps=weights.eps,
-        )
-        # what llama_layer.c takes per layer, gathered once rather than on every call
-        self._kernel_layers = (
-            [
-                (layer.panels(), (layer.attn_norm, layer.mlp_norm), (keys.transpose(-1, -2), values))
-                for layer, keys, values in self._layers
+        self._kernel: KernelModel | None = None
+        if kernel is not None:
+            keys, self.values = allocate_caches(
+                len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim, kv_dtype
+            )
+            self.caches = [LayerCache(k, v) for k, v in zip(keys.unbind(0), self.values.unbind(0), strict=True)]
+            shape = LayerShape(
+                hidden=int(weights.embed.shape[1]),
+                heads=weights.heads,
+                kv_heads=weights.kv_heads,
+                head_dim=weights.head_dim,
+                inter=weights.layers[0].gate_up.sizes[0],
+                eps=weights.eps,
+            )
+            rotary_rows = (self.cos.squeeze(1).contiguous(), self.sin.squeeze(1).contiguous())
+            layers = [
+                (layer.panels(), (layer.attn_norm, layer.mlp_norm), cache)
+                for layer, cache in zip(weights.layers, self.caches, strict=True)
             ]
-            if self._kernel is not None
-            else []
-        )
+            self._kernel = kernel.model(layers, rotary_rows, shape)
+        else:
+            dims = (len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim)
+            self._keys = torch.zeros(dims, dtype=kv_dtype, device=weights.device)
+            self.values = torch.zeros(dims, dtype=kv_dtype, device=weights.device)
+            self._layers = list(zip(weights.layers, self._keys.unbind(0), self.values.unbind(0), strict=True))
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """The keys, (layers, slots, kv_heads, n_positions, head_dim): the cache itself on the torch path, a copy of
+        the row kernel's tiles."""
+        if self._kernel is None:
+            return self._keys
+        return torch.stack([cache.standard_keys() for cache in self.caches])
 
     def prefill(self, slot: int, prompt_ids: torch.Tensor, hidden: bool = False) -> Scored:
-        """The prompt into positions 0.. of `slot`: the last row's logits, and with `hidden` every row's taps;
-        beyond MAX_ROWS tokens on the torch path (MKL's GEMM is as fast there as the row kernel)."""
-        ids = prompt_ids.to(self.w.device)
-        last = torch.tensor([ids.shape[0] - 1], device=self.w.device)
-        tapped = torch.arange(ids.shape[0], device=self.w.device) if hidden else None
-        logits, taps = self._run(ids, ((slot, 0, ids.shape[0]),), last, tapped)
+        """The prompt into positions 0.. of `slot`: the last row's logits, and with `hidden` every row's taps."""
+        rows = int(prompt_ids.shape[0])
+        logits, taps = self.score([Segment(slot, 0, prompt_ids, logits_rows=1, hidden_rows=rows if hidden else 0)])
         return logits[-1], taps
 
     def score(self, segments: Sequence[Segment]) -> Scored:
@@ -126,12 +147,13 @@ class CompactLlama:
         w = self.w
         x = F.embedding(ids, w.embed)
         taps: dict[int, torch.Tensor] = {}
-        if self._kernel is not None and ids.shape[0] <= MAX_ROWS:
-            table = Spans.of(spans)
-            for index, (matrices, norms, cache) in enumerate(self._kernel_layers):
-                if tapped is not None and index in self.taps:
-                    taps[index] = x[tapped]  # a copy: the kernel updates x in place
-                self._kernel.layer(x, table, matrices, norms, cache, self._rotary, self._shape)
+        if self._kernel is not None:
+            call, done = self._kernel.call(x, Spans.of(spans)), 0
+            for index in sorted(set(self.taps)) if tapped is not None else ():
+                call.run(done, index)
+                taps[index] = x[tapped]  # a copy: the kernel updates x in place
+                done = index
+            call.run(done, len(w.layers))
         else:
             x = self._torch_layers(x, spans, tapped, taps)
         hidden = torch.cat([taps[layer] for layer in self.taps], -1) if tapped is not None else None
@@ -179,8 +201,8 @@ class CompactLlama:
         # 4-D inputs: SDPA's CPU kernel (3-D ones fall back to a path ~3x slower per call)
         attn = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
-            _head_dim_dense(keys[:, :, :end]),
-            values[:, :, :end],
+            keys[:, :, :end].to(q.dtype),
+            values[:, :, :end].to(q.dtype),
             attn_mask=_causal_mask(n, start, q.device),
             is_causal=start == 0 and n > 1,
             enable_gqa=self.w.heads != self.w.kv_heads,
@@ -247,12 +269,6 @@ def _at_positions(table: torch.Tensor, spans: tuple[Span, ...]) -> torch.Tensor:
     """The rotary table's rows for every row of the call, segment after segment."""
     parts = [table[start : start + count] for _, start, count in spans]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _head_dim_dense(keys: torch.Tensor) -> torch.Tensor:
-    """The keys as SDPA reads them fast: the row kernel's transposed keys are copied (SDPA took 2x as long on
-    the strided view); keys stored the usual way are passed as they are."""
-    return keys if keys.stride(-1) == 1 else keys.contiguous()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -16,12 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from neuron_ssp.backends.neuron.env import host_memory_available
 from neuron_ssp.backends.resolve import ModelDirs, resolve_models
-from neuron_ssp.backends.torch.scoring import TorchBackend, kv_cache_bytes
+from neuron_ssp.backends.torch.scoring import ForwardName, TorchBackend, cache_dtype, kv_cache_bytes
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig
 from neuron_ssp.embedded.models import check_embedded_answer
 from neuron_ssp.errors import Problem, UsageError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+KV_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # platform.kv_dtype
 
 
 def dtype_kwarg() -> str:
@@ -58,8 +59,9 @@ def load_torch_backends(
         if not same:
             _check_if_embedded(draft_model, tokenizer, config.draft.path, "draft.path")
         caches.append((draft_model, config.draft.n_positions))
-    check_caches_fit(caches, slots, device)
     platform = config.platform
+    kv_dtype = KV_DTYPES[platform.kv_dtype]
+    check_caches_fit(caches, slots, device, platform.forward, kv_dtype)
     target = TorchBackend(
         target_model,
         config.target.n_positions,
@@ -68,17 +70,30 @@ def load_torch_backends(
         platform.compile,
         slots=slots,
         prompt_chunk=platform.prefill_chunk,
+        kv_dtype=kv_dtype,
     )
     draft = (
-        TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots) if len(caches) > 1 else None
+        TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots, kv_dtype=kv_dtype)
+        if len(caches) > 1
+        else None
     )
     return target, draft, tokenizer
 
 
-def check_caches_fit(caches: list[tuple[PreTrainedModel, int]], slots: int, device: torch.device) -> None:
-    """Refuse KV caches of `slots` sequences (per model: its n_positions) larger than the device's free memory
-    (the host's MemAvailable on a CPU), before allocating them; where it cannot be read, nothing is checked."""
-    needed = sum(kv_cache_bytes(model, slots, n_positions) for model, n_positions in caches)
+def check_caches_fit(
+    caches: list[tuple[PreTrainedModel, int]],
+    slots: int,
+    device: torch.device,
+    forward: ForwardName = "auto",
+    kv_dtype: torch.dtype = torch.float32,
+) -> None:
+    """Refuse KV caches of `slots` sequences (per model: its n_positions; holding what `forward` and `kv_dtype`
+    make it hold) larger than the device's free memory (the host's MemAvailable on a CPU), before allocating them;
+    where it cannot be read, nothing is checked."""
+    needed = sum(
+        kv_cache_bytes(model, slots, n_positions, cache_dtype(model, forward, kv_dtype))
+        for model, n_positions in caches
+    )
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_memory_available()
     if free is not None and needed > free:
         raise UsageError(

@@ -33,13 +33,12 @@ import torch
 from neuron_ssp.embedded.cache import cache_root
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_kernel.c", "llama_layer.c"))
-# floats after each head dimension's row of transposed keys: the rows of one slot then fall in different L1
-# sets (unpadded, a 2048-slot cache puts them 8 KiB apart, all in one set: attention ran at L2 speed)
-KEY_PADDING = 16
+KEY_TILE = 16  # positions per key tile of the cache (llama_layer.c's TILE, checked when the library loads)
 MAX_ROWS = 64  # beyond (a long prefill), MKL's GEMM on the weights as stored is as fast (gemm_rows.py)
 # OpenMP first; a compiler without it (Apple's clang) still builds the one-thread kernel
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"))
 DEFINES = (f"-DMAX_ROWS={MAX_ROWS}",)  # panel_linear's buffers: sized by the bound the checks below enforce
+KV_DTYPES = (torch.float32, torch.bfloat16)  # what the layer kernel's cache may hold
 
 
 @dataclass(frozen=True)
@@ -60,19 +59,6 @@ class LayerShape:
     inter: int
     eps: float
 
-    def scratch_floats(self, spans: Spans, query_block: int) -> int:
-        """What llama_layer.c lays out in its scratch buffer for these segments: the rows' buffers, then one
-        stretch per attention task (segment, kv head): its queries, their scores over its positions, and a block."""
-        rows = spans.rows
-        q_width = self.heads * self.head_dim
-        fused = max(q_width + 2 * self.kv_heads * self.head_dim, 2 * self.inter)
-        group = self.heads // self.kv_heads
-        tasks = sum(
-            count * group * (self.head_dim + start + count + 2) + query_block * self.head_dim
-            for _, start, count in spans.segments
-        )
-        return rows * (2 * self.hidden + fused + max(q_width, self.inter)) + self.kv_heads * tasks
-
 
 @dataclass(frozen=True)
 class Spans:
@@ -92,6 +78,147 @@ class Spans:
         return sum(count for _, _, count in self.segments)
 
 
+@dataclass(frozen=True)
+class LayerCache:
+    """One decoder layer's KV cache as llama_layer.c lays it out: keys (slots, kv_heads, tiles, head_dim, KEY_TILE),
+    tiles = ceil(n_positions / KEY_TILE), so a tile of positions is contiguous; values (slots, kv_heads, n_positions,
+    head_dim); fp32 or bf16."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def standard_keys(self) -> torch.Tensor:
+        """The keys as (slots, kv_heads, n_positions, head_dim), a copy."""
+        slots, kv_heads, tiles, head_dim, tile = self.keys.shape
+        keys = self.keys.transpose(-1, -2).reshape(slots, kv_heads, tiles * tile, head_dim)
+        return keys[:, :, : self.values.shape[2]]
+
+
+def key_tiles(n_positions: int) -> int:
+    """Tiles of KEY_TILE positions that hold n_positions."""
+    return -(-n_positions // KEY_TILE)
+
+
+def allocate_caches(
+    layers: int, slots: int, kv_heads: int, n_positions: int, head_dim: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zeroed keys and values of `layers` layers laid out as LayerCache says, one tensor each (layer first)."""
+    keys = torch.zeros(layers, slots, kv_heads, key_tiles(n_positions), head_dim, KEY_TILE, dtype=dtype)
+    return keys, torch.zeros(layers, slots, kv_heads, n_positions, head_dim, dtype=dtype)
+
+
+class _LayerWeights(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")] + [
+        ("keys", ctypes.c_void_p),
+        ("values", ctypes.c_void_p),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.POINTER(_LayerWeights)),
+        *[(name, ctypes.c_int) for name in ("layer_count", "hidden", "heads", "kv_heads", "head_dim", "inter")],
+        ("eps", ctypes.c_float),
+        ("n_positions", ctypes.c_int),
+        ("kv_bf16", ctypes.c_int),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+    ]
+
+
+class _Call(ctypes.Structure):
+    _fields_ = [
+        ("model", ctypes.POINTER(_Model)),
+        ("x", ctypes.c_void_p),
+        ("rows", ctypes.c_int),
+        ("segments", ctypes.c_int),
+        ("spans", ctypes.c_void_p),
+        ("scratch", ctypes.c_void_p),
+        ("threads", ctypes.c_int),
+    ]
+
+
+# one decoder layer as the layer kernel takes it: q/k/v fused, o, gate/up fused, down; the two norms; its cache
+KernelLayer = tuple[tuple[Panels, Panels, Panels, Panels], tuple[torch.Tensor, torch.Tensor], LayerCache]
+
+
+class KernelModel:
+    """What llama_layer.c reads on every call of one model, gathered once: each layer's panels, norms and cache,
+    the shape, the rotary tables. It holds the tensors the C structure points to, and a scratch buffer that
+    grows to the largest call so far."""
+
+    def __init__(
+        self,
+        kernel: RowKernel,
+        layers: Sequence[KernelLayer],
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        shape: LayerShape,
+    ):
+        self.kernel = kernel
+        self.shape = shape
+        self.caches = [cache for _, _, cache in layers]
+        self.slots, _, self.n_positions, _ = (int(size) for size in self.caches[0].values.shape)
+        self.kv_dtype = self.caches[0].values.dtype
+        _check_caches(self.caches, self.slots, shape, self.n_positions, self.kv_dtype)
+        self._held = [rotary, layers]
+        weights = (_LayerWeights * len(layers))()
+        for entry, (matrices, norms, cache) in zip(weights, layers, strict=True):
+            qkv, o, gate_up, down = matrices
+            entry.attn_norm, entry.mlp_norm = norms[0].data_ptr(), norms[1].data_ptr()
+            entry.qkv, entry.o, entry.gate_up, entry.down = (m.data.data_ptr() for m in (qkv, o, gate_up, down))
+            entry.keys, entry.values = cache.keys.data_ptr(), cache.values.data_ptr()
+        self._weights = weights
+        self.struct = _Model(
+            weights,
+            len(layers),
+            shape.hidden,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.inter,
+            shape.eps,
+            self.n_positions,
+            int(self.kv_dtype == torch.bfloat16),
+            rotary[0].data_ptr(),
+            rotary[1].data_ptr(),
+        )
+        self._scratch = torch.empty(0, dtype=torch.float32)
+
+    def call(self, x: torch.Tensor, spans: Spans) -> KernelCall:
+        """A call of these rows and segments, checked, its scratch ready: run it layer range by layer range."""
+        if not x.is_contiguous() or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.shape.hidden:
+            raise ValueError(f"x must be a dense fp32 (rows, {self.shape.hidden}) array, not {tuple(x.shape)}")
+        _check_spans(spans, x.shape[0], self.slots, self.n_positions)
+        struct = _Call(
+            ctypes.pointer(self.struct),
+            x.data_ptr(),
+            x.shape[0],
+            len(spans.segments),
+            spans.table.data_ptr(),
+            None,
+            torch.get_num_threads(),
+        )
+        floats = self.kernel.scratch_floats(struct)
+        if self._scratch.numel() < floats:
+            self._scratch = torch.empty(floats, dtype=torch.float32)
+        struct.scratch = self._scratch.data_ptr()
+        return KernelCall(self.kernel, struct, (x, spans, self))
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One checked call: `run(first, last)` runs those decoder layers on its rows, in place."""
+
+    kernel: RowKernel
+    struct: _Call
+    held: tuple[object, ...]  # x, the spans and the model the structure points into
+
+    def run(self, first: int, last: int) -> None:
+        if not 0 <= first <= last <= self.struct.model.contents.layer_count:
+            raise IndexError(f"layers {first}..{last - 1} of {self.struct.model.contents.layer_count}")
+        self.kernel._layers(ctypes.byref(self.struct), first, last)
+
+
 class RowKernel:
     def __init__(self, library: ctypes.CDLL):
         self._pack = library.pack_panels
@@ -101,17 +228,16 @@ class RowKernel:
         self._linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
         self._linear.restype = None
         self.panel_cols = int(library.panel_cols())
-        self._layer = library.llama_layer
-        self._layer.argtypes = (
-            [ctypes.c_void_p, ctypes.c_int]
-            + [ctypes.c_void_p] * 9
-            + [ctypes.c_int, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_ssize_t]
-            + [ctypes.c_void_p] * 2
-            + [ctypes.c_int] * 5
-            + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-        )
-        self._layer.restype = None
-        self.query_block = int(library.query_block())
+        self._layers = library.llama_layers
+        self._layers.argtypes = [ctypes.POINTER(_Call), ctypes.c_int, ctypes.c_int]
+        self._layers.restype = None
+        self._scratch = library.llama_scratch_floats
+        self._scratch.argtypes = [ctypes.POINTER(_Call)]
+        self._scratch.restype = ctypes.c_ssize_t
+        if int(library.key_tile()) != KEY_TILE:
+            raise RuntimeError(
+                f"llama_layer.c tiles keys by {library.key_tile()} positions, row_kernel.py by {KEY_TILE}"
+            )
 
     def pack(self, weight: torch.Tensor) -> Panels:
         weight = weight.detach().contiguous()
@@ -121,63 +247,15 @@ class RowKernel:
         self._pack(weight.data_ptr(), data.data_ptr(), out_features, in_features)
         return Panels(data, out_features, in_features)
 
-    def layer(
-        self,
-        x: torch.Tensor,
-        spans: Spans,
-        matrices: tuple[Panels, Panels, Panels, Panels],
-        norms: tuple[torch.Tensor, torch.Tensor],
-        cache: tuple[torch.Tensor, torch.Tensor],
-        rotary: tuple[torch.Tensor, torch.Tensor],
-        shape: LayerShape,
-    ) -> None:
-        """One decoder layer on x (rows, hidden), in place: the four products once over all rows, attention per
-        segment against its own slot, whose positions start.. get the segment's keys and values.
-        `matrices`: q/k/v fused, o, gate/up fused, down; `cache`: keys (slots, kv_heads, head_dim, n_positions:
-        transposed; rows may be padded, KEY_PADDING) and values (slots, kv_heads, n_positions, head_dim), each
-        slot dense; `rotary`: cos and sign-folded sin tables (n_positions, head_dim)."""
-        qkv, o, gate_up, down = matrices
-        keys, values = cache
-        key_stride = keys.stride(-2)
-        if not (
-            x.is_contiguous()
-            and values.is_contiguous()
-            and keys.shape[-1] == values.shape[-2]
-            and keys.stride(-1) == 1
-            and key_stride >= keys.shape[-1]
-            and keys.stride(-3) == keys.shape[-2] * key_stride
-            and keys.shape[0] == values.shape[0]
-        ):
-            raise ValueError("llama_layer.c reads x, the values and each head's keys as dense arrays")
-        _check_spans(spans, x.shape[0], values.shape[0], values.shape[-2])
-        scratch = torch.empty(shape.scratch_floats(spans, self.query_block), dtype=torch.float32)
-        self._layer(
-            x.data_ptr(),
-            len(spans.segments),
-            spans.table.data_ptr(),
-            norms[0].data_ptr(),
-            qkv.data.data_ptr(),
-            o.data.data_ptr(),
-            norms[1].data_ptr(),
-            gate_up.data.data_ptr(),
-            down.data.data_ptr(),
-            keys.data_ptr(),
-            values.data_ptr(),
-            key_stride,
-            keys.stride(0),
-            values.shape[-2],
-            values.stride(0),
-            rotary[0].data_ptr(),
-            rotary[1].data_ptr(),
-            shape.hidden,
-            shape.heads,
-            shape.kv_heads,
-            shape.head_dim,
-            shape.inter,
-            shape.eps,
-            scratch.data_ptr(),
-            torch.get_num_threads(),
-        )
+    def model(
+        self, layers: Sequence[KernelLayer], rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape
+    ) -> KernelModel:
+        """The decoder layers (q/k/v fused, o, gate/up fused, down; the two norms; the cache), the rotary tables
+        cos and sign-folded sin (n_positions, head_dim), gathered for llama_layer.c once."""
+        return KernelModel(self, layers, rotary, shape)
+
+    def scratch_floats(self, call: _Call) -> int:
+        return int(self._scratch(ctypes.byref(call)))
 
     def linear(self, x: torch.Tensor, panels: Panels) -> torch.Tensor:
         """x (rows <= MAX_ROWS, in) fp32 -> (rows, out)."""
@@ -198,6 +276,28 @@ class RowKernel:
             torch.get_num_threads(),
         )
         return y
+
+
+def _check_caches(
+    caches: Sequence[LayerCache], slots: int, shape: LayerShape, n_positions: int, dtype: torch.dtype
+) -> None:
+    """What C does not check: every layer's cache dense, of one shape and dtype, laid out as LayerCache says."""
+    tiles = key_tiles(n_positions)
+    keys_shape = (slots, shape.kv_heads, tiles, shape.head_dim, KEY_TILE)
+    values_shape = (slots, shape.kv_heads, n_positions, shape.head_dim)
+    for cache in caches:
+        if not (
+            cache.keys.is_contiguous()
+            and cache.values.is_contiguous()
+            and tuple(cache.keys.shape) == keys_shape
+            and tuple(cache.values.shape) == values_shape
+            and cache.keys.dtype == cache.values.dtype == dtype
+            and dtype in KV_DTYPES
+        ):
+            raise ValueError(
+                f"llama_layer.c reads each layer's cache as dense keys {keys_shape} and values {values_shape}, "
+                f"float32 or bfloat16, one dtype"
+            )
 
 
 def _check_spans(spans: Spans, rows: int, slots: int, n_positions: int) -> None:

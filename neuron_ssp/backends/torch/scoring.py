@@ -29,7 +29,7 @@ from neuron_ssp.backends.base import Segment, check_slots
 from neuron_ssp.backends.torch.hf_forward import HfForward
 from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
-from neuron_ssp.backends.torch.row_kernel import KEY_PADDING
+from neuron_ssp.backends.torch.row_kernel import KEY_TILE, key_tiles
 from neuron_ssp.errors import Problem, UsageError
 
 ForwardName = Literal["auto", "compact", "hf"]
@@ -50,9 +50,12 @@ class TorchBackend:
         pack: bool | None = None,
         slots: int = 1,
         prompt_chunk: int = 0,
+        kv_dtype: torch.dtype = torch.float32,
     ):
         """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32).
-        `prompt_chunk`: chunked prefill in the batching loop (platform.prefill_chunk; 0: whole prompts)."""
+        `prompt_chunk`: chunked prefill in the batching loop (platform.prefill_chunk; 0: whole prompts).
+        `kv_dtype`: what the compact forward's KV cache holds (platform.kv_dtype); Hugging Face's cache holds the
+        model's dtype."""
         self.model = model
         self.name = name
         self.slots = slots
@@ -65,7 +68,7 @@ class TorchBackend:
             self._forward = HfForward(model, name, slots)
         else:
             weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack)
-            self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile, slots)
+            self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile, slots, kv_dtype)
         # chunked prefill needs a cache addressed by position from a fresh slot: ours, not a DynamicCache's
         self.prompt_chunk = prompt_chunk if prompt_chunk and self.forward_name == "compact" else None
 
@@ -123,17 +126,26 @@ class TorchBackend:
             raise RuntimeError(f"{self.name}: set_taps before asking for hidden states")
 
 
-def kv_cache_bytes(model: PreTrainedModel, slots: int, n_positions: int) -> int:
-    """The keys and values of `slots` sequences of n_positions: what the compact forward allocates at construction
-    (exactly with the row kernel, whose keys carry KEY_PADDING more positions; that much less without it) and
-    Hugging Face's caches grow to, so a loader can refuse a slot count that does not fit before allocating it."""
+def kv_cache_bytes(model: PreTrainedModel, slots: int, n_positions: int, kv_dtype: torch.dtype = torch.float32) -> int:
+    """The keys and values of `slots` sequences of n_positions in `kv_dtype` (`cache_dtype`): what the compact
+    forward allocates at construction (exactly with the row kernel, whose keys fill whole tiles of KEY_TILE
+    positions; at most that much less without it) and Hugging Face's caches grow to, so a loader can refuse a slot
+    count that does not fit before allocating it."""
     config = model.config
     n_positions = capped_positions(model, n_positions)
     heads = int(config.num_attention_heads)
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    element = next(model.parameters()).element_size()
-    return int(config.num_hidden_layers) * slots * kv_heads * head_dim * (2 * n_positions + KEY_PADDING) * element
+    element = kv_dtype.itemsize
+    positions = n_positions + key_tiles(n_positions) * KEY_TILE
+    return int(config.num_hidden_layers) * slots * kv_heads * head_dim * positions * element
+
+
+def cache_dtype(model: PreTrainedModel, forward: ForwardName, kv_dtype: torch.dtype) -> torch.dtype:
+    """What a backend's cache will hold: `kv_dtype` on the compact forward, the model's dtype on Hugging Face's."""
+    if forward == "hf" or unsupported_reason(model) is not None:
+        return next(model.parameters()).dtype
+    return kv_dtype
 
 
 def capped_positions(model: PreTrainedModel, n_positions: int) -> int:
