@@ -11,7 +11,7 @@ Two clocks per call: wall time, and the CPU time of the thread that makes the ca
 --threads 1 the whole call runs on that thread, so its CPU time is the call's work whatever else the machine
 runs; on a shared machine the wall time also holds the time other processes took the core.
 
-    python benchmarks/rows_cost.py --threads 1 [--rounds 10] [--context 500]
+    python benchmarks/rows_cost.py --threads 1 [--rounds 10] [--context 500] [--kv-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 import torch
 
 from neuron_ssp.backends.base import Segment
-from neuron_ssp.backends.torch.load import load_torch_backends
+from neuron_ssp.backends.torch.load import KV_DTYPES, load_torch_backends
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import load_config
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, load_prompts
@@ -87,15 +87,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--context", type=int, default=500, help="tokens in each slot before the timed calls")
+    parser.add_argument("--kv-dtype", choices=sorted(KV_DTYPES), help="the cache's dtype (default: the config's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = load_config(args.config)
+    config = load_config(args.config, {"platform.kv_dtype": args.kv_dtype} if args.kv_dtype else {})
     target, _, tokenizer = load_torch_backends(config)
     text = " ".join(prompt.text for prompt in load_prompts(DEFAULT_PROMPTS))
     prompt = tokenizer(text, return_tensors="pt").input_ids[0][: args.context]
     if prompt.shape[0] < args.context:
         raise SystemExit(f"the prompts give {prompt.shape[0]} tokens, fewer than --context {args.context}")
-    backend = TorchBackend(target.model, args.context + max(ROWS), pack=None, slots=max(SEGMENTS))
+    kv_dtype = KV_DTYPES[config.platform.kv_dtype]
+    backend = TorchBackend(target.model, args.context + max(ROWS), pack=None, slots=max(SEGMENTS), kv_dtype=kv_dtype)
     for slot in range(backend.slots):
         backend.prefill_slot(slot, prompt)
     load_before = os.getloadavg()[0]
@@ -103,7 +105,8 @@ def main() -> None:
     layout = getattr(backend._forward, "w", None)
     print(
         f"one call of R rows over S segments after {args.context} tokens of context in each slot, "
-        f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}), median of {args.rounds} rounds, "
+        f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}), {config.platform.kv_dtype} cache, "
+        f"median of {args.rounds} rounds, "
         f"{torch.get_num_threads()} thread(s); x = ÷ the 1-row call; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"
     )

@@ -1,8 +1,10 @@
-"""Windows chosen for a whole batch by goodput: the best split of drafted tokens across rows."""
+"""Windows chosen for a whole batch by goodput: the best split of drafted tokens across rows, on a call cost of rows
+alone and on one that sees each row's context, against brute force."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -80,7 +82,7 @@ def prefilled_rate(chances: list[list[float]], kept: list[int], cost: WidthCost,
 )
 def test_with_prompt_chunks_in_the_call_the_choice_is_still_the_best_split(chances, per_row, other):
     cost = curve(per_row, widest=80)
-    kept = goodput_windows(chances, cost, other)
+    kept = goodput_windows(chances, cost, others=[(0, other)])
     best = max(
         prefilled_rate(chances, list(k), cost, other)
         for k in itertools.product(*[range(len(row) + 1) for row in chances])
@@ -92,7 +94,68 @@ def test_a_prompt_chunk_in_the_call_makes_drafts_cheaper_at_the_margin():
     cost = WidthCost({1: 10.0, 2: 14.0, 3: 18.0, 64: 40.0, 66: 40.4, 67: 40.6})
     chances = [[0.3, 0.3]]
     assert goodput_windows(chances, cost) == [0]  # alone, a weak draft costs more than it brings
-    assert goodput_windows(chances, cost, other_rows=64) == [2]  # beside 64 prompt rows it is nearly free
+    assert goodput_windows(chances, cost, others=[(0, 64)]) == [2]  # beside 64 prompt rows it is nearly free
+
+
+def context_curve(per_row: float, per_position: float, per_row_position: float) -> WidthCost:
+    return replace(curve(per_row, widest=80), per_position_ms=per_position, per_row_position_ms=per_row_position)
+
+
+def context_rate(
+    chances: list[list[float]], kept: list[int], cost: WidthCost, starts: list[int], others: list[tuple[int, int]]
+) -> float:
+    """Expected committed tokens per ms of the call these windows make, priced segment by segment (call_ms)."""
+    expected = sum(1.0 + sum(itertools.accumulate(row[:m], lambda a, b: a * b)) for row, m in zip(chances, kept))
+    segments = [(start, 1 + m) for start, m in zip(starts, kept, strict=True)] + others
+    return expected / cost.call_ms(segments)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3).flatmap(
+        lambda chances: st.tuples(
+            st.just(chances), st.lists(st.integers(0, 2000), min_size=len(chances), max_size=len(chances))
+        )
+    ),
+    st.floats(0.0, 5.0),
+    st.floats(0.0, 0.05),
+    st.floats(0.0, 0.01),
+    st.lists(st.tuples(st.integers(0, 2000), st.integers(1, 30)), max_size=2),
+)
+def test_with_each_rows_context_priced_the_choice_is_the_best_split_there_is(
+    chances_and_starts, per_row, per_position, per_row_position, others
+):
+    chances, starts = chances_and_starts
+    cost = context_curve(per_row, per_position, per_row_position)
+    kept = goodput_windows(chances, cost, starts, others)
+    assert all(0 <= m <= len(row) for m, row in zip(kept, chances, strict=True))
+    best = max(
+        context_rate(chances, list(k), cost, starts, others)
+        for k in itertools.product(*[range(len(row) + 1) for row in chances])
+    )
+    assert context_rate(chances, kept, cost, starts, others) == pytest.approx(best, rel=1e-9)
+
+
+def test_a_row_far_into_its_sequence_drafts_less_than_one_near_its_start():
+    """The same evidence, two contexts: the far row's drafted tokens cost more attention, so it keeps fewer."""
+    cost = context_curve(per_row=1.0, per_position=0.002, per_row_position=0.004)
+    chances = [[0.7, 0.6, 0.5, 0.5], [0.7, 0.6, 0.5, 0.5]]
+    near, far = goodput_windows(chances, cost, starts=[20, 1500])
+    assert near > far
+    same, too = goodput_windows(chances, replace(cost, per_row_position_ms=0.0), starts=[20, 1500])
+    assert same == too  # a cache read per position alone costs the same whatever the window: no preference
+
+
+def test_the_cost_of_a_call_sees_its_segments_contexts():
+    cost = context_curve(per_row=1.0, per_position=0.01, per_row_position=0.001)
+    timed = cost.timed_start
+    assert cost.call_ms([(timed, 8)]) == pytest.approx(cost.at(8))  # the curve's own call: as timed
+    one, eight = cost.call_ms([(500, 1)]), cost.call_ms([(500, 1)] * 8)
+    assert eight - cost.rows_ms(8) == pytest.approx(8 * (one - cost.rows_ms(1)))  # each slot reads its own context
+    assert cost.call_ms([(1000, 1)]) > one > cost.call_ms([(100, 1)])
+    assert cost.call_ms([(500, 4)]) - cost.call_ms([(500, 3)]) == pytest.approx(
+        cost.at(4) - cost.at(3) + cost.added_row_ms(500, 3) - (cost.segment_ms(4, timed) - cost.segment_ms(3, timed))
+    )
 
 
 def test_compiled_shapes_speculate_together_when_the_k_wide_call_yields_more_per_millisecond():

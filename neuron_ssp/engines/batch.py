@@ -42,7 +42,7 @@ class BatchLoop(SlotLoop):
         super().__init__(RowSlots(target.slots, getattr(target, "release_slot", None)))
         self.target = target
         self.k = k
-        self.cost = cost  # the target's call cost per row count: goodput windows (cost policy rows)
+        self.cost = cost  # the target's call cost by rows and context: goodput windows (cost policy rows)
         # prompt tokens scored per step beside the running rows' windows (chunked prefill: a joining prompt no
         # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
@@ -63,7 +63,7 @@ class BatchLoop(SlotLoop):
             return cancelled
         chunks = self._prompt_chunks()
         decoding = [row for row in self.rows if not row.prefilling]
-        self._propose(decoding, sum(len(segment.tokens) for segment in chunks.values()))
+        self._propose(decoding, [(segment.start, len(segment.tokens)) for segment in chunks.values()])
         called = list(chunks) + decoding
         segments = list(chunks.values()) + [_window(row) for row in decoding]
         begin = time.perf_counter()
@@ -146,9 +146,10 @@ class BatchLoop(SlotLoop):
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[-1], seq.last)
 
-    def _propose(self, rows: list[Row], prompt_rows: int) -> None:
-        """Each row's proposal, then the windows: together by goodput where every row's policy weighs so
-        (`prompt_rows`: prompt tokens the call scores anyway); on compiled shapes all rows speculate or none."""
+    def _propose(self, rows: list[Row], prompts: list[tuple[int, int]]) -> None:
+        """Each row's proposal, then the windows: together by goodput where every row's policy weighs so, each
+        row priced at its own position (`prompts`: the prompt chunks the call scores anyway, (first position,
+        tokens) each); on compiled shapes all rows speculate or none."""
         asked = {
             row: min(row.policy.window(row.confidence), self.k, row.seq.remaining) - 1
             for row in rows
@@ -172,7 +173,7 @@ class BatchLoop(SlotLoop):
                 speculate = speculate_together(chances, self.cost, width)
                 chosen = [len(row.draft) if speculate else 0 for row in rows]
             else:
-                chosen = goodput_windows(chances, self.cost, prompt_rows)
+                chosen = goodput_windows(chances, self.cost, [row.seq.length - 1 for row in rows], prompts)
             for row, kept in zip(rows, chosen, strict=True):
                 row.draft = row.draft.prefix(row.policy.settle(row.draft, kept))
         else:

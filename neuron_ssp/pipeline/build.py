@@ -26,14 +26,14 @@ from neuron_ssp.engines.native import SpeculativeGenerator
 from neuron_ssp.engines.rows import Generator, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
-from neuron_ssp.speculation.call_cost import WidthCost, target_cost
+from neuron_ssp.speculation.call_cost import TIMED_ROWS, WidthCost, target_cost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, build_policy
 
 
 @dataclass
 class Shared:
-    """What every request of a pipeline shares. `cost`: the target's call cost per row count, needed by the
+    """What every request of a pipeline shares. `cost`: the target's call cost by rows and context, needed by the
     cost policy (None otherwise); `drafter`: the loaded drafter (None for the libraries' engines)."""
 
     cost: WidthCost | None = None
@@ -50,12 +50,12 @@ def share(
 ) -> Shared:
     """What the requests of `config` will share: the drafter, and for the cost policy the target's call cost,
     timed here (1-3 s on a CPU) unless `cost` (timed for another config of the same target) covers k.
-    `max_rows`: the most rows a call will score (a batch: serve.max_batch x k), timed as well."""
+    `max_rows`: the most rows a call will score (a batch: serve.max_batch x k), timed as well up to TIMED_ROWS."""
     spec = config.speculation
     if spec.engine != "native":
         return Shared()
     timed = spec.drafter != "none" and (spec.policy == "cost" or spec.drafter == "ngram+eagle3")
-    if timed and (cost is None or max(cost.ms) < max(spec.k, max_rows or 0)):
+    if timed and (cost is None or max(cost.ms) < max(spec.k, min(max_rows or 0, TIMED_ROWS))):
         cost = target_cost(target, spec.k, max_rows)
     drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)), cost)
     return Shared(cost if spec.policy == "cost" and drafter is not None else None, drafter)
