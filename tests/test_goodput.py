@@ -105,7 +105,8 @@ def context_rate(
     chances: list[list[float]], kept: list[int], cost: WidthCost, starts: list[int], others: list[tuple[int, int]]
 ) -> float:
     """Expected committed tokens per ms of the call these windows make, priced segment by segment (call_ms)."""
-    expected = sum(1.0 + sum(itertools.accumulate(row[:m], lambda a, b: a * b)) for row, m in zip(chances, kept))
+    survivals = [itertools.accumulate(row[:m], lambda a, b: a * b) for row, m in zip(chances, kept, strict=True)]
+    expected = sum(1.0 + sum(row) for row in survivals)
     segments = [(start, 1 + m) for start, m in zip(starts, kept, strict=True)] + others
     return expected / cost.call_ms(segments)
 
