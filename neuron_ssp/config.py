@@ -262,12 +262,6 @@ class Config(_Strict):
             raise ValueError(f"k ({self.speculation.k}) exceeds target.n_positions ({self.target.n_positions})")
         return self
 
-    def role_model(self, role: str) -> ModelConfig:
-        """The section of the model a plan names by its role: `target`, or `draft` (a draft model or an EAGLE head)."""
-        model = self.target if role == "target" else self.draft
-        assert model is not None, f"the plan loads a {role} the config does not have"
-        return model
-
 
 def greedy_acceptor_problem(acceptor: str, temperature: float) -> Problem | None:
     """Greedy acceptance keeps only the target's argmax: with a temperature it would silently ignore it."""

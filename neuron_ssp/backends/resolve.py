@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_ssp.config import Config
+from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.topology.placement import loaded_models
 from neuron_ssp.topology.validate import validate_config
+from neuron_ssp.topology.vllm_neuron import refuse_loading
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,17 @@ class ModelDirs:
 
 
 def resolve_models(config: Config) -> ModelDirs:
-    """Every problem of the config at once (validate_config: topology, placement and memory before a weight is
-    read), then each loaded model's directory: the embedded model converted on first use, a local path checked."""
+    """What must fail before a weight is read: a vllm-neuron config (vLLM loads its models, never neuron-ssp) and
+    every problem of the config at once (validate_config: topology, placement and memory); then each loaded
+    model's directory: the embedded model converted on first use, a local path checked."""
+    refuse_loading(config, "this command")
     validate_config(config).raise_if_invalid()
     dirs = {role: resolve_model_path(model.path, f"{role}.path") for role, model in loaded_models(config).items()}
     return ModelDirs(dirs["target"], dirs.get("draft"))
+
+
+def model_config(config: Config, role: str) -> ModelConfig:
+    """The config's section of the model a plan names by its role: `target`, or `draft` (a draft model or a head)."""
+    model = config.target if role == "target" else config.draft
+    assert model is not None, f"the plan loads a {role} the config does not have"
+    return model

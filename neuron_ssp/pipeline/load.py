@@ -24,15 +24,13 @@ from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import stop_token_ids
 from neuron_ssp.speculation.acceptors import acceptor_class
 from neuron_ssp.topology import DeploymentPlan
-from neuron_ssp.topology.vllm_neuron import refuse_loading
 
 
 def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
     """`max_batch`: requests the pipeline runs at once (the server's serve.max_batch): the target's KV cache
     holds that many sequences, and the cost policy times calls of up to max_batch x k rows."""
-    refuse_loading(config, "this command")
     acceptor_class(config.speculation.acceptor)  # a plug-in that does not import fails before any weight loads
-    dirs = resolve_models(config)  # validated once, each model's directory found once
+    dirs = resolve_models(config)  # checked once, each model's directory found once
     transformers_logging.disable_progress_bar()
     if config.platform.backend == "neuron":
         from neuron_ssp.topology import plan_deployment

@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from neuron_ssp.backends.imports import import_library
+from neuron_ssp.backends.resolve import model_config
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
@@ -58,7 +59,7 @@ class NxdiApi:
     ) -> dict[str, Any]:
         """The allow-list of NeuronConfig arguments for one model; identical for compile and load. Context
         encoding is bucketed (topology/nxdi_graphs.py), and the config's neuron.nxdi settings are passed as given."""
-        model = config.role_model(role)
+        model = model_config(config, role)
         kwargs: dict[str, Any] = {
             "tp_degree": model.tp_degree,
             "batch_size": model.batch_size,

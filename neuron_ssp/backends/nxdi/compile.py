@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from neuron_ssp.backends.neuron.compile import CompileJob, CompileResult, compile_jobs
 from neuron_ssp.backends.nxdi.load import NxdiModels, fused_application, prepare_nxdi
-from neuron_ssp.backends.resolve import resolve_models
+from neuron_ssp.backends.resolve import model_config, resolve_models
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
@@ -33,7 +33,7 @@ class NxdiCompiler:
     def graph_counts(self) -> dict[str, int]:
         """Graphs NxDI traces per job: one per context-encoding and decoding bucket (topology/nxdi_graphs.py)."""
         config = self.models.config
-        return {job.label: nxdi_graphs(config, job.role, config.role_model(job.role)).total for job in self.jobs}
+        return {job.label: nxdi_graphs(config, job.role, model_config(config, job.role)).total for job in self.jobs}
 
     def lines(self) -> list[str]:
         counts = self.graph_counts()

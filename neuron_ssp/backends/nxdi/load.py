@@ -32,7 +32,7 @@ from neuron_ssp.backends.nxdi.api import (
     load_nxdi,
 )
 from neuron_ssp.backends.nxdi.scoring import NxdiBackend
-from neuron_ssp.backends.resolve import ModelDirs, resolve_models
+from neuron_ssp.backends.resolve import ModelDirs, model_config, resolve_models
 from neuron_ssp.config import Config
 from neuron_ssp.topology import DeploymentPlan
 
@@ -98,7 +98,7 @@ class NxdiModels:
 
     def load(self, role: str, app: Any, directory: Path) -> None:
         """NEFFs and weights onto the first `tp_degree` visible cores: ranks 0.. of a one-node model."""
-        app.load(str(directory), start_rank_id=0, local_ranks_size=self.config.role_model(role).tp_degree)
+        app.load(str(directory), start_rank_id=0, local_ranks_size=model_config(self.config, role).tp_degree)
 
 
 def load_nxdi_backends(
@@ -115,7 +115,7 @@ def load_nxdi_backends(
         app, spec = models.application(role, k)
         directory, _ = models.compiled(app, spec)
         models.load(role, app, directory)
-        backends[role] = NxdiBackend(app, role, vocab_size(app), config.role_model(role).n_positions, k or None)
+        backends[role] = NxdiBackend(app, role, vocab_size(app), model_config(config, role).n_positions, k or None)
     if config.neuron.self_test:
         from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, self_test
 
