@@ -7,11 +7,14 @@ own (a test, a benchmark) resolves here too.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from neuron_ssp.config import Config, ModelConfig
 from neuron_ssp.embedded.models import resolve_model_path
+from neuron_ssp.topology.batch_rules import TNX
 from neuron_ssp.topology.placement import loaded_models
 from neuron_ssp.topology.validate import validate_config
 from neuron_ssp.topology.vllm_neuron import refuse_loading
@@ -31,12 +34,13 @@ class ModelDirs:
         return directory
 
 
-def resolve_models(config: Config) -> ModelDirs:
+def resolve_models(config: Config, windows: list[int] | None = None) -> ModelDirs:
     """What must fail before a weight is read: a vllm-neuron config (vLLM loads its models, never neuron-ssp) and
-    every problem of the config at once (validate_config: topology, placement and memory); then each loaded
-    model's directory: the embedded model converted on first use, a local path checked."""
+    every problem of the config at once (validate_config: topology, placement and memory, for the installed
+    transformers-neuronx where it loads the models, with a target compiled for `windows`); then each loaded model's
+    directory: the embedded model converted on first use, a local path checked."""
     refuse_loading(config, "this command")
-    validate_config(config).raise_if_invalid()
+    validate_config(config, **installed_rules(config, windows)).raise_if_invalid()
     dirs = {role: resolve_model_path(model.path, f"{role}.path") for role, model in loaded_models(config).items()}
     return ModelDirs(dirs["target"], dirs.get("draft"))
 
@@ -46,3 +50,24 @@ def model_config(config: Config, role: str) -> ModelConfig:
     model = config.target if role == "target" else config.draft
     assert model is not None, f"the plan loads a {role} the config does not have"
     return model
+
+
+def installed_rules(config: Config, windows: list[int] | None) -> dict[str, Any]:
+    """What validate_config must know of the installed transformers-neuronx for a config it loads: how it lays out
+    kv heads, the generation it behaves as (batch_rules, keyed by what the build does: neuron/api.py, probe.py) and,
+    where one target holds every k, the windows it is compiled for. Nothing for another library, nor where it is not
+    installed: the config's own rules are checked, and the loader says what to install."""
+    if config.platform.backend != "neuron" or config.neuron.library != TNX:
+        return {}
+    if importlib.util.find_spec("transformers_neuronx") is None:
+        return {}
+    from neuron_ssp.backends.neuron.api import load_neuronx
+
+    api = load_neuronx()
+    installed = api.behaviour
+    return {
+        "kv_rule": api.kv_rule,
+        "windows": windows if windows and api.speculation_takes_k_list else None,
+        "neuronx_generation": installed.generation,
+        "neuronx_installed": installed.describe(),
+    }

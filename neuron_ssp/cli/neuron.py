@@ -210,6 +210,7 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
         self_test,
         static_batch_self_test_skip,
     )
+    from neuron_ssp.backends.resolve import resolve_models
     from neuron_ssp.pipeline.load import load_neuron_models
 
     config = load_config(config_path)
@@ -224,9 +225,9 @@ def run_doctor_self_test(config_path: Path, as_json: bool) -> int:
     neuron = config.neuron.model_copy(update={"self_test": False})  # run it here, where we can print it
     speculation = config.speculation.model_copy(update={"drafter": "ngram", "engine": "native"})
     target_only = config.model_copy(update={"neuron": neuron, "draft": None, "speculation": speculation})
-    validate_config(target_only).raise_if_invalid()
-    target, _ = load_neuron_models(target_only, plan_deployment(target_only))
-    result = self_test(target, config, _library_version(config))
+    dirs = resolve_models(target_only)
+    target, _ = load_neuron_models(target_only, plan_deployment(target_only), dirs)
+    result = self_test(target, config, _library_version(config), dirs.target)
     judgement = result.judgement
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

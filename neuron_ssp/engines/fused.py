@@ -56,10 +56,8 @@ from typing import Any
 import torch
 
 from neuron_ssp.backends.checkpoint import stop_id
-from neuron_ssp.backends.neuron.load import compile_estimate
-from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules
+from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, fused_decoder
 from neuron_ssp.config import Config, SamplingConfig
-from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.engines.base import check_room
 from neuron_ssp.engines.fused_rows import FusedRowLoop
 from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
@@ -100,21 +98,14 @@ class FusedEngine(Generator):
 
     @classmethod
     def build(cls, config: Config, target: OnDeviceBackend, draft: OnDeviceBackend) -> FusedEngine:
-        fused, _ = load_fused_modules()
         batch_size = config.target.batch_size  # one the installed build's decoder takes: its loader checked
         if batch_size > 1:
             require_continuous_batching({"target": target.model, "draft": draft.model})
         warn_about_device_sampling(config.sampling)
-        model_dir = resolve_model_path(config.target.path, "target.path")
-        stop = stop_id(model_dir, config.generation.chat_template)
-        decoder = fused.FusedSpeculativeDecoder(
-            draft.model,
-            target.model,
-            k=fused_k(config.speculation.k),
-            pad_token_id=pad_id(target.model, stop) if batch_size == 1 else target.vocab_size,  # module docstring
-            eos_token_id=stop,
-        )
-        decoder.to_neuron(workers=compile_estimate(config).bound)  # its fused graphs compile now
+        assert target.model_dir is not None, "the target comes from the loader, which knows its checkpoint"
+        stop = stop_id(target.model_dir, config.generation.chat_template)
+        pad = pad_id(target.model, stop) if batch_size == 1 else target.vocab_size  # module docstring
+        decoder = fused_decoder(config, target, draft, fused_k(config.speculation.k), pad, stop)
         return cls(decoder, target, config.speculation.k, batch_size)
 
     def row_loop(self) -> FusedDecoderLoop | StaticBatchLoop:

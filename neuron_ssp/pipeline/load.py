@@ -67,4 +67,4 @@ def load_neuron_models(
         return load_nxdi_fused(config, plan, dirs) if fused else load_nxdi_backends(config, plan, dirs)
     from neuron_ssp.backends.neuron.load import load_neuron_backends
 
-    return load_neuron_backends(config, plan)
+    return load_neuron_backends(config, plan, dirs)

@@ -21,12 +21,11 @@ from neuron_ssp.backends.neuron.load import (
     artifact_constructor,
     build_model,
     compile_estimate,
-    model_config,
     prepare_runtime,
     scoring_options,
 )
+from neuron_ssp.backends.resolve import model_config, resolve_models
 from neuron_ssp.config import Config
-from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology import DeploymentPlan
 from neuron_ssp.topology.compile_plan import PROCESS_BYTES
@@ -98,14 +97,15 @@ class Compiler:
             )
         self.config = config
         self.force = force
-        self.api = prepare_runtime(config, plan, ks)  # device memory with the networks of every k
+        self.dirs = resolve_models(config, ks)  # device memory with the networks of every k
+        self.api = prepare_runtime(config, plan)
         self.store = ArtifactStore(config.neuron.compiled_dir)
         self.jobs = compile_jobs(plan, ks, one_k_per_model=not self.api.speculation_takes_k_list)
         self.estimate = compile_estimate(config, ks if self.api.speculation_takes_k_list else None, process_bytes)
 
     def run(self, job: CompileJob) -> CompileResult:
         model_cfg = model_config(self.config, job.role)
-        model_dir = resolve_model_path(model_cfg.path, f"{job.role}.path")
+        model_dir = self.dirs.of(job.role)
         windows = list(job.speculation_lengths) if job.speculation_lengths else None
         options = scoring_options(self.api, self.config, model_cfg)
         spec = artifact_spec(

@@ -1,9 +1,8 @@
 """Load the draft and the speculation-enabled target onto NeuronCores through transformers-neuronx.
 
-Order matters on Neuron, so it is spelt out here: import the library and validate for the build it is (a bad
-placement would otherwise fail minutes into a load), set `NEURON_RT_VISIBLE_CORES` and the compile cache before the
-runtime starts,
-then per model in the plan's load order: `from_pretrained` with allow-listed arguments,
+Order matters on Neuron, so it is spelt out here: the config is checked for the build installed (resolve.py: a
+bad placement would otherwise fail minutes into a load), `NEURON_RT_VISIBLE_CORES` and the compile cache are set
+before the runtime starts, then per model in the plan's load order: `from_pretrained` with allow-listed arguments,
 `enable_speculative_decoder(ks)` on the target, `load(dir)` of compiled artifacts when they match,
 and `to_neuron()` last. A target compiled by `neuron-ssp compile --k 2..8` holds every k; the backend
 picks the window at run time (`speculative_forward(..., speculation_length=k)`).
@@ -28,10 +27,10 @@ from neuron_ssp.backends.neuron.batched import BatchedNeuronBackend
 from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.neuron.selftest import check_self_test, self_test, static_batch_self_test_skip
+from neuron_ssp.backends.resolve import ModelDirs, model_config, resolve_models
 from neuron_ssp.config import Config, ModelConfig
-from neuron_ssp.embedded.models import resolve_model_path
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.topology import DeploymentPlan, validate_config
+from neuron_ssp.topology import DeploymentPlan
 from neuron_ssp.topology.compile_plan import PROCESS_BYTES, CompileEstimate, estimate_compile
 from neuron_ssp.topology.parallelism import KV_PADDING
 from neuron_ssp.topology.placement import loaded_models
@@ -41,18 +40,20 @@ VISIBLE_CORES_ENV = "NEURON_RT_VISIBLE_CORES"
 COMPILE_CACHE_ENV = "NEURON_COMPILE_CACHE_URL"
 
 
-def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any]:
-    """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'."""
+def load_neuron_backends(config: Config, plan: DeploymentPlan, dirs: ModelDirs | None = None) -> tuple[Any, Any]:
+    """(target, draft) on Neuron; the draft is None unless `speculation.drafter` is 'model'. `dirs`: the pipeline's
+    checked models (checked for the installed build and resolved here when not given)."""
+    dirs = dirs or resolve_models(config)
     api = prepare_runtime(config, plan)
     workers = compile_estimate(config).bound  # a model without saved artifacts compiles now
     if config.speculation.engine == "fused":
-        return load_on_device_backends(api, config, plan, workers)
+        return load_on_device_backends(api, config, plan, workers, dirs)
     store = ArtifactStore(config.neuron.compiled_dir) if config.neuron.compiled_dir else None
     backends: dict[str, NeuronBackend] = {}
     for role in plan.load_order:
         model_cfg = model_config(config, role)
         k = speculation_length(config, role)
-        model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
+        model_dir = dirs.of(role)
         windows, artifacts = ([k] if k else None), None
         options = scoring_options(api, config, model_cfg)
         if store is not None:
@@ -79,12 +80,12 @@ def load_neuron_backends(config: Config, plan: DeploymentPlan) -> tuple[Any, Any
         if skipped := static_batch_self_test_skip(config):
             warnings.warn(skipped, stacklevel=2)
         else:
-            check_self_test(self_test(backends["target"], config, api.version))
+            check_self_test(self_test(backends["target"], config, api.version, dirs.target))
     return backends["target"], backends.get("draft")
 
 
 def load_on_device_backends(
-    api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None
+    api: NeuronxApi, config: Config, plan: DeploymentPlan, workers: int | None, dirs: ModelDirs
 ) -> tuple[Any, Any]:
     """engine fused: both models with on-device embedding and generation, no speculation network of their
     own (the fused decoder compiles its graph from them), and at batch > 1 continuous batching (rows join and leave
@@ -97,23 +98,17 @@ def load_on_device_backends(
     backends = {}
     for role in plan.load_order:
         model_cfg = model_config(config, role)
-        model_dir = resolve_model_path(model_cfg.path, f"{role}.path")
+        model_dir = dirs.of(role)
         options = {**on_device_options(config, model_dir), **api.continuous_batching_options(model_cfg.batch_size)}
         model = build_model(api, model_dir, model_cfg, None, None, options, workers)
-        backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions)
+        backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, model_dir)
     return backends["target"], backends.get("draft")
 
 
-def prepare_runtime(config: Config, plan: DeploymentPlan, windows: list[int] | None = None) -> NeuronxApi:
-    """Everything that must hold before the first model touches the Neuron runtime, checked for the
-    installed library (its kv-head layout, and the generation it behaves as: the batch rules `validate` applies with
-    a version alone, here keyed by what the build does) and `windows`, every k one target will hold (default: k)."""
+def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:
+    """The installed library, and what must hold before the first model touches the Neuron runtime (prepare_device),
+    for a config checked for that library (resolve_models)."""
     api = load_neuronx()
-    one_target = windows if windows and api.speculation_takes_k_list else None
-    installed = api.behaviour
-    validate_config(
-        config, api.kv_rule, one_target, neuronx_generation=installed.generation, neuronx_installed=installed.describe()
-    ).raise_if_invalid()
     prepare_device(config, plan)
     return api
 
@@ -208,12 +203,6 @@ def build_model(
     if artifacts is not None:
         model.load(str(artifacts))
     model.to_neuron()
-    return model
-
-
-def model_config(config: Config, role: str) -> ModelConfig:
-    model = config.target if role == "target" else config.draft
-    assert model is not None, f"the plan loads a {role} the config does not have"
     return model
 
 

@@ -52,6 +52,22 @@ def load_fused_modules() -> tuple[ModuleType, ModuleType]:
     return fused, config
 
 
+def fused_decoder(
+    config: Config, target: OnDeviceBackend, draft: OnDeviceBackend, k: int, pad_token_id: int, eos_token_id: int | None
+) -> Any:
+    """transformers-neuronx's FusedSpeculativeDecoder over the two loaded models (`k`: its own count, the tokens the
+    draft speculates), its fused graphs compiled now with at most compile_estimate's bound of neuronx-cc processes at
+    once (the fused graph is not in what `save()` writes)."""
+    from neuron_ssp.backends.neuron.load import compile_estimate
+
+    fused, _ = load_fused_modules()
+    decoder = fused.FusedSpeculativeDecoder(
+        draft.model, target.model, k=k, pad_token_id=pad_token_id, eos_token_id=eos_token_id
+    )
+    decoder.to_neuron(workers=compile_estimate(config).bound)
+    return decoder
+
+
 def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], vocab_size: int) -> dict[str, Any]:
     """GenerationConfig keyword arguments for our sampling settings (names from config.py at 1ade6d74)."""
     greedy = sampling.temperature == 0
@@ -76,15 +92,17 @@ def on_device_options(config: Config, model_dir: Path) -> dict[str, Any]:
 
 
 class OnDeviceBackend(SingleSlot):
-    """A model compiled with on-device generation: it returns token ids, so it cannot score for our loop."""
+    """A model compiled with on-device generation: it returns token ids, so it cannot score for our loop.
+    `model_dir`: the checkpoint it was built from (its tokenizer and generation config say where a turn ends)."""
 
     max_score_width: int | None = None
 
-    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int):
+    def __init__(self, model: Any, name: str, vocab_size: int, n_positions: int, model_dir: Path | None = None):
         self.model = model
         self.name = name
         self.vocab_size = vocab_size
         self.n_positions = n_positions
+        self.model_dir = model_dir
 
     def prefill(self, prompt_ids: torch.Tensor) -> torch.Tensor:
         raise self._refusal()

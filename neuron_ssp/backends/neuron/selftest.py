@@ -101,11 +101,14 @@ def static_batch_self_test_skip(config: Config) -> str | None:
     )
 
 
-def self_test(target: ModelBackend, config: Config, library_version: str) -> SelfTestResult:
-    """The loaded target's k-wide window against one-token calls, on a passage in its own tokenizer."""
+def self_test(
+    target: ModelBackend, config: Config, library_version: str, model_dir: Path | None = None
+) -> SelfTestResult:
+    """The loaded target's k-wide window against one-token calls, on a passage in its own tokenizer (from the
+    target's directory, `model_dir`: the loader's, or resolved here)."""
     k = getattr(target, "speculation_length", None)
     assert k, "the self-test needs the speculation-enabled target"
-    model_dir = resolve_model_path(config.target.path, "target.path")
+    model_dir = model_dir or resolve_model_path(config.target.path, "target.path")
     tokens, text = self_test_tokens(model_dir, target.vocab_size, self_test_length(target.n_positions, k))
     return run_self_test(target, tokens, library_version, text, config.neuron.self_test_min_agreement)
 

@@ -119,7 +119,7 @@ def load_nxdi_backends(
     if config.neuron.self_test:
         from neuron_ssp.backends.neuron.selftest import NXDI, check_self_test, self_test
 
-        check_self_test(self_test(backends["target"], config, f"{NXDI} {api.version}"))
+        check_self_test(self_test(backends["target"], config, f"{NXDI} {api.version}", dirs.target))
     return backends["target"], backends.get("draft")
 
 
@@ -134,7 +134,7 @@ def load_nxdi_fused(config: Config, plan: DeploymentPlan, dirs: ModelDirs | None
     app, spec = fused_application(models)
     directory, _ = models.compiled(app, spec)
     models.load("target", app, directory)
-    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions), None
+    return OnDeviceBackend(app, "target", vocab_size(app), config.target.n_positions, dirs.target), None
 
 
 def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
