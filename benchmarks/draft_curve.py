@@ -22,7 +22,7 @@ from neuron_ssp.drafters.eagle_checkpoint import read_checkpoint
 from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.tools.draft_data import load_conversations
 from neuron_ssp.tools.draft_eval import evaluate
-from neuron_ssp.tools.draft_plots import plot_curve
+from neuron_ssp.tools.draft_plots import init_label, plot_curve
 from neuron_ssp.tools.train_draft import RECIPE_FILE, split
 from neuron_ssp.tools.train_run import held_out_batches, target_backend
 
@@ -44,17 +44,30 @@ def main() -> None:
     backend = target_backend(config, 8)
     windows = tuple(k for k in (2, 3, 4, 5, 6, 8) if k <= args.steps + 1)
     points = []
+    features: dict[tuple, list] = {}  # held-out batches per (taps, draft vocabulary): heads often share them
     for directory in args.heads:
         checkpoint = read_checkpoint(directory)
         head = EagleHead.from_checkpoint(checkpoint, backend.model.get_input_embeddings().weight.detach())
-        backend.set_taps(list(checkpoint.config.taps or ()))
+        taps = tuple(checkpoint.config.taps or ())
+        backend.set_taps(list(taps))
         recipe = json.loads((directory / RECIPE_FILE).read_text())
-        batches = held_out_batches(backend, conversations, held, head.target_ids, args.eval_tokens, 2048)
+        key = (taps, tuple(head.target_ids.tolist()))
+        if key not in features:
+            features[key] = held_out_batches(backend, conversations, held, head.target_ids, args.eval_tokens, 2048)
+        batches = features[key]
         result = evaluate(head, batches, args.steps, windows)
-        point = {"head": str(directory), "train_tokens": recipe["train_tokens"], **result.to_dict()}
+        point = {
+            "head": str(directory),
+            "label": init_label(recipe["settings"]),
+            "train_tokens": recipe["train_tokens"],
+            "epochs": recipe["epochs"],
+            "draft_vocab": int(head.target_ids.shape[0]),
+            **result.to_dict(),
+        }
         points.append(point)
         print(
-            f"{directory}: {recipe['train_tokens']:,} training tokens, {recipe['epochs']} epochs; "
+            f"{directory} ({point['label']}, draft vocabulary {point['draft_vocab']}): "
+            f"{recipe['train_tokens']:,} training tokens, {recipe['epochs']} epochs; "
             f"held out {result.tokens:,} tokens ({result.greedy_answers} greedy answers)"
         )
         print("  accuracy per step   " + " ".join(f"{a:.3f}" for a in result.accuracy))

@@ -17,6 +17,7 @@ from neuron_ssp.drafters.eagle_checkpoint import head_config_for, read_checkpoin
 from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.tools.draft_data import Finished, load_conversations, write_shard
 from neuron_ssp.tools.draft_eval import leading_run, ngram_walk, walk
+from neuron_ssp.tools.draft_plots import curve_series, init_label, plot_curve
 from neuron_ssp.tools.draft_vocab import answer_token_counts, coverage_of, top_ids
 from neuron_ssp.tools.train_draft import (
     TOP_K,
@@ -283,3 +284,28 @@ def test_shards_round_trip(tmp_path):
     data = load_conversations(tmp_path)
     assert data.index == [1, 3] and [x.tolist() for x in data.ids] == [[4, 5], [1, 2, 3]]
     assert data.temperature == [0.0, pytest.approx(0.7)] and data.answer_start == [1, 1]
+
+
+def test_the_curve_draws_one_line_per_start_in_order_of_training_tokens(tmp_path):
+    def point(tokens, settings, tau):
+        label = init_label(settings)
+        return {
+            "label": label,
+            "train_tokens": tokens,
+            "accuracy": [0.3, 0.2],
+            "tau": {"3": tau},
+            "ngram_tau": {"3": 1.5},
+        }
+
+    random_100k, random_40k = point(100_000, {"init_layer": None}, 1.3), point(40_000, {}, 1.2)
+    layer = point(40_000, {"init_layer": 27, "init_lm_head": True}, 1.1)
+    lm_head = point(40_000, {"init_layer": None, "init_lm_head": True}, 1.0)
+    series = curve_series([random_100k, layer, random_40k, lm_head])
+    assert series == {
+        "random init": [random_40k, random_100k],
+        "init from layer 27": [layer],
+        "lm-head init": [lm_head],
+    }
+    pytest.importorskip("matplotlib")
+    plot_curve([random_100k, layer, random_40k, lm_head], tmp_path / "curve.png", "curve")
+    assert (tmp_path / "curve.png").stat().st_size > 0

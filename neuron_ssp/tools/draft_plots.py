@@ -38,20 +38,45 @@ def plot_training(history: History, path: Path, title: str) -> None:
     _save(fig, path, title)
 
 
+def init_label(settings: dict[str, Any]) -> str:
+    """How a head's weights started (train-draft's recipe settings): the curve draws one line per start."""
+    if settings.get("init_layer") is not None:
+        return f"init from layer {settings['init_layer']}"
+    if settings.get("init_lm_head"):
+        return "lm-head init"
+    return "random init"
+
+
+def curve_series(points: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The curve's points grouped by their label, each group in order of training tokens."""
+    series: dict[str, list[dict[str, Any]]] = {}
+    for point in sorted(points, key=lambda p: p["train_tokens"]):
+        series.setdefault(point["label"], []).append(point)
+    return series
+
+
 def plot_curve(points: list[dict[str, Any]], path: Path, title: str) -> None:
-    """The learning curve: held-out tau (head, prompt lookup) and per-step accuracy against training tokens."""
-    points = sorted(points, key=lambda p: p["train_tokens"])
-    tokens = [p["train_tokens"] for p in points]
+    """The learning curve: held-out tau at the longest chain (one line per start, prompt lookup dashed) and
+    step-1 accuracy against training tokens."""
     fig = figure_class()(figsize=(11, 4))
     tau_ax, acc_ax = fig.subplots(1, 2)
-    for k in sorted({k for p in points for k in p["tau"]}, key=int):
-        tau_ax.plot(tokens, [p["tau"][k] for p in points], "o-", label=f"head, k={k}")
-    k_ngram = max(points[-1]["ngram_tau"], key=int)
-    tau_ax.axhline(points[-1]["ngram_tau"][k_ngram], color="grey", linestyle="--", label=f"prompt lookup, k={k_ngram}")
-    tau_ax.set(xscale="log", xlabel="training tokens", ylabel="tau (tokens per target call)", title="held-out tau")
+    k = max(points[0]["tau"], key=int)
+    for i, (label, group) in enumerate(curve_series(points).items()):
+        tokens = [p["train_tokens"] for p in group]
+        tau_ax.plot(tokens, [p["tau"][k] for p in group], "o-", color=f"C{i}", label=f"head, {label}")
+        for step in range(len(group[0]["accuracy"])):
+            acc_ax.plot(
+                tokens,
+                [p["accuracy"][step] for p in group],
+                "os^v"[step % 4] + "-",
+                color=f"C{i}",
+                alpha=1.0 - 0.2 * step,
+                label=f"{label}, step {step + 1}",
+            )
+    tau_ax.axhline(points[-1]["ngram_tau"][k], color="grey", linestyle="--", label=f"prompt lookup, k={k}")
+    tau_ax.set(xscale="log", xlabel="training tokens", ylabel=f"tau at k={k} (tokens per target call)")
+    tau_ax.set_title("held-out tau")
     tau_ax.legend(fontsize=7)
-    for i in range(len(points[0]["accuracy"])):
-        acc_ax.plot(tokens, [p["accuracy"][i] for p in points], "o-", label=f"step {i + 1}")
-    acc_ax.set(xscale="log", xlabel="training tokens", ylabel="top-1 accuracy", ylim=(0, 1), title="per step")
-    acc_ax.legend(fontsize=7, ncol=2)
+    acc_ax.set(xscale="log", xlabel="training tokens", ylabel="top-1 = target argmax", ylim=(0, 1), title="per step")
+    acc_ax.legend(fontsize=6, ncol=2)
     _save(fig, path, title)
