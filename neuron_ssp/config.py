@@ -182,12 +182,6 @@ class NxdiSettings(_Strict):
             )
         return value
 
-    def switches(self) -> dict[str, Any]:
-        """The switches set away from NxDI's defaults, as NeuronConfig arguments (the buckets are passed for
-        every model, defaulted: topology/nxdi_graphs.py)."""
-        defaults = NxdiSettings()
-        return {name: value for name, value in self if "buckets" not in name and value != getattr(defaults, name)}
-
 
 class NeuronSettings(_Strict):
     """Neuron only: which AWS library runs the models, where compiled models are kept (`neuron-ssp compile`)

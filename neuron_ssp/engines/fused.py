@@ -56,7 +56,8 @@ from typing import Any
 import torch
 
 from neuron_ssp.backends.checkpoint import stop_id
-from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, fused_decoder
+from neuron_ssp.backends.neuron.load import fused_decoder
+from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.base import check_room
 from neuron_ssp.engines.fused_rows import FusedRowLoop
@@ -66,13 +67,13 @@ from neuron_ssp.engines.static_batch import (
     Piece,
     RowOutput,
     StaticBatchLoop,
-    context_buckets,
     pad_id,
     padded_batch,
     require_one_context,
 )
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.sampling import SamplingParams
+from neuron_ssp.topology.networks import shared_context
 from neuron_ssp.topology.positions import extra_target_slots
 
 HISTOGRAM_COLUMNS = 10  # `rate = torch.zeros(batch_size, 10)` in FusedSpeculativeDecoder.sample (1ade6d74)
@@ -163,10 +164,9 @@ class FusedDecoderLoop(FusedRowLoop):
             self.target, prompt_len, request.max_new_tokens, "target.n_positions", extra_target_slots("fused", self.k)
         )
         n_positions = self.target.n_positions  # the draft's is at least the target's (topology.positions)
-        largest = min(max(context_buckets(model, n_positions)) for model in (self.decoder.target, self.decoder.draft))
         require_one_context(
             prompt_len,
-            largest,
+            shared_context([(self.decoder.target, n_positions), (self.decoder.draft, n_positions)]),
             "a longer one fails its continuous-batching context encoding (base.py:508 at 1ade6d7), and a fused "
             "iteration takes one token per row",
         )

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +54,13 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
-from neuron_ssp.engines.base import GenerationResult, TokenCallback, check_room, sampling_params
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.base import check_room, sampling_params
+from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
     Piece,
     RowOutput,
     StaticBatchLoop,
-    context_buckets,
     pad_id,
     padded_batch,
     require_one_context,
@@ -70,15 +69,16 @@ from neuron_ssp.engines.static_batch import (
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.topology.networks import shared_context
 from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room
 
 Acceptor = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NONZERO_FILLER = 1  # a finished row's padding when there is no EOS id: any id but 0 (count_nonzero counts it)
 
 
-class LibraryEngine:
-    """Same `generate` as `SpeculativeGenerator`, run by transformers-neuronx's loop; `row_loop()` runs it over
-    as many requests at once as the models were compiled for (`target.batch_size`)."""
+class LibraryEngine(Generator):
+    """transformers-neuronx's loop as an engine: `row_loop()` runs one `SpeculativeGenerator.sample` call over as many
+    requests at once as the models were compiled for (`target.batch_size`)."""
 
     def __init__(
         self,
@@ -174,26 +174,10 @@ class LibraryEngine:
         """Requests as rows of one library call each (`RowLoop`): up to `batch_size` join, one call runs them all."""
         return StaticBatchLoop(self)
 
-    def generate(
-        self,
-        prompt_ids: torch.Tensor,
-        max_new_tokens: int,
-        eos_token_ids: Collection[int] = (),
-        on_tokens: TokenCallback | None = None,
-    ) -> GenerationResult:
-        """One request: the row loop with one row (padded to the compiled batch)."""
-        if self.rng is not None:
-            self.rng.manual_seed(self.sampling.seed)  # for acceptors that draw from it rather than the noise
-        request = RowRequest(
-            prompt_ids,
-            max_new_tokens,
-            sampling_params(self.sampling),
-            self.sampling.seed,
-            eos_token_ids,
-            acceptor=self.acceptor,
-            on_tokens=on_tokens,
-        )  # type: ignore[arg-type]
-        return self.row_loop().run(request)
+    def row_settings(self) -> RowSettings:
+        """Every request of `generate`: the config's sampling and seed, the engine's acceptor (each row draws from
+        its own per-position noise; `rng` for acceptors that draw from it instead, seeded per request)."""
+        return RowSettings(sampling_params(self.sampling), self.sampling.seed, acceptor=self.acceptor, rng=self.rng)
 
     # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
 
@@ -210,18 +194,12 @@ class LibraryEngine:
         if self.batch_size > 1:
             require_one_context(
                 prompt_len,
-                min(max(buckets) for buckets in self.buckets),
+                shared_context(
+                    [(self.target.model, self.target.n_positions), (self.draft.model, self.draft.n_positions)]
+                ),
                 "a static batch with a longer prompt is encoded token by token past it after base.py:246-249 at "
                 "1ade6d7 slices its 2-D cache_ids by row, which a batch does not survive",
             )
-
-    @property
-    def buckets(self) -> tuple[list[int], list[int]]:
-        """The target's and the draft's context buckets: a batch's prompts fit the smallest of their largest."""
-        return (
-            context_buckets(self.target.model, self.target.n_positions),
-            context_buckets(self.draft.model, self.draft.n_positions),
-        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `SpeculativeGenerator.sample` over `rows`, padded to the compiled batch."""

@@ -16,16 +16,13 @@ time with their origin (accepted draft tokens, then the target's own).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from neuron_ssp.engines.base import GenerationResult
-from neuron_ssp.engines.rows import Row, RowRequest, cancelled_rows
+from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, SlotLoop
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
-from neuron_ssp.speculation.stats import GenerationStats
 
 
 @dataclass
@@ -73,47 +70,30 @@ class LibraryCall(Protocol):
         ...
 
 
-class StaticBatchLoop:
+class StaticBatchLoop(SlotLoop):
     """`RowLoop` over a `LibraryCall`: rows join between calls, one call generates them all to their end."""
 
     def __init__(self, call: LibraryCall):
+        super().__init__(RowSlots(call.batch_size))
         self.call = call
-        self.rows: list[Row] = []
-
-    @property
-    def free_slots(self) -> int:
-        return self.call.batch_size - len(self.rows)
 
     def join(self, request: RowRequest) -> Row:
         """Queue a request for the next call (nothing runs until `step`: a joined row never comes back finished)."""
         self.call.check(request)
-        if not self.free_slots:
-            raise RuntimeError(f"no free slot: {self.call.batch_size} requests wait for the next library call")
-        row = Row(request, len(self.rows), self.call.k, self.call.vocab_size)
-        row.stats = GenerationStats(k=self.call.k)  # the library drafts even though the row has no drafter of ours
-        self.rows.append(row)
-        return row
+        return self.slot_rows.start(
+            lambda slot: Row(request, slot, self.call.k, self.call.vocab_size, speculates=True), _queued
+        )  # the library drafts k-1 tokens every iteration, though the row has no drafter of ours
 
     def step(self) -> list[Row]:
-        """One library call over every joined row; returns them all, finished (cancelled ones included)."""
-        cancelled = cancelled_rows(self.rows)
-        rows = [row for row in self.rows if not row.cancelled]
-        self.rows = []
+        """One library call over every joined row; returns them all, ended (cancelled ones included)."""
+        cancelled = self.slot_rows.leave_cancelled()
+        rows = list(self.rows)
         if rows:
             self._run(rows)
-        ended = time.perf_counter()
-        for row in cancelled + rows:
-            row.stats.wall_s = ended - row.started
-            row.stats.new_tokens = row.seq.generated_count
+        for row in rows:
+            row.seq.done = True  # the library ran it to its end, whatever it left
+            self.slot_rows.leave(row)
         return cancelled + rows
-
-    def run(self, request: RowRequest) -> GenerationResult:
-        """One request alone (padded to the compiled batch by the call), to its end."""
-        row = self.join(request)
-        self.step()
-        if row.error is not None:
-            raise row.error
-        return row.result()
 
     def _run(self, rows: list[Row]) -> None:
         times = CallTimes()
@@ -132,6 +112,10 @@ class StaticBatchLoop:
                     commit(row, output)
                 except Exception as exc:  # this row's callback failed: the others are committed all the same
                     row.error = exc
+
+
+def _queued(row: Row) -> None:
+    """A row begins in the next library call, with the others that joined before it."""
 
 
 def commit(row: Row, output: RowOutput) -> None:
@@ -197,20 +181,6 @@ def padded_batch(rows: list[Row], batch_size: int, pad: int) -> PaddedBatch:
         attention_mask[i, : len(prompt)] = 1
     longest = max(row.seq.prompt_len + row.seq.max_new_tokens for row in rows)
     return PaddedBatch(input_ids, attention_mask, torch.arange(batch_size), [len(p) for p in prompts], longest, pad)
-
-
-def context_buckets(model: Any, n_positions: int) -> list[int]:
-    """A model's context-encoding buckets: its own `context_buckets` (llama/model.py:69-70 at 1ade6d7), else the
-    library's default for a model built without context_length_estimate: half of each token bucket, those being
-    powers of two from 128 below n_positions, then n_positions (bucket.py:39, :72; utils.py:59-66)."""
-    own = getattr(model, "context_buckets", None)
-    if isinstance(own, list) and own:
-        return sorted(own)
-    tokens, size = [], 128
-    while size < n_positions:
-        tokens.append(size)
-        size *= 2
-    return [bucket // 2 for bucket in [*tokens, n_positions]]
 
 
 def require_one_context(prompt_len: int, largest: int, why: str) -> None:

@@ -181,9 +181,9 @@ def nxdi_head_problems(config: Config) -> list[Problem]:
                 "guide builds it)",
             )
         )
-    from neuron_ssp.topology.nxdi_graphs import context_buckets  # the buckets NxDI compiles (defaults included)
+    from neuron_ssp.topology.nxdi_graphs import nxdi_context_buckets  # the buckets NxDI compiles (defaults included)
 
-    wrong = [b for b in context_buckets(config, config.target) if b in (1, k)]
+    wrong = [b for b in nxdi_context_buckets(config, config.target) if b in (1, k)]
     if wrong:
         problems.append(
             Problem(

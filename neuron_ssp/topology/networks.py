@@ -34,6 +34,19 @@ def context_buckets(n_positions: int) -> list[int]:
     return [size // 2 for size in token_buckets(n_positions)]
 
 
+def model_context_buckets(model: object, n_positions: int) -> list[int]:
+    """A loaded model's context buckets: its own `context_buckets` (llama/model.py:69-70 at 1ade6d7), else those of a
+    model built without context_length_estimate, as we build them (`context_buckets`)."""
+    own = getattr(model, "context_buckets", None)
+    return sorted(own) if isinstance(own, list) and own else context_buckets(n_positions)
+
+
+def shared_context(models: list[tuple[object, int]]) -> int:
+    """The longest prompt each of the loaded `models` (with its n_positions) encodes in one context network: the
+    smallest of their largest context buckets."""
+    return min(max(model_context_buckets(model, n_positions)) for model, n_positions in models)
+
+
 @dataclass(frozen=True)
 class Networks:
     """Compiled networks of one model: one per (batch size, bucket, k), each one neuronx-cc run and one NEFF per

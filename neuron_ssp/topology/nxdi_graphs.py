@@ -37,12 +37,14 @@ def max_context_length(config: Config, model: ModelConfig) -> int:
     return min(config.generation.max_prompt_tokens or model.n_positions, model.n_positions)
 
 
-def context_buckets(config: Config, model: ModelConfig) -> list[int]:
+def nxdi_context_buckets(config: Config, model: ModelConfig) -> list[int]:
+    """The prompt lengths NxDI compiles a context-encoding graph for: the config's, else NxDI's default."""
     given = config.neuron.nxdi.context_encoding_buckets
     return list(given) if given else default_buckets(SMALLEST_CONTEXT_BUCKET, max_context_length(config, model))
 
 
-def token_buckets(config: Config, model: ModelConfig) -> list[int]:
+def nxdi_token_buckets(config: Config, model: ModelConfig) -> list[int]:
+    """The cache lengths NxDI compiles a decoding graph for: the config's, else n_positions alone."""
     given = config.neuron.nxdi.token_generation_buckets
     return list(given) if given else [model.n_positions]
 
@@ -60,7 +62,7 @@ def nxdi_graphs(config: Config, role: str, model: ModelConfig) -> Networks:
     graphs are traced at tkg_batch_size (model_base.py:3078-3084), context graphs at ctx_batch_size (:3107-3113)."""
     if role == "draft" and config.speculation.engine == "fused":
         return Networks(0, 0, 0)
-    context, decoding = len(context_buckets(config, model)), len(token_buckets(config, model))
+    context, decoding = len(nxdi_context_buckets(config, model)), len(nxdi_token_buckets(config, model))
     batches = {"batch": model.batch_size, "context_batch": context_batch(config, model)}
     if role == "target":
         return Networks(token=0, context=context, speculation=decoding, **batches)

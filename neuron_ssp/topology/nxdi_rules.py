@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from neuron_ssp.config import Config, ModelConfig, NxdiSettings
 from neuron_ssp.errors import Problem
-from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
+from neuron_ssp.topology.nxdi_graphs import max_context_length, nxdi_context_buckets, nxdi_token_buckets
 from neuron_ssp.topology.report import ValidationReport
 
 FIELD = "neuron.nxdi"
@@ -73,7 +73,7 @@ def _check_kernel_buckets(config: Config, models: dict[str, ModelConfig], report
         {
             b
             for model in models.values()
-            for b in (*context_buckets(config, model), *token_buckets(config, model))
+            for b in (*nxdi_context_buckets(config, model), *nxdi_token_buckets(config, model))
             if b <= SHORT_BUCKET
         }
     )

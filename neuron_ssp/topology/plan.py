@@ -26,9 +26,7 @@ from neuron_ssp.topology.memory import (
 )
 from neuron_ssp.topology.models import Architecture, resolve_architecture
 from neuron_ssp.topology.networks import Networks, compiled_networks, context_buckets, token_buckets
-from neuron_ssp.topology.nxdi_graphs import context_buckets as nxdi_context_buckets
-from neuron_ssp.topology.nxdi_graphs import nxdi_graphs
-from neuron_ssp.topology.nxdi_graphs import token_buckets as nxdi_token_buckets
+from neuron_ssp.topology.nxdi_graphs import nxdi_context_buckets, nxdi_graphs, nxdi_token_buckets
 from neuron_ssp.topology.parallelism import KV_PADDING, KV_RULES, allowed_tp_degrees, device_heads, runs_on
 from neuron_ssp.topology.placement import (
     CoreSet,

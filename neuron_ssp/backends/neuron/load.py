@@ -25,6 +25,7 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, bound_parallel_compile, l
 from neuron_ssp.backends.neuron.artifacts import ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.batched import BatchedNeuronBackend
 from neuron_ssp.backends.neuron.env import device_nodes, host_memory_available
+from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, load_fused_modules, on_device_options
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.backends.neuron.selftest import check_self_test, self_test, static_batch_self_test_skip
 from neuron_ssp.backends.resolve import ModelDirs, model_config, resolve_models
@@ -91,8 +92,6 @@ def load_on_device_backends(
     own (the fused decoder compiles its graph from them), and at batch > 1 continuous batching (rows join and leave
     through the decoder's speculative_iteration: engines/fused.py). Compiled at every load: the fused graph is not
     in what `save()` writes, and models returning token ids cannot be self-tested against logits."""
-    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend, on_device_options
-
     if config.neuron.compiled_dir:
         warnings.warn("engine fused compiles at every load: neuron.compiled_dir is not used", stacklevel=3)
     backends = {}
@@ -103,6 +102,20 @@ def load_on_device_backends(
         model = build_model(api, model_dir, model_cfg, None, None, options, workers)
         backends[role] = OnDeviceBackend(model, role, int(model.config.vocab_size), model_cfg.n_positions, model_dir)
     return backends["target"], backends.get("draft")
+
+
+def fused_decoder(
+    config: Config, target: OnDeviceBackend, draft: OnDeviceBackend, k: int, pad_token_id: int, eos_token_id: int | None
+) -> Any:
+    """transformers-neuronx's FusedSpeculativeDecoder over the two loaded models (`k`: its own count, the tokens the
+    draft speculates), its fused graphs compiled now with at most compile_estimate's bound of neuronx-cc processes at
+    once (the fused graph is not in what `save()` writes)."""
+    fused, _ = load_fused_modules()
+    decoder = fused.FusedSpeculativeDecoder(
+        draft.model, target.model, k=k, pad_token_id=pad_token_id, eos_token_id=eos_token_id
+    )
+    decoder.to_neuron(workers=compile_estimate(config).bound)
+    return decoder
 
 
 def prepare_runtime(config: Config, plan: DeploymentPlan) -> NeuronxApi:

@@ -52,22 +52,6 @@ def load_fused_modules() -> tuple[ModuleType, ModuleType]:
     return fused, config
 
 
-def fused_decoder(
-    config: Config, target: OnDeviceBackend, draft: OnDeviceBackend, k: int, pad_token_id: int, eos_token_id: int | None
-) -> Any:
-    """transformers-neuronx's FusedSpeculativeDecoder over the two loaded models (`k`: its own count, the tokens the
-    draft speculates), its fused graphs compiled now with at most compile_estimate's bound of neuronx-cc processes at
-    once (the fused graph is not in what `save()` writes)."""
-    from neuron_ssp.backends.neuron.load import compile_estimate
-
-    fused, _ = load_fused_modules()
-    decoder = fused.FusedSpeculativeDecoder(
-        draft.model, target.model, k=k, pad_token_id=pad_token_id, eos_token_id=eos_token_id
-    )
-    decoder.to_neuron(workers=compile_estimate(config).bound)
-    return decoder
-
-
 def generation_settings(sampling: SamplingConfig, eos_token_ids: list[int], vocab_size: int) -> dict[str, Any]:
     """GenerationConfig keyword arguments for our sampling settings (names from config.py at 1ade6d74)."""
     greedy = sampling.temperature == 0

@@ -30,9 +30,9 @@ from typing import Any
 
 from neuron_ssp.backends.imports import import_library
 from neuron_ssp.backends.resolve import model_config
-from neuron_ssp.config import Config
+from neuron_ssp.config import Config, NxdiSettings
 from neuron_ssp.errors import Problem, RuntimeProblem
-from neuron_ssp.topology.nxdi_graphs import context_buckets, max_context_length, token_buckets
+from neuron_ssp.topology.nxdi_graphs import max_context_length, nxdi_context_buckets, nxdi_token_buckets
 from neuron_ssp.topology.nxdi_releases import install_advice
 
 SUPPORTED = (
@@ -60,6 +60,7 @@ class NxdiApi:
         """The allow-list of NeuronConfig arguments for one model; identical for compile and load. Context
         encoding is bucketed (topology/nxdi_graphs.py), and the config's neuron.nxdi settings are passed as given."""
         model = model_config(config, role)
+        context, decoding = nxdi_context_buckets(config, model), nxdi_token_buckets(config, model)
         kwargs: dict[str, Any] = {
             "tp_degree": model.tp_degree,
             "batch_size": model.batch_size,
@@ -68,10 +69,10 @@ class NxdiApi:
             "torch_dtype": TORCH_DTYPES[model.dtype],
             "speculation_length": speculation_length,
             "logical_nc_config": lnc,
-            **config.neuron.nxdi.switches(),
+            **switches(config.neuron.nxdi),
             "enable_bucketing": True,
-            "context_encoding_buckets": context_buckets(config, model),
-            "token_generation_buckets": token_buckets(config, model),
+            "context_encoding_buckets": context,
+            "token_generation_buckets": decoding,
         }
         if fused:
             kwargs["enable_fused_speculation"] = True
@@ -109,6 +110,13 @@ class NxdiApi:
 # is_eagle_draft True, sequence_parallel_enabled False) and with the target's speculation_length, which an EAGLE
 # draft keeps for its last draft run (inference_demo.py:512-514 at 4bcdc54b).
 EAGLE_DRAFT = {"is_eagle_draft": True, "sequence_parallel_enabled": False, "trace_tokengen_model": True}
+
+
+def switches(settings: NxdiSettings) -> dict[str, Any]:
+    """The config's neuron.nxdi switches set away from NxDI's defaults, as NeuronConfig arguments (the buckets are
+    passed for every model, defaulted: topology/nxdi_graphs.py)."""
+    defaults = NxdiSettings()
+    return {name: value for name, value in settings if "buckets" not in name and value != getattr(defaults, name)}
 
 
 def eagle_switches(drafter: str) -> dict[str, Any]:
