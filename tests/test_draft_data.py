@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import tiny_llama
@@ -110,3 +111,15 @@ def test_seed_files_share_no_line_with_a_benchmark_prompt():
             if line.startswith("#") or len(key) < 12:
                 continue
             assert key not in prompts, (name, line)
+
+
+def test_the_committed_data_loads_as_train_draft_reads_it():
+    # benchmarks/draft_data/.../README.md states these counts; train-draft --data reads the directory with this loader
+    directory = Path(__file__).resolve().parent.parent / "benchmarks" / "draft_data" / "smollm2-135m-instruct"
+    data = load_conversations(directory)
+    assert len(data.ids) == 1475 and sum(len(ids) for ids in data.ids) == 464_303
+    assert sum(len(ids) - start for ids, start in zip(data.ids, data.answer_start, strict=True)) == 369_145
+    assert all(
+        0 < start < len(ids) and int(ids.max()) < 49152 for ids, start in zip(data.ids, data.answer_start, strict=True)
+    )
+    assert json.loads((directory / "settings.json").read_text())["seed"] == 0
