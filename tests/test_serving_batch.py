@@ -11,7 +11,8 @@ import pytest
 
 from neuron_ssp.config import Config
 from neuron_ssp.serve import capacity
-from neuron_ssp.serve.server import log_serving_batch, serving_batch
+from neuron_ssp.serve.capacity import serving_batch, serving_batch_of
+from neuron_ssp.serve.server import log_serving_batch, serving
 
 aws_sandbox = deploy_fixtures.aws_sandbox  # fake credentials, HTTP to loopback only
 
@@ -61,13 +62,13 @@ def test_the_reason_says_whether_requests_join_a_running_batch() -> None:
 
 
 def test_max_batch_above_the_compiled_batch_names_the_field_the_rule_and_the_fix() -> None:
-    problem = capacity.serving_batch_problem(config(batch_size=4, max_batch=8))
+    problem = serving_batch_of(config(batch_size=4, max_batch=8)).problem
     assert problem is not None and problem.field == "serve.max_batch" and problem.value == 8
     assert "runs 4 request(s) at once" in problem.rule and "target.batch_size 4" in problem.rule
     assert "serve.max_batch: 4" in problem.fix
-    assert capacity.serving_batch_problem(config(batch_size=4, max_batch=4)) is None
-    assert capacity.serving_batch_problem(config("torch", max_batch=8)) is None
-    one_at_a_time = capacity.serving_batch_problem(config(engine="native", library="nxdi", batch_size=4))
+    assert serving_batch_of(config(batch_size=4, max_batch=4)).problem is None
+    assert serving_batch_of(config("torch", max_batch=8)).problem is None
+    one_at_a_time = serving_batch_of(config(engine="native", library="nxdi", batch_size=4)).problem
     assert one_at_a_time is not None and "engine native on nxdi serves one request at a time" in one_at_a_time.rule
 
 
@@ -75,12 +76,34 @@ def test_the_server_warns_where_max_batch_was_set_and_informs_where_it_is_the_de
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="neuron_ssp.serve")
-    log_serving_batch(config(batch_size=2, max_batch=8))  # set in the config: the user asked for 8
-    log_serving_batch(config(batch_size=2))  # the default 8, the torch backend's
-    log_serving_batch(config(batch_size=2, max_batch=2))  # nothing to say
+    for settings in (
+        config(batch_size=2, max_batch=8),  # set in the config: the user asked for 8
+        config(batch_size=2),  # the default 8, the torch backend's
+        config(batch_size=2, max_batch=2),  # nothing to say
+    ):
+        log_serving_batch(settings.serve, serving_batch_of(settings))
     (asked, default) = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert asked[0] == logging.WARNING and default[0] == logging.INFO
     assert asked[1].startswith("serve.max_batch = 8: the server runs 2 request(s) at once")
+
+
+def test_a_server_reads_its_batch_once_with_its_address_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serving` reads the rule once, before the models load: the pipeline is loaded for its rows and the log line
+    says its problem (issue 40 item 5: serve.py, server.py and the worker each computed it)."""
+    calls = []
+
+    def rule(config: Config) -> tuple[int, str]:
+        calls.append(config)
+        return 2, "target.batch_size 2 caps serve.max_batch 8"
+
+    monkeypatch.setattr(capacity, "_serving_batch", rule)
+    started = serving(config(batch_size=2, max_batch=8))
+    assert len(calls) == 1
+    assert started.batch.rows == 2 and started.batch.problem is not None
+    assert (
+        started.batch.problem.field == "serve.max_batch" and "runs 2 request(s) at once" in started.batch.problem.rule
+    )
+    assert started.listen.url == "http://127.0.0.1:8000" and started.api_key is None
 
 
 def test_the_server_and_sagemaker_autoscaling_share_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:

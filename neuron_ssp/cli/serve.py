@@ -76,7 +76,7 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
 
         exec_vllm_serve(config)  # replaces this process
     try:
-        from neuron_ssp.serve.server import run_server, serving, serving_batch
+        from neuron_ssp.serve.server import run_server, serving
     except ImportError as exc:
         raise RuntimeProblem(
             Problem(
@@ -87,10 +87,10 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
             )
         ) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started = serving(config.serve)  # a missing key is refused before the models load
+    started = serving(config)  # a missing key is refused before the models load
     set_threads(threads)
     click.echo(f"{describe(config)}", err=True)
-    run_server(config, load_with_status(config, serving_batch(config)), started)
+    run_server(config, load_with_status(config, started.batch.rows), started)
     click.echo(f"neuron-ssp serve on {started.listen.url} stopped", err=True)
 
 

@@ -13,9 +13,26 @@ validate's rule; this module only says how many run at once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem
 from neuron_ssp.topology.batch_rules import BatchRule, generation_of, rule_for
+
+
+@dataclass(frozen=True)
+class ServingBatch:
+    """Requests a server runs at once for a config (`rows`), why (`reason`), and `problem` where serve.max_batch
+    asks for more: the server runs `rows` and queues the rest."""
+
+    rows: int
+    reason: str
+    problem: Problem | None
+
+
+def serving_batch_of(config: Config) -> ServingBatch:
+    rows, reason = _serving_batch(config)
+    return ServingBatch(rows, reason, _max_batch_problem(config, rows, reason))
 
 
 def serving_batch(config: Config) -> int:
@@ -28,9 +45,8 @@ def serving_batch_reason(config: Config) -> str:
     return _serving_batch(config)[1]
 
 
-def serving_batch_problem(config: Config) -> Problem | None:
-    """serve.max_batch above what the server will run: the server runs `serving_batch` and queues the rest."""
-    rows, reason = _serving_batch(config)
+def _max_batch_problem(config: Config, rows: int, reason: str) -> Problem | None:
+    """serve.max_batch above `rows`, what the server will run."""
     if config.serve.max_batch <= rows:
         return None
     if rows > 1:  # a batching engine, capped by the compiled batch

@@ -26,7 +26,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.app import create_app
-from neuron_ssp.serve.capacity import serving_batch, serving_batch_problem
+from neuron_ssp.serve.capacity import ServingBatch, serving_batch_of
 from neuron_ssp.serve.worker import GenerationWorker
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -47,15 +47,16 @@ class Listen:
 
 @dataclass
 class Serving:
-    """What a server starts with, read from its settings once, before the models load: where it listens and the
-    key its clients must send (a key asked for and missing is refused then)."""
+    """What a server starts with, read from its config once, before the models load: where it listens, the key its
+    clients must send (a key asked for and missing is refused then) and how many requests it runs at once."""
 
     listen: Listen
     api_key: str | None
+    batch: ServingBatch
 
 
-def serving(settings: ServeConfig) -> Serving:
-    return Serving(listen_address(settings), read_api_key(settings))
+def serving(config: Config) -> Serving:
+    return Serving(listen_address(config.serve), read_api_key(config.serve), serving_batch_of(config))
 
 
 def listen_address(settings: ServeConfig) -> Listen:
@@ -88,14 +89,13 @@ def served_model_name(config: Config) -> str:
     return config.target.path.removeprefix("embedded:").rstrip("/").rsplit("/", 1)[-1]
 
 
-def log_serving_batch(config: Config) -> None:
+def log_serving_batch(settings: ServeConfig, batch: ServingBatch) -> None:
     """Say when the server runs fewer requests at once than serve.max_batch asks: a warning where the user set
     it (validate refuses that on Neuron; a server given a pipeline directly still says it), an info line where it
     is the default (8, the torch backend's), which no Neuron config compiled for batch 1 should have to change."""
-    problem = serving_batch_problem(config)
-    if problem is not None:
-        explicit = "max_batch" in config.serve.model_fields_set
-        log.log(logging.WARNING if explicit else logging.INFO, "%s", problem)
+    if batch.problem is not None:
+        explicit = "max_batch" in settings.model_fields_set
+        log.log(logging.WARNING if explicit else logging.INFO, "%s", batch.problem)
 
 
 class _DrainingServer(uvicorn.Server):
@@ -132,12 +132,12 @@ class _DrainingServer(uvicorn.Server):
 
 
 def run_server(config: Config, pipeline: Pipeline | None = None, started: Serving | None = None) -> None:
-    """Serve `pipeline` (loaded here for `serving_batch` requests at once when not given) with `started`'s address
-    and key (read here when not given)."""
+    """Serve `pipeline` (loaded here for `started`'s batch when not given) with `started`'s address and key
+    (`started` read here when not given)."""
     settings = config.serve
-    started = started or serving(settings)
-    log_serving_batch(config)
-    pipeline = pipeline or load_pipeline(config, serving_batch(config))
+    started = started or serving(config)
+    log_serving_batch(settings, started.batch)
+    pipeline = pipeline or load_pipeline(config, started.batch.rows)
     name = served_model_name(config)
     app = create_app(pipeline, settings, name, started.api_key)
     log.info(
