@@ -55,7 +55,7 @@ class PlatformConfig(_Strict):
     # torch backend, compact forward: prompt tokens prefilled per step of the batching loop, in the same call as
     # the running requests' windows (chunked prefill: a joining prompt does not stall them for its whole prefill);
     # 0: every prompt whole, in its own call. The same for one request alone, so its output does not depend on
-    # the batch (engines/batch.py)
+    # the batch (engines/continuous_batch.py)
     prefill_chunk: int = Field(64, ge=0, le=4096)
     # torch backend, compact forward: what its KV cache holds. bfloat16 halves the bytes attention reads per step
     # (a batch reads every sequence's cache each step); attention still computes in fp32 (docs/benchmarks.md,

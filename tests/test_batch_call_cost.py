@@ -10,9 +10,9 @@ from test_chunked_prefill import ChunkedTables
 from neuron_ssp.backends.base import SlotView
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter
-from neuron_ssp.engines import batch as batch_module
+from neuron_ssp.engines import continuous_batch as batch_module
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -50,7 +50,7 @@ def test_goodput_is_given_each_rows_position_and_each_prompt_chunk(monkeypatch):
             CostPolicy(K, cost, counts),
         )
 
-    loop = BatchLoop(target, K, cost)
+    loop = ContinuousBatchLoop(target, K, cost)
     loop.join(request([1, 5, 7]))
     for _ in range(3):
         loop.step()

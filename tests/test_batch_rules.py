@@ -246,7 +246,7 @@ def test_nxdi_fused_samples_only_the_last_position_with_or_without_continuous_ba
 
 def test_engine_library_samples_with_our_acceptor_per_row_not_the_librarys_default() -> None:
     """Our engine plugs its own acceptor into SpeculativeGenerator and calls it one row at a time (engines/library.py
-    Lanes): the library's DefaultTokenAcceptor, which mixes rows up at batch > 1 (speculation.py:247-249 at
+    LibraryLanes): the library's DefaultTokenAcceptor, which mixes rows up at batch > 1 (speculation.py:247-249 at
     1ade6d7), is never credited with a batch."""
     for rule in BATCH_RULES:
         if rule.engine == "library":

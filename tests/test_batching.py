@@ -18,7 +18,7 @@ from neuron_ssp.backends.base import Segment, SlotView
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
@@ -96,7 +96,7 @@ def request(
     )
 
 
-def run_batched(loop: BatchLoop, requests: list[RowRequest]) -> dict[int, list[int]]:
+def run_batched(loop: ContinuousBatchLoop, requests: list[RowRequest]) -> dict[int, list[int]]:
     """Requests join as slots free up (in order), the loop steps until every one has ended."""
     pending, running, done = list(enumerate(requests)), {}, {}
     while pending or loop.rows:
@@ -139,7 +139,7 @@ def test_every_row_equals_its_request_alone_with_rows_joining_and_leaving(drafte
     def policy_for() -> WindowPolicy:
         return FixedPolicy(K) if policy == "fixed" else CostPolicy(K, CHEAP_ROWS, counts)
 
-    loop = BatchLoop(target, K, CHEAP_ROWS if policy == "cost" else None)
+    loop = ContinuousBatchLoop(target, K, CHEAP_ROWS if policy == "cost" else None)
     outputs = run_batched(loop, [request(i, s, draft, policy_for()) for i, s in enumerate(SAMPLINGS)])
     for i, sampling in enumerate(SAMPLINGS):
         assert outputs[i] == alone(i, sampling), f"row {i} ({sampling})"
@@ -154,7 +154,7 @@ def test_a_cancelled_row_leaves_and_the_others_are_unchanged():
     target = SlotTables(lambda: TableBackend(VOCAB, 0), SLOTS)
     draft = SlotTables(draft_table, SLOTS)
     requests = [request(i, s, draft, FixedPolicy(K), stop_after=3 if i == 1 else None) for i, s in enumerate(SAMPLINGS)]
-    outputs = run_batched(BatchLoop(target, K), requests)
+    outputs = run_batched(ContinuousBatchLoop(target, K), requests)
     for i, sampling in enumerate(SAMPLINGS):
         expected = alone(i, sampling)
         if i == 1:
@@ -175,7 +175,9 @@ def test_the_windows_do_not_change_a_seeded_sampled_output():
         (None, FixedPolicy(1)),
     ):
         target = SlotTables(lambda: TableBackend(VOCAB, 0), 1)
-        tokens = BatchLoop(target, K, cost).run(request(1, sampling, SlotTables(draft_table, 1), policy)).tokens
+        tokens = (
+            ContinuousBatchLoop(target, K, cost).run(request(1, sampling, SlotTables(draft_table, 1), policy)).tokens
+        )
         assert tokens == expected
 
 
@@ -186,7 +188,7 @@ def test_when_rows_are_dear_the_batch_drafts_less():
         target, draft = SlotTables(lambda: TableBackend(VOCAB, 0), SLOTS), SlotTables(draft_table, SLOTS)
         counts = AcceptanceModel()
         requests = [request(i, SamplingConfig(), draft, CostPolicy(K, cost, counts)) for i in range(SLOTS)]
-        run_batched(BatchLoop(target, K, cost), requests)
+        run_batched(ContinuousBatchLoop(target, K, cost), requests)
         return sum(n - 1 for call in target.calls for _, _, n in call)
 
     assert drafted(dear) == 0 < drafted(CHEAP_ROWS)
@@ -194,7 +196,7 @@ def test_when_rows_are_dear_the_batch_drafts_less():
 
 def test_a_join_that_fails_frees_its_slot():
     target = SlotTables(lambda: TableBackend(VOCAB, 0, n_positions=16), 1)
-    loop = BatchLoop(target, K)
+    loop = ContinuousBatchLoop(target, K)
     too_long = RowRequest(torch.arange(15) % VOCAB, 8, sampling_params(SamplingConfig()))
     with pytest.raises(Exception, match="n_positions"):
         loop.join(too_long)
@@ -213,7 +215,7 @@ def test_on_compiled_shapes_every_row_speculates_or_none_and_outputs_stay_the_re
     target, draft = CompiledTables(lambda: TableBackend(VOCAB, 0), SLOTS), SlotTables(draft_table, SLOTS)
     counts = AcceptanceModel()
     requests = [request(i, s, draft, CostPolicy(K, cost, counts)) for i, s in enumerate(SAMPLINGS)]
-    outputs = run_batched(BatchLoop(target, K, cost), requests)
+    outputs = run_batched(ContinuousBatchLoop(target, K, cost), requests)
     for i, sampling in enumerate(SAMPLINGS):
         assert outputs[i] == alone(i, sampling), f"row {i}"
     widths = [[n for _, _, n in call] for call in target.calls]
@@ -230,7 +232,7 @@ def test_rows_on_one_batched_draft_model_draft_in_lock_step():
     """k-1 draft calls a step for all rows together (each scoring every row still drafting), not one call per
     row per drafted token: on compiled shapes each draft call costs the whole batch anyway."""
     target, draft = SlotTables(lambda: TableBackend(VOCAB, 0), SLOTS), SlotTables(draft_table, SLOTS)
-    loop = BatchLoop(target, K)
+    loop = ContinuousBatchLoop(target, K)
     rows = [loop.join(request(i, SamplingConfig(), draft, FixedPolicy(K))) for i in (0, 1, 2)]
     before = len(draft.calls)
     loop.step()

@@ -18,7 +18,7 @@ from neuron_ssp.backends.base import Segment
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import RowRequest
 
 VOCAB, CHUNK = 16, 4
@@ -46,7 +46,7 @@ def row(prompt: list[int], budget: int, stop: list[bool] | None = None) -> RowRe
 
 def test_a_joining_prompt_is_scored_in_chunks_beside_the_running_rows():
     target = ChunkedTables(slots=3, chunk=CHUNK)
-    loop = BatchLoop(target, k=1)
+    loop = ContinuousBatchLoop(target, k=1)
     first = loop.join(row([1, 2, 3], 20))
     assert not first.finished and first.prefilling  # nothing scored at join: its chunk goes with the next step
     loop.step()
@@ -65,7 +65,7 @@ def test_a_joining_prompt_is_scored_in_chunks_beside_the_running_rows():
 
 def test_the_chunk_budget_is_shared_first_come_first_served():
     target = ChunkedTables(slots=3, chunk=CHUNK)
-    loop = BatchLoop(target, k=1)
+    loop = ContinuousBatchLoop(target, k=1)
     a, b = loop.join(row([1, 2, 3, 4, 5, 6], 5)), loop.join(row([7, 8, 9], 5))
     loop.step()
     assert target.calls[-1] == [(a.slot, 0, 4)]
@@ -79,8 +79,11 @@ def test_the_chunk_budget_is_shared_first_come_first_served():
 def test_chunked_rows_equal_their_requests_alone_and_a_cancel_while_prefilling_frees_the_slot():
     prompts = [[1, 5, 7, 9, 5, 2, 2, 8, 1], [2, 4], [7, 7, 1, 2, 9, 4, 4, 6, 6, 1, 3], [5]]
     budgets = [12, 9, 1, 15]
-    alone = [BatchLoop(TableBackend(VOCAB, 0), 1).run(row(p, n)).tokens for p, n in zip(prompts, budgets, strict=True)]
-    loop = BatchLoop(ChunkedTables(slots=2, chunk=CHUNK), k=1)
+    alone = [
+        ContinuousBatchLoop(TableBackend(VOCAB, 0), 1).run(row(p, n)).tokens
+        for p, n in zip(prompts, budgets, strict=True)
+    ]
+    loop = ContinuousBatchLoop(ChunkedTables(slots=2, chunk=CHUNK), k=1)
     stop = [False]
     cancelled = loop.join(row(prompts[2], 30, stop))
     loop.step()
@@ -137,10 +140,10 @@ def test_a_llama_batch_with_chunked_prefill_equals_each_request_alone(chunk):
     prompts = [torch.arange(2, 2 + n) % 60 for n in (7, 20, 3, 11)]
     budgets = [10, 6, 12, 8]
     alone = [
-        BatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, GREEDY)).tokens
+        ContinuousBatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, GREEDY)).tokens
         for p, n in zip(prompts, budgets, strict=True)
     ]
-    loop = BatchLoop(llama_target(chunk, slots=2), 1)
+    loop = ContinuousBatchLoop(llama_target(chunk, slots=2), 1)
     pending, done, running = list(range(4)), {}, {}
     while pending or loop.rows:
         while pending and loop.free_slots:

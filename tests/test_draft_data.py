@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_llama
 
 from neuron_ssp.backends.torch.scoring import TorchBackend
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.errors import UsageError
 from neuron_ssp.tools.draft_data import (
     SEEDS_DIR,
@@ -41,8 +41,8 @@ class CharTokenizer:
         return text + ("[assistant]" if add_generation_prompt else "")
 
 
-def loop() -> BatchLoop:
-    return BatchLoop(TorchBackend(tiny_llama(0, VOCAB), 512, slots=4), 1)
+def loop() -> ContinuousBatchLoop:
+    return ContinuousBatchLoop(TorchBackend(tiny_llama(0, VOCAB), 512, slots=4), 1)
 
 
 SETTINGS = DataSettings(seed=3, max_answer_tokens=12, max_user_tokens=10, flush_every=3)

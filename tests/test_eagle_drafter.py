@@ -15,7 +15,7 @@ from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel
 from neuron_ssp.drafters.eagle_head import EagleHead
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
@@ -55,7 +55,7 @@ def request(model: EagleModel | None, prompt: torch.Tensor, params: SamplingPara
 
 
 def run_batch(backend: TorchBackend, requests: list[RowRequest]) -> list[list[int]]:
-    loop = BatchLoop(backend, K)
+    loop = ContinuousBatchLoop(backend, K)
     rows = [loop.join(each) for each in requests]
     while loop.rows:
         loop.step()
@@ -104,7 +104,7 @@ def test_drafts_are_the_heads_chain_over_the_targets_hidden_states(forward, pack
     drafter = Recording(model, 0, GREEDY)
     req = request(model, PROMPTS[0], GREEDY)
     req.drafter_for = lambda slot: drafter
-    BatchLoop(backend, K).run(req)
+    ContinuousBatchLoop(backend, K).run(req)
     assert len(drafter.seen) > 5
     for committed, draft in drafter.seen:
         assert draft.tokens.tolist() == reference_chain(model, backend.model, committed, len(draft)), committed
@@ -116,7 +116,7 @@ def test_the_draft_distribution_lives_on_the_draft_vocabulary_mapped_through_d2t
     drafter = Recording(model, 0, SAMPLED)
     req = request(model, PROMPTS[1], SAMPLED, seed=3)
     req.drafter_for = lambda slot: drafter
-    BatchLoop(backend, K).run(req)
+    ContinuousBatchLoop(backend, K).run(req)
     allowed = torch.zeros(VOCAB, dtype=torch.bool)
     allowed[model.draft_ids] = True
     for _, draft in drafter.seen:
@@ -130,9 +130,9 @@ def test_greedy_ssp_equals_plain_decoding(chunk):
     model = eagle(backend)
     accepted = 0
     for prompt in PROMPTS:
-        loop = BatchLoop(backend, K)
+        loop = ContinuousBatchLoop(backend, K)
         ssp = loop.run(request(model, prompt, GREEDY))
-        assert ssp.tokens == BatchLoop(backend, 1).run(request(None, prompt, GREEDY)).tokens
+        assert ssp.tokens == ContinuousBatchLoop(backend, 1).run(request(None, prompt, GREEDY)).tokens
         accepted += ssp.stats.accepted_tokens
     assert accepted > 0  # some drafts were kept: the rollback of a partly accepted chain ran
 
@@ -177,5 +177,5 @@ def test_on_cuda_the_head_drafts_where_the_target_runs():
     model = eagle(backend)
     assert model.head.fc.device.type == "cuda" and model.cache.keys.device.type == "cuda"
     for params in (GREEDY, SAMPLED):
-        ssp = BatchLoop(backend, K).run(request(model, PROMPTS[0], params, seed=1))
-        assert ssp.tokens == BatchLoop(backend, 1).run(request(None, PROMPTS[0], params, seed=1)).tokens
+        ssp = ContinuousBatchLoop(backend, K).run(request(model, PROMPTS[0], params, seed=1))
+        assert ssp.tokens == ContinuousBatchLoop(backend, 1).run(request(None, PROMPTS[0], params, seed=1)).tokens

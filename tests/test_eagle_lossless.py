@@ -24,7 +24,7 @@ from test_lossless import OwnRandomnessAcceptor
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.drafters import eagle as eagle_module
 from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.speculation.policies import FixedPolicy
 from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs
@@ -72,7 +72,7 @@ def samples(params: SamplingParams) -> tuple[torch.Tensor, int]:
     generator = torch.Generator().manual_seed(0)
     tokens, bonus = [], 0
     for first in range(0, SAMPLES, SLOTS):
-        loop = BatchLoop(target, K)
+        loop = ContinuousBatchLoop(target, K)
         rows = [
             loop.join(
                 RowRequest(

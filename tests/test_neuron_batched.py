@@ -29,7 +29,7 @@ from neuron_ssp.backends.torch.load import dtype_kwarg
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import RowRequest
 from neuron_ssp.errors import UsageError
@@ -365,7 +365,7 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
         return ModelDrafter(SlotView(draft, slot), params, torch.Generator()) if draft else NgramDrafter(VOCAB)
 
     cost, counts = WidthCost({1: 10.0, K: 11.0}), AcceptanceModel()
-    loop = BatchLoop(target, K, cost if policy == "cost" else None)
+    loop = ContinuousBatchLoop(target, K, cost if policy == "cost" else None)
     pending = [
         RowRequest(
             ids,
@@ -421,7 +421,7 @@ def test_a_freed_slot_leaves_the_bucket_to_the_running_rows(
             ids, budget, params, drafter_for=drafter_for, acceptor=GreedyAcceptor(), policy=FixedPolicy(K)
         )
 
-    loop = BatchLoop(target, K)
+    loop = ContinuousBatchLoop(target, K)
     long = loop.join(request(torch.arange(138) % 90 + 3, 4))
     short = loop.join(request(prompt(8), 40))
     while not long.finished:

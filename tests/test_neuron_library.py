@@ -12,7 +12,7 @@ from neuron_support import neuron_config, prompt
 from neuron_ssp.backends.neuron.api import load_neuronx
 from neuron_ssp.backends.neuron.load import load_neuron_backends
 from neuron_ssp.engines.base import sampling_params
-from neuron_ssp.engines.library import Lane, Lanes, LibraryEngine, adapt_acceptor
+from neuron_ssp.engines.library import LibraryEngine, LibraryLane, LibraryLanes, adapt_acceptor
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, TypicalAcceptor
@@ -153,10 +153,10 @@ def test_library_loop_samples_with_our_probabilistic_acceptor(
     assert 0 <= first.stats.acceptance_rate <= 1 and first.stats.draft_tokens > 0
 
 
-def one_lane(acceptor, api, k: int, vocab: int, stop_id: int | None = None) -> Lanes:
+def one_lane(acceptor, api, k: int, vocab: int, stop_id: int | None = None) -> LibraryLanes:
     """Our acceptor as the library sees it, for one row with room to spare."""
-    return Lanes(
-        [Lane(acceptor, PositionNoise(0), frozenset(), remaining=99, live=True)],
+    return LibraryLanes(
+        [LibraryLane(acceptor, PositionNoise(0), frozenset(), remaining=99, live=True)],
         k,
         vocab,
         stop_id,

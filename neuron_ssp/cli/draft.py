@@ -48,7 +48,7 @@ def draft_data(
 ) -> None:
     """The target writes conversations (seed topics, Magpie user turns, passages) for train-draft."""
     from neuron_ssp.backends.torch.load import load_torch_backends
-    from neuron_ssp.engines.batch import BatchLoop
+    from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
     from neuron_ssp.tools.draft_data import DataProgress, DataSettings, generate_data
 
     set_threads(threads)
@@ -57,7 +57,7 @@ def draft_data(
     config = load_config(config_path, {"target.n_positions": n_positions})
     with status_console.status(f"loading {config.target.path}"):
         target, _, tokenizer = load_torch_backends(config, slots)
-    loop = BatchLoop(target, 1)
+    loop = ContinuousBatchLoop(target, 1)
     with budget_bar(status_console, "draft-data", minutes * 60) as update:
 
         def show(progress: DataProgress) -> None:

@@ -1,8 +1,8 @@
 """The loops that generate, one per `speculation.engine`, each offered to its callers as a `RowLoop` (rows.py):
 requests join as rows between steps, and a step advances every running row.
 
-- native: our loop (batch.py) over any backend, drafter, acceptor and policy, and plain decoding; rows join and
-  leave a running batch (continuous batching);
+- native: our loop (continuous_batch.py) over any backend, drafter, acceptor and policy, and plain decoding;
+  rows join and leave a running batch (continuous batching);
 - library: transformers-neuronx's own SpeculativeGenerator loop, for side-by-side comparison, and fused: its
   FusedSpeculativeDecoder (draft loop and acceptance on device); one library call runs every row that joined
   before it, to its end (static_batch.py);

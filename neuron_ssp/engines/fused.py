@@ -64,7 +64,7 @@ from neuron_ssp.engines.fused_rows import FusedRowLoop
 from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
-    Piece,
+    IterationPiece,
     RowOutput,
     StaticBatchLoop,
     pad_id,
@@ -209,14 +209,14 @@ class _CountedIterations:
     def __init__(self, inner: Any, batch_size: int, drafted: int):
         self._inner = inner
         self._drafted = drafted
-        self.pieces: list[list[Piece]] = [[] for _ in range(batch_size)]
+        self.pieces: list[list[IterationPiece]] = [[] for _ in range(batch_size)]
 
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         outputs = self._inner.execute(*args, **kwargs)
         tokens, counts = outputs[0], outputs[1]
         for row, pieces in enumerate(self.pieces):
             count = int(counts[row][0])
-            pieces.append(Piece(tokens[row, :count].tolist(), count - 1, self._drafted))
+            pieces.append(IterationPiece(tokens[row, :count].tolist(), count - 1, self._drafted))
         return outputs
 
     def __getattr__(self, name: str) -> Any:

@@ -32,7 +32,7 @@ in that loop are wrong for rows that move differently, and are worked around:
 - `target_next_ids = accepted_tokens[:, lengths - 1][:, 0]` (:836-838) feeds EVERY row the token at row
   0's accepted length. So every row commits the same number of tokens per call: the shortest
   continuing row's (truncating an accepted prefix is lossless, and seeded noise is per position);
-  rows that end in the call are padded with the EOS id to that length. `Lanes.see_window` checks each
+  rows that end in the call are padded with the EOS id to that length. `LibraryLanes.see_window` checks each
   window's first token against what its row committed;
 - `DraftModelForSpeculation` drafts every row's 2nd..(k-1)th token at row 0's positions (:335
   `start_len = cache_ids[0][0]`, :356 `cache_ids = [next_len] * batch_size`): we pass the library a
@@ -58,7 +58,7 @@ from neuron_ssp.engines.base import check_room, sampling_params
 from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
-    Piece,
+    IterationPiece,
     RowOutput,
     StaticBatchLoop,
     pad_id,
@@ -205,9 +205,9 @@ class LibraryEngine(Generator):
         """One `SpeculativeGenerator.sample` over `rows`, padded to the compiled batch."""
         spec = self.api.speculation
         stop_id = library_stop_id(self.target.model, common_eos(rows))
-        padding = [Lane.padding() for _ in range(self.batch_size - len(rows))]
-        lanes = Lanes(
-            [Lane.of(row, self.acceptor) for row in rows] + padding,
+        padding = [LibraryLane.padding() for _ in range(self.batch_size - len(rows))]
+        lanes = LibraryLanes(
+            [LibraryLane.of(row, self.acceptor) for row in rows] + padding,
             self.k,
             self.vocab_size,
             stop_id,
@@ -263,8 +263,9 @@ def library_stop_id(model: Any, eos: set[int]) -> int | None:
 
 
 @dataclass
-class Lane:
-    """One line of the library's batch: a row, or padding up to the compiled batch size (no acceptor)."""
+class LibraryLane:
+    """One lane (line) of the library's batch: a row of ours (`Row`), or padding up to the compiled batch size (no
+    acceptor)."""
 
     acceptor: Acceptor | None
     noise: PositionNoise | None
@@ -273,17 +274,17 @@ class Lane:
     live: bool
     produced: int = 1  # output position of the next token
     last: int | None = None  # the line's last committed token: the library's next window starts with it
-    pieces: list[Piece] = field(default_factory=list)
+    pieces: list[IterationPiece] = field(default_factory=list)
     rewritten: dict[int, int] = field(default_factory=dict)  # output position -> EOS id before it became stop_id
     error: Exception | None = None
 
     @classmethod
-    def of(cls, row: Row, default: Acceptor) -> Lane:
+    def of(cls, row: Row, default: Acceptor) -> LibraryLane:
         remaining = row.seq.max_new_tokens - 1
         return cls(row.request.acceptor or default, row.noise, row.seq.eos, remaining, live=remaining > 0)
 
     @classmethod
-    def padding(cls) -> Lane:
+    def padding(cls) -> LibraryLane:
         return cls(None, None, frozenset(), 0, live=False)
 
     def end(self, error: Exception | None = None) -> None:
@@ -291,11 +292,11 @@ class Lane:
         self.error = self.error or error
 
 
-class Lanes:
+class LibraryLanes:
     """Our acceptors over the library's batch: each row judged by its own acceptor and noise, every line
     committing the same number of tokens per call (the module docstring says why)."""
 
-    def __init__(self, lanes: list[Lane], k: int, vocab_size: int, stop_id: int | None, zero_padded: bool):
+    def __init__(self, lanes: list[LibraryLane], k: int, vocab_size: int, stop_id: int | None, zero_padded: bool):
         self.lanes = lanes
         self.k = k
         self.vocab_size = vocab_size
@@ -338,7 +339,7 @@ class Lanes:
             out[i, : len(line)] = torch.tensor(line, dtype=torch.int64)
         return out
 
-    def _choose(self, lane: Lane, draft_ids: torch.Tensor, target: torch.Tensor) -> tuple[list[int], int] | None:
+    def _choose(self, lane: LibraryLane, draft_ids: torch.Tensor, target: torch.Tensor) -> tuple[list[int], int] | None:
         """The row's tokens for this window (cut at its EOS and budget) and how many of them are drafts."""
         assert lane.acceptor is not None and lane.noise is not None
         if isinstance(lane.acceptor, TokenAcceptor):
@@ -380,13 +381,13 @@ class Lanes:
             return None
         return tokens, accepted
 
-    def _take(self, lane: Lane, chosen: tuple[list[int], int] | None, n: int) -> list[int]:
+    def _take(self, lane: LibraryLane, chosen: tuple[list[int], int] | None, n: int) -> list[int]:
         """The line the library gets: the row's first n tokens (its EOS as stop_id), a finished row padded."""
         line: list[int] = []
         if chosen is not None:
             tokens, accepted = chosen
             kept = tokens[:n]
-            lane.pieces.append(Piece(kept, min(accepted, len(kept)), self.k - 1))
+            lane.pieces.append(IterationPiece(kept, min(accepted, len(kept)), self.k - 1))
             lane.produced += len(kept)
             lane.remaining -= len(kept)
             lane.last = kept[-1]
@@ -401,11 +402,11 @@ class Lanes:
         return line + [self.filler] * (n - len(line)) if self.zero_padded else line or [self.filler]
 
 
-def _ends(lane: Lane, tokens: list[int]) -> bool:
+def _ends(lane: LibraryLane, tokens: list[int]) -> bool:
     return tokens[-1] in lane.eos or len(tokens) >= lane.remaining
 
 
-def adapt_acceptor(api: NeuronxApi, lanes: Lanes) -> Any:
+def adapt_acceptor(api: NeuronxApi, lanes: LibraryLanes) -> Any:
     """`lanes` as a subclass of the installed library's `TokenAcceptor`, in either generation's shape."""
 
     class LibraryAcceptor(api.speculation.TokenAcceptor):  # type: ignore[name-defined,misc]
@@ -476,7 +477,7 @@ class _Timed:
 class _WatchedTarget(_Timed):
     """The target, timed; each speculative window's first tokens are shown to the lanes first."""
 
-    def __init__(self, inner: Any, times: CallTimes, lanes: Lanes):
+    def __init__(self, inner: Any, times: CallTimes, lanes: LibraryLanes):
         super().__init__(inner, times, "target_s")
         self._lanes = lanes
 

@@ -4,8 +4,8 @@ Per iteration: the policy picks a window w <= k, the drafter proposes up to w-1 
 keeps a prefix of them (the cost policy weighs the proposal's evidence against the call's cost), the
 target scores [last committed token] + draft at their cache positions in ONE call, and the acceptor
 commits 1..w tokens. Rejected positions need no cleanup: the next call overwrites them (see backends.base).
-The loop itself is `engines.batch.BatchLoop`: `generate` runs it with one row, the server with many, and both
-choose windows alike (the target's call cost goes to the loop either way).
+The loop itself is `engines.continuous_batch.ContinuousBatchLoop`: `generate` runs it with one row, the server
+with many, and both choose windows alike (the target's call cost goes to the loop either way).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters.base import Drafter
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, sampling_params
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import Generator, RowCallbacks, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
@@ -74,10 +74,10 @@ class SpeculativeGenerator(Generator):
             self.rng,
         )
 
-    def row_loop(self) -> BatchLoop:
+    def row_loop(self) -> ContinuousBatchLoop:
         """Requests as rows of our loop over the target's slots, windows chosen by goodput where the policy weighs
         so: one request alone chooses them as it would among others (the server's continuous batching)."""
-        return BatchLoop(self.target, self.k, self.cost)
+        return ContinuousBatchLoop(self.target, self.k, self.cost)
 
 
 def plain_generate(
@@ -93,4 +93,4 @@ def plain_generate(
     request = RowSettings(sampling_params(sampling), sampling.seed).request(
         prompt_ids, max_new_tokens, eos_token_ids, RowCallbacks(on_tokens=on_tokens)
     )
-    return BatchLoop(target, 1).run(request)
+    return ContinuousBatchLoop(target, 1).run(request)

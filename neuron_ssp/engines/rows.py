@@ -1,10 +1,11 @@
 """A request as a row of a loop, the interface every such loop offers, and the engine around it.
 
-Every engine's loop (ours, batch.py; transformers-neuronx's static batches, static_batch.py; NxD Inference's fused
-graph, nxdi_fused.py) takes `RowRequest`s, keeps each as a `Row` (committed tokens, cache slot, stats, callbacks)
-and steps all rows at once: the server's scheduler drives it through `RowLoop`, and a single generation is the same
-loop with one row (`Generator.generate`). A `RowRequest` is made in one place, `RowSettings.request`: what the engine
-or the pipeline chose for the request (sampling, seed, drafter, acceptor, window policy) and its callbacks.
+Every engine's loop (ours, continuous_batch.py; transformers-neuronx's static batches, static_batch.py; NxD
+Inference's fused graph, nxdi_fused.py) takes `RowRequest`s, keeps each as a `Row` (committed tokens, cache slot,
+stats, callbacks) and steps all rows at once: the server's scheduler drives it through `RowLoop`, and a single
+generation is the same loop with one row (`Generator.generate`). A `RowRequest` is made in one place,
+`RowSettings.request`: what the engine or the pipeline chose for the request (sampling, seed, drafter, acceptor,
+window policy) and its callbacks.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ library ONCE over every joined row and returns all of them finished (EOS, budget
 Each row keeps its own prompt, budget, EOS ids, sampling seed and callbacks (`Row.seq` cuts at its EOS and
 budget); the library runs to the longest budget and pads the batch to its compiled size (`LibraryCall`).
 
-A cancel (`should_stop`) is asked before a step, as in our loop (engines/batch.py): once the library call
+A cancel (`should_stop`) is asked before a step, as in our loop (engines/continuous_batch.py): once the library call
 runs it cannot be interrupted, so a cancel asked during it takes effect only after it returns, when the
 row has finished anyway. Tokens reach `on_tokens` / `on_commit` after the call, one library iteration at a
 time with their origin (accepted draft tokens, then the target's own).
@@ -26,7 +26,7 @@ from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 
 
 @dataclass
-class Piece:
+class IterationPiece:
     """The tokens one library iteration committed for a row: `accepted` leading drafted tokens of `drafted`,
     then one token of the target's (unless the piece was cut before it)."""
 
@@ -42,7 +42,7 @@ class RowOutput:
     give the tokens their origin and the statistics; tokens no piece covers count as the target's)."""
 
     generated: list[int]
-    pieces: list[Piece] = field(default_factory=list)
+    pieces: list[IterationPiece] = field(default_factory=list)
     error: Exception | None = None
 
 

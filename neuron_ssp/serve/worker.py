@@ -1,6 +1,6 @@
 """The generation thread: a scheduler that feeds requests as rows into our continuous-batching loop.
 
-Requests wait in a FIFO queue; between two steps of the loop (engines/batch.py) the scheduler admits queued
+Requests wait in a FIFO queue; between two steps of the loop (engines/continuous_batch.py) the scheduler admits queued
 requests while a slot is free (up to the pipeline's `max_batch` rows, what it was loaded for: serve/capacity.py's
 `serving_batch`, serve.max_batch capped on Neuron by the compiled batch), then runs one step for every running row.
 A row leaves at EOS, its budget, a stop string, a cancel or its deadline, and its slot takes the next request. The

@@ -10,7 +10,7 @@ from seed files written for this (`neuron_ssp/data/draft_seeds/`) and from the t
   (summarise, rewrite, extract), the turns where drafting from context pays.
 Every conversation `i` is fixed by (seed, i): its kind, seeds and sampling, so a resumed run continues
 the same sequence. Answers are sampled at `temperature` except every `greedy_every`-th, which is greedy
-(the benchmarks decode greedily). All conversations run through our batched loop (engines/batch.py),
+(the benchmarks decode greedily). All conversations run through our batched loop (engines/continuous_batch.py),
 many rows per target call.
 
 Shards: `shard-NNNNN.npz` (uint16 token ids of whole conversations in the chat template, each
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from neuron_ssp.engines.batch import BatchLoop
+from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.rows import Row, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
@@ -232,7 +232,7 @@ def write_shard(directory: Path, number: int, finished: list[Finished]) -> Path:
 
 
 def generate_data(
-    loop: BatchLoop,
+    loop: ContinuousBatchLoop,
     tokenizer,
     directory: Path,
     settings: DataSettings,

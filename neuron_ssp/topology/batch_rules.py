@@ -40,7 +40,7 @@ GENERATIONS = {  # oldest first
 }
 TNX_INSTALL = "pip install 'transformers-neuronx>=0.13,<0.14' (Neuron SDK 2.21-2.25; the SDK 2.25 DLAMI has it)"
 
-_HOST_ACCEPTOR = "our acceptor on the host, per row (engines/batch.py)"
+_HOST_ACCEPTOR = "our acceptor on the host, per row (engines/continuous_batch.py)"
 _LIBRARY_ACCEPTOR = "our acceptor, plugged into SpeculativeGenerator and called one row at a time (engines/library.py)"
 _TNX_BATCH_RAISES = (
     "SpeculativeGenerator raises for batch > 1 (speculation.py:346-347, the same file at 7a30b42, 0623de2 and c8d6bdc)"

@@ -34,7 +34,7 @@ from neuron_ssp.speculation.goodput import goodput_windows, speculate_together
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
 
 
-class BatchLoop(SlotLoop):
+class ContinuousBatchLoop(SlotLoop):
     """Rows of one target, at most `target.slots` at once, prompts prefilled first come, first served. One loop per
     target at a time: it owns the slots."""
 
