@@ -61,12 +61,12 @@ from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.engines.base import check_room
 from neuron_ssp.engines.fused_rows import FusedRowLoop
-from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
+from neuron_ssp.engines.rows import Row, RowLoop, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
     IterationPiece,
     RowOutput,
-    StaticBatchLoop,
+    StaticBatchEngine,
     pad_id,
     padded_batch,
     require_one_context,
@@ -85,16 +85,15 @@ def fused_k(window: int) -> int:
     return window - 1
 
 
-class FusedEngine(Generator):
+class FusedEngine(StaticBatchEngine):
     """`FusedSpeculativeDecoder` as an engine: `row_loop()` runs one `sample` call per request at batch 1, and the
     rows of one continuous batch at `target.batch_size` > 1 (`FusedDecoderLoop`)."""
 
+    engine = "fused"  # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots
+
     def __init__(self, decoder: Any, target: OnDeviceBackend, k: int, batch_size: int = 1):
+        super().__init__(target, k, batch_size)
         self.decoder = decoder
-        self.target = target
-        self.k = k
-        self.batch_size = batch_size
-        self.vocab_size = target.vocab_size
         self.loop = FusedDecoderLoop(decoder, target, k) if batch_size > 1 else None
 
     @classmethod
@@ -109,25 +108,13 @@ class FusedEngine(Generator):
         decoder = fused_decoder(config, target, draft, fused_k(config.speculation.k), pad, stop)
         return cls(decoder, target, config.speculation.k, batch_size)
 
-    def row_loop(self) -> FusedDecoderLoop | StaticBatchLoop:
+    def row_loop(self) -> RowLoop:
         """At batch > 1 the decoder's one loop (it owns the cache lines, so every caller shares it); at batch 1 one
         `sample` call per request."""
-        return self.loop if self.loop is not None else StaticBatchLoop(self)
+        return self.loop if self.loop is not None else super().row_loop()
 
     def row_settings(self) -> RowSettings:
         return RowSettings(SamplingParams())  # the device samples with the settings it was compiled with
-
-    # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
-
-    def check(self, request: RowRequest) -> None:
-        # sample() asserts sequence_length <= max_position - its k: P+N+k-1 slots (topology.positions)
-        check_room(
-            self.target,
-            request.prompt_ids.shape[0],
-            request.max_new_tokens,
-            "target.n_positions",
-            extra_target_slots("fused", self.k),
-        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """One `FusedSpeculativeDecoder.sample` over the one row of batch 1."""

@@ -54,13 +54,13 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
-from neuron_ssp.engines.base import check_room, sampling_params
-from neuron_ssp.engines.rows import Generator, Row, RowRequest, RowSettings
+from neuron_ssp.engines.base import sampling_params
+from neuron_ssp.engines.rows import Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
     CallTimes,
     IterationPiece,
     RowOutput,
-    StaticBatchLoop,
+    StaticBatchEngine,
     pad_id,
     padded_batch,
     require_one_context,
@@ -70,15 +70,17 @@ from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.position_noise import PositionNoise
 from neuron_ssp.topology.networks import shared_context
-from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room
+from neuron_ssp.topology.positions import draft_slots, require_room
 
 Acceptor = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 NONZERO_FILLER = 1  # a finished row's padding when there is no EOS id: any id but 0 (count_nonzero counts it)
 
 
-class LibraryEngine(Generator):
+class LibraryEngine(StaticBatchEngine):
     """transformers-neuronx's loop as an engine: `row_loop()` runs one `SpeculativeGenerator.sample` call over as many
     requests at once as the models were compiled for (`target.batch_size`)."""
+
+    engine = "library"
 
     def __init__(
         self,
@@ -100,15 +102,12 @@ class LibraryEngine(Generator):
                     "load the target with the same speculation.k",
                 )
             )
-        self.target = target
+        super().__init__(target, k, batch_size)
         self.draft = draft
         self.acceptor = acceptor
         self.sampling = sampling
-        self.k = k
         self.rng = rng
         self.api = api or load_neuronx()
-        self.batch_size = batch_size
-        self.vocab_size = target.vocab_size
 
     @classmethod
     def from_config(
@@ -170,20 +169,16 @@ class LibraryEngine(Generator):
             require_right_padding({"target": target.model, "draft": draft.model})
         return cls(target, draft, acceptor, config.sampling, spec.k, rng, api, batch_size)
 
-    def row_loop(self) -> StaticBatchLoop:
-        """Requests as rows of one library call each (`RowLoop`): up to `batch_size` join, one call runs them all."""
-        return StaticBatchLoop(self)
-
     def row_settings(self) -> RowSettings:
         """Every request of `generate`: the config's sampling and seed, the engine's acceptor (each row draws from
         its own per-position noise; `rng` for acceptors that draw from it instead, seeded per request)."""
         return RowSettings(sampling_params(self.sampling), self.sampling.seed, acceptor=self.acceptor, rng=self.rng)
 
-    # ------------------------------------------------------------------ LibraryCall (engines/static_batch.py)
-
     def check(self, request: RowRequest) -> None:
+        """The target's room, the draft's (it is refilled one slot past the target's window), and at batch > 1 one
+        context network for the prompt."""
+        super().check(request)
         prompt_len, new = request.prompt_ids.shape[0], request.max_new_tokens
-        check_room(self.target, prompt_len, new, "target.n_positions", extra_target_slots("library", self.k))
         require_room(
             self.draft.n_positions,
             draft_slots(prompt_len, new, "library", self.k),

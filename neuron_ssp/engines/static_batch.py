@@ -6,7 +6,7 @@ engines/fused.py) take a batch of prompts and run every one to its end in one ca
 rows join while no call runs, up to the batch size the models were compiled for; `step()` runs the
 library ONCE over every joined row and returns all of them finished (EOS, budget, a row's own error).
 Each row keeps its own prompt, budget, EOS ids, sampling seed and callbacks (`Row.seq` cuts at its EOS and
-budget); the library runs to the longest budget and pads the batch to its compiled size (`LibraryCall`).
+budget); the library runs to the longest budget and pads the batch to its compiled size (`StaticBatchEngine`).
 
 A cancel (`should_stop`) is asked before a step, as in our loop (engines/continuous_batch.py): once the library call
 runs it cannot be interrupted, so a cancel asked during it takes effect only after it returns, when the
@@ -17,12 +17,14 @@ time with their origin (accepted draft tokens, then the target's own).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, SlotLoop
+from neuron_ssp.engines.base import check_room
+from neuron_ssp.engines.rows import Generator, Row, RowLoop, RowRequest, RowSlots, SlotLoop
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.topology.positions import extra_target_slots
 
 
 @dataclass
@@ -54,26 +56,44 @@ class CallTimes:
     target_s: float = 0.0
 
 
-class LibraryCall(Protocol):
-    """One library loop over a static batch."""
+class StaticBatchEngine(Generator):
+    """An engine whose library call runs a static batch to its end (engine library; engine fused at batch 1): its
+    row loop, and what a request needs before it joins. Each engine supplies the call (`generate_rows`) and adds to
+    the check what its library refuses beside the target's room."""
 
-    batch_size: int  # the batch the models were compiled for: the most rows one call takes
-    k: int
-    vocab_size: int
+    engine = ""  # speculation.engine: the positions rule of its loop (topology/positions.py)
+
+    def __init__(self, target: Any, k: int, batch_size: int):
+        self.target = target  # a loaded model: vocab_size, n_positions, the model
+        self.k = k
+        self.batch_size = batch_size  # the batch the models were compiled for: the most rows one call takes
+        self.vocab_size = target.vocab_size
+
+    def row_loop(self) -> RowLoop:
+        """Requests as rows of one library call each: up to `batch_size` join, one call runs them all."""
+        return StaticBatchLoop(self)
 
     def check(self, request: RowRequest) -> None:
-        """Refuse, before it joins, a request the library cannot run (UsageError: its room)."""
-        ...
+        """Refuse, before it joins, a request the library cannot run (UsageError): the target's room, P+N+k-1 slots
+        for both libraries' loops (topology.positions)."""
+        check_room(
+            self.target,
+            request.prompt_ids.shape[0],
+            request.max_new_tokens,
+            "target.n_positions",
+            extra_target_slots(self.engine, self.k),
+        )
 
     def generate_rows(self, rows: list[Row], times: CallTimes) -> list[RowOutput]:
         """Run the library once over `rows`; one output per row, in order."""
-        ...
+        raise NotImplementedError
 
 
 class StaticBatchLoop(SlotLoop):
-    """`RowLoop` over a `LibraryCall`: rows join between calls, one call generates them all to their end."""
+    """`RowLoop` over a `StaticBatchEngine`'s call: rows join between calls, one call generates them all to their
+    end."""
 
-    def __init__(self, call: LibraryCall):
+    def __init__(self, call: StaticBatchEngine):
         super().__init__(RowSlots(call.batch_size))
         self.call = call
 
