@@ -81,7 +81,7 @@ def test_the_server_warns_where_max_batch_was_set_and_informs_where_it_is_the_de
         config(batch_size=2),  # the default 8, the torch backend's
         config(batch_size=2, max_batch=2),  # nothing to say
     ):
-        log_serving_batch(settings.serve, serving_batch_of(settings))
+        log_serving_batch(serving_batch_of(settings))
     (asked, default) = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert asked[0] == logging.WARNING and default[0] == logging.INFO
     assert asked[1].startswith("serve.max_batch = 8: the server runs 2 request(s) at once")

@@ -39,8 +39,9 @@ def resolve_models(config: Config, windows: list[int] | None = None) -> ModelDir
     every problem of the config at once (validate_config: topology, placement and memory, for the installed
     transformers-neuronx where it loads the models, with a target compiled for `windows`); then each loaded model's
     directory: the embedded model converted on first use, a local path checked."""
+    rules = installed_rules(config, windows)  # nothing for vllm-neuron: not transformers-neuronx
     refuse_loading(config, "this command")
-    validate_config(config, **installed_rules(config, windows)).raise_if_invalid()
+    validate_config(config, **rules).raise_if_invalid()
     dirs = {role: resolve_model_path(model.path, f"{role}.path") for role, model in loaded_models(config).items()}
     return ModelDirs(dirs["target"], dirs.get("draft"))
 

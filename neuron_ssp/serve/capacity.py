@@ -23,16 +23,19 @@ from neuron_ssp.topology.batch_rules import BatchRule, generation_of, rule_for
 @dataclass(frozen=True)
 class ServingBatch:
     """Requests a server runs at once for a config (`rows`), why (`reason`), and `problem` where serve.max_batch
-    asks for more: the server runs `rows` and queues the rest."""
+    asks for more: the server runs `rows` and queues the rest. `asked`: whether the config sets serve.max_batch (a
+    user's request, not the default)."""
 
     rows: int
     reason: str
     problem: Problem | None
+    asked: bool = False
 
 
 def serving_batch_of(config: Config) -> ServingBatch:
     rows, reason = _serving_batch(config)
-    return ServingBatch(rows, reason, _max_batch_problem(config, rows, reason))
+    asked = "max_batch" in config.serve.model_fields_set
+    return ServingBatch(rows, reason, _max_batch_problem(config, rows, reason), asked)
 
 
 def serving_batch(config: Config) -> int:

@@ -48,15 +48,20 @@ class Listen:
 @dataclass
 class Serving:
     """What a server starts with, read from its config once, before the models load: where it listens, the key its
-    clients must send (a key asked for and missing is refused then) and how many requests it runs at once."""
+    clients must send (a key asked for and missing is refused then), the model name they send and how many requests
+    it runs at once."""
 
     listen: Listen
     api_key: str | None
+    model_name: str
     batch: ServingBatch
 
 
 def serving(config: Config) -> Serving:
-    return Serving(listen_address(config.serve), read_api_key(config.serve), serving_batch_of(config))
+    settings = config.serve
+    return Serving(
+        listen_address(settings), read_api_key(settings), served_model_name(config), serving_batch_of(config)
+    )
 
 
 def listen_address(settings: ServeConfig) -> Listen:
@@ -89,13 +94,12 @@ def served_model_name(config: Config) -> str:
     return config.target.path.removeprefix("embedded:").rstrip("/").rsplit("/", 1)[-1]
 
 
-def log_serving_batch(settings: ServeConfig, batch: ServingBatch) -> None:
+def log_serving_batch(batch: ServingBatch) -> None:
     """Say when the server runs fewer requests at once than serve.max_batch asks: a warning where the user set
     it (validate refuses that on Neuron; a server given a pipeline directly still says it), an info line where it
     is the default (8, the torch backend's), which no Neuron config compiled for batch 1 should have to change."""
     if batch.problem is not None:
-        explicit = "max_batch" in settings.model_fields_set
-        log.log(logging.WARNING if explicit else logging.INFO, "%s", batch.problem)
+        log.log(logging.WARNING if batch.asked else logging.INFO, "%s", batch.problem)
 
 
 class _DrainingServer(uvicorn.Server):
@@ -136,9 +140,9 @@ def run_server(config: Config, pipeline: Pipeline | None = None, started: Servin
     (`started` read here when not given)."""
     settings = config.serve
     started = started or serving(config)
-    log_serving_batch(settings, started.batch)
+    log_serving_batch(started.batch)
     pipeline = pipeline or load_pipeline(config, started.batch.rows)
-    name = served_model_name(config)
+    name = started.model_name
     app = create_app(pipeline, settings, name, started.api_key)
     log.info(
         "model '%s' loaded; batch %d, queue %d, request_timeout %.0f s, drain_timeout %.0f s, api key %s",
