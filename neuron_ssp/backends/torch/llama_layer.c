@@ -20,6 +20,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -35,8 +38,11 @@
 #define TILE 16 /* positions per key tile, on every build: the cache's layout does not depend on the CPU */
 #define TILE_VECS (TILE / LANES)
 #define VALUE_VECS 4 /* vectors of a value row summed at once: a head_dim of 64 in one pass (AVX-512) */
-#define TILES_AHEAD 2 /* key tiles prefetched ahead of the ones being scored */
-#define VALUES_AHEAD 8 /* value rows prefetched ahead */
+/* prefetch distances, tuned on 8 caches of 500 positions read cold (benchmarks/attention_read.c): 2 tiles and 8 rows
+ * ahead left bf16 attention at about 60 % of a plain read's speed on a loaded 2-core machine, 8 and 32 at about 75 %;
+ * nothing is prefetched past a cache's last position (at 100 positions that cost fp32 attention a fifth) */
+#define TILES_AHEAD 8 /* key tiles prefetched ahead of the ones being scored */
+#define VALUES_AHEAD 32 /* value rows prefetched ahead */
 
 typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
 typedef int ivec __attribute__((vector_size(4 * LANES), aligned(4)));
@@ -88,6 +94,20 @@ static inline void store(float *p, int i, int count, vec v) {
     else memcpy(p + i, &v, sizeof(float) * (size_t)(count - i));
 }
 
+/* bf16 lanes as fp32: the upper halves of the fp32 bits (one zero-extension and one shift) */
+static inline vec widen(half_vec h) {
+    vec v;
+#if defined(__AVX512F__)
+    __m512i bits = _mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16);
+#elif defined(__AVX2__)
+    __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32((__m128i)h), 16);
+#else
+    ivec bits = __builtin_convertvector(h, ivec) << 16;
+#endif
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
 /* `count` (at most LANES) cache elements from element `at` of `cache` as floats, zeros past them: bf16 is the upper
  * half of an fp32 */
 static inline __attribute__((always_inline)) vec load_cached(const void *cache, ptrdiff_t at, int count, int bf16) {
@@ -100,10 +120,13 @@ static inline __attribute__((always_inline)) vec load_cached(const void *cache, 
     half_vec h = {0};
     if (count >= LANES) memcpy(&h, (const uint16_t *)cache + at, sizeof h);
     else memcpy(&h, (const uint16_t *)cache + at, sizeof(uint16_t) * (size_t)count);
-    ivec bits = __builtin_convertvector(h, ivec) << 16;
-    vec v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
+    return widen(h);
+}
+
+/* every cache line of `count` cache elements from element `at` on, into L1 */
+static inline __attribute__((always_inline)) void prefetch_row(const void *cache, ptrdiff_t at, int count, int bf16) {
+    const char *first = (const char *)cache + at * (bf16 ? 2 : 4);
+    for (int byte = 0; byte < count * (bf16 ? 2 : 4); byte += 64) __builtin_prefetch(first + byte, 0, 3);
 }
 
 /* torch's float -> bfloat16: round to nearest even, NaN to 0x7FC0 (c10/util/BFloat16.h round_to_nearest_even) */
@@ -184,8 +207,8 @@ static void rotate(const float *x, const float *cos, const float *sin, float *ou
  * fused multiply-adds over the head dimensions per (query, vector of positions), in order, whatever the tile
  * pairing or the count, so a query's scores do not depend on the queries or tiles beside it. */
 static inline __attribute__((always_inline)) void score_tiles(
-    const void *keys, int t0, int tiles, int head_dim, const float *restrict queries, int count, float scale,
-    float *restrict scores, int score_stride, int bf16) {
+    const void *keys, int t0, int tiles, int all_tiles, int head_dim, const float *restrict queries, int count,
+    float scale, float *restrict scores, int score_stride, int bf16) {
     ptrdiff_t tile_size = (ptrdiff_t)head_dim * TILE;
     vec acc[SCORE_QUERIES][TILES_AT_ONCE][TILE_VECS];
     for (int q = 0; q < SCORE_QUERIES; q++)
@@ -197,9 +220,10 @@ static inline __attribute__((always_inline)) void score_tiles(
         for (int t = 0; t < TILES_AT_ONCE; t++) {
             if (t >= tiles) break;
             ptrdiff_t at = base + t * tile_size + (ptrdiff_t)d * TILE;
-            __builtin_prefetch(bf16 ? (const void *)((const uint16_t *)keys + at + TILES_AHEAD * tile_size)
-                                    : (const void *)((const float *)keys + at + TILES_AHEAD * tile_size),
-                               0, 3);
+            if (t0 + t + TILES_AHEAD < all_tiles) /* past the last tile it would only spend bandwidth */
+                __builtin_prefetch(bf16 ? (const void *)((const uint16_t *)keys + at + TILES_AHEAD * tile_size)
+                                        : (const void *)((const float *)keys + at + TILES_AHEAD * tile_size),
+                                   0, 3);
             for (int v = 0; v < TILE_VECS; v++) key[t][v] = load_cached(keys, at + v * LANES, LANES, bf16);
         }
         for (int q = 0; q < SCORE_QUERIES; q++) {
@@ -221,35 +245,63 @@ static inline __attribute__((always_inline)) void score_tiles(
     }
 }
 
-/* out[q][i0..i0 + VALUE_VECS * LANES) (up to head_dim) = norms[q] * sum over t < positions of
- * probs[q][t] * values[t][i0..]: one pass over the value rows, one chain per (query, vector) in position order */
+/* out[q][i0..i0 + vecs * LANES) (the last vector's first `last_lanes` lanes) = norms[q] * sum over t < positions of
+ * probs[q][t] * values[t][i0..]: one pass over the value rows, one chain per (query, vector) in position order.
+ * `count` and `vecs` are constants where it is inlined (one copy each), so the accumulators stay in registers. */
 static inline __attribute__((always_inline)) void value_rows(
     const void *values, int positions, int head_dim, int i0, const float *restrict probs, int prob_stride,
-    const float *restrict norms, int count, float *restrict out, int bf16) {
+    const float *restrict norms, int count, int vecs, int last_lanes, float *restrict out, int bf16) {
     vec acc[VALUE_QUERIES][VALUE_VECS];
-    int width = head_dim - i0 < VALUE_VECS * LANES ? head_dim - i0 : VALUE_VECS * LANES;
     for (int q = 0; q < VALUE_QUERIES; q++)
         for (int v = 0; v < VALUE_VECS; v++) acc[q][v] = (vec){0};
     for (int t = 0; t < positions; t++) {
         ptrdiff_t at = (ptrdiff_t)t * head_dim + i0;
-        __builtin_prefetch(bf16 ? (const void *)((const uint16_t *)values + at + VALUES_AHEAD * head_dim)
-                                : (const void *)((const float *)values + at + VALUES_AHEAD * head_dim),
-                           0, 3);
+        if (t + VALUES_AHEAD < positions) prefetch_row(values, at + VALUES_AHEAD * head_dim, vecs * LANES, bf16);
         vec row[VALUE_VECS];
-        for (int v = 0; v < VALUE_VECS; v++)
-            row[v] = v * LANES < width ? load_cached(values, at + v * LANES, width - v * LANES, bf16) : (vec){0};
+        for (int v = 0; v < VALUE_VECS; v++) {
+            if (v >= vecs) break;
+            row[v] = load_cached(values, at + v * LANES, v + 1 < vecs ? LANES : last_lanes, bf16);
+        }
         for (int q = 0; q < VALUE_QUERIES; q++) {
             if (q >= count) break;
             float p = probs[(ptrdiff_t)q * prob_stride + t];
-            for (int v = 0; v < VALUE_VECS; v++)
-                if (v * LANES < width) acc[q][v] += row[v] * p;
+            for (int v = 0; v < VALUE_VECS; v++) {
+                if (v >= vecs) break;
+                acc[q][v] += row[v] * p;
+            }
         }
     }
     for (int q = 0; q < VALUE_QUERIES; q++) {
         if (q >= count) break;
-        for (int v = 0; v < VALUE_VECS; v++)
-            if (v * LANES < width) store(out + (ptrdiff_t)q * head_dim + i0, v * LANES, width, acc[q][v] * norms[q]);
+        for (int v = 0; v < VALUE_VECS; v++) {
+            if (v >= vecs) break;
+            int lanes = v + 1 < vecs ? LANES : last_lanes;
+            store(out + (ptrdiff_t)q * head_dim + i0 + v * LANES, 0, lanes, acc[q][v] * norms[q]);
+        }
     }
+}
+
+/* value_rows with `vecs` a constant, and whole vectors a constant too: one copy per vector count */
+static inline __attribute__((always_inline)) void value_chunk(
+    const void *values, int positions, int head_dim, int i0, const float *restrict probs, int prob_stride,
+    const float *restrict norms, int count, int vecs, int last_lanes, float *restrict out, int bf16) {
+#define ROWS(n, lanes) \
+    value_rows(values, positions, head_dim, i0, probs, prob_stride, norms, count, n, lanes, out, bf16)
+#define VECS(n)                          \
+    case n:                              \
+        if (last_lanes == LANES)         \
+            ROWS(n, LANES);              \
+        else                             \
+            ROWS(n, last_lanes);         \
+        break;
+    switch (vecs) {
+        VECS(1)
+        VECS(2)
+        VECS(3)
+        VECS(VALUE_VECS)
+    }
+#undef VECS
+#undef ROWS
 }
 
 /* one copy of each loop per query count, so the accumulators stay in registers */
@@ -292,18 +344,27 @@ static inline __attribute__((always_inline)) void attend_block(
     float *scores, float *out, int bf16) {
     int positions = last[count - 1] + 1, tiles = (positions + TILE - 1) / TILE, stride = tiles * TILE;
     float scale = 1.0f / sqrtf((float)head_dim), norms[SCORE_QUERIES];
+    for (int t = 0; t < TILES_AHEAD && t < tiles; t++) /* the first tiles the scores read (the loop fetches ahead) */
+        prefetch_row(keys, (ptrdiff_t)t * head_dim * TILE, head_dim * TILE, bf16);
     for (int t0 = 0; t0 < tiles; t0 += TILES_AT_ONCE) {
-        int step = tiles - t0 < TILES_AT_ONCE ? tiles - t0 : TILES_AT_ONCE;
-#define SCORES(n) score_tiles(keys, t0, step, head_dim, queries, n, scale, scores, stride, bf16)
+#define SCORES(n)                                                                                   \
+    if (tiles - t0 >= TILES_AT_ONCE)                                                                \
+        score_tiles(keys, t0, TILES_AT_ONCE, tiles, head_dim, queries, n, scale, scores, stride, bf16);    \
+    else                                                                                            \
+        score_tiles(keys, t0, 1, tiles, head_dim, queries, n, scale, scores, stride, bf16);
         BY_COUNT(SCORES, SCORE_QUERIES)
 #undef SCORES
     }
+    for (int t = 0; t < VALUES_AHEAD && t < positions; t++) /* the first rows the values pass reads */
+        prefetch_row(values, (ptrdiff_t)t * head_dim, head_dim, bf16);
     softmax_rows(scores, stride, count, positions, last, norms);
     for (int q0 = 0; q0 < count; q0 += VALUE_QUERIES) {
         int n_q = count - q0 < VALUE_QUERIES ? count - q0 : VALUE_QUERIES;
         for (int i0 = 0; i0 < head_dim; i0 += VALUE_VECS * LANES) {
-#define VALUES(n) value_rows(values, positions, head_dim, i0, scores + (ptrdiff_t)q0 * stride, stride, norms + q0, n, \
-                             out + (ptrdiff_t)q0 * head_dim, bf16)
+            int width = head_dim - i0 < VALUE_VECS * LANES ? head_dim - i0 : VALUE_VECS * LANES;
+            int vecs = (width + LANES - 1) / LANES, last_lanes = width - (vecs - 1) * LANES;
+#define VALUES(n) value_chunk(values, positions, head_dim, i0, scores + (ptrdiff_t)q0 * stride, stride, norms + q0, n, \
+                              vecs, last_lanes, out + (ptrdiff_t)q0 * head_dim, bf16)
             int count = n_q;
             BY_COUNT(VALUES, VALUE_QUERIES)
 #undef VALUES
@@ -405,6 +466,15 @@ static ptrdiff_t mixed_width(const struct llama_model *m) {
     return q_width > m->inter ? q_width : m->inter;
 }
 
+/* this thread's number in the parallel region it runs in (0 outside one, or without OpenMP) */
+static int thread_index(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
 /* the floats a call's scratch must hold: the rows' buffers, then one task's room per thread */
 ptrdiff_t llama_scratch_floats(const struct layer_call *call) {
     const struct llama_model *m = call->model;
@@ -445,11 +515,7 @@ void llama_layers(const struct layer_call *call, int first, int last) {
             int s = t / m->kv_heads, h = t % m->kv_heads, slot = spans[3 * s], start = spans[3 * s + 1];
             int count = spans[3 * s + 2], r0 = 0;
             for (int i = 0; i < s; i++) r0 += spans[3 * i + 2];
-#ifdef _OPENMP
-            float *own = work + (threads > 1 ? omp_get_thread_num() : 0) * task;
-#else
-            float *own = work;
-#endif
+            float *own = work + thread_index() * task;
             const void *keys = slot_of(w->keys, slot, key_head, m), *values = slot_of(w->values, slot, value_head, m);
             keys = m->kv_bf16 ? (const void *)((const uint16_t *)keys + h * key_head)
                               : (const void *)((const float *)keys + h * key_head);
