@@ -342,3 +342,17 @@ def test_ngram_drafter_on_a_neuron_target(neuronx: ModuleType, tiny_model_dirs: 
         warnings.simplefilter("error")
         ssp = speculative(config, target, None, GreedyAcceptor()).generate(ids, 20)
     assert ssp.tokens == plain_generate(target, ids, 20, config.sampling).tokens
+
+
+def test_a_score_past_the_compiled_positions_names_the_model_the_slots_and_the_fix() -> None:
+    """Checked before the model is called (a model that would be called fails the test): the model's field, its
+    compiled positions, the slots asked for and what to change."""
+    from neuron_ssp.backends.neuron.scoring import NeuronBackend
+
+    backend = NeuronBackend(object(), "draft", VOCAB, 16, 4)
+    with pytest.raises(RuntimeProblem) as caught:
+        backend.score(torch.tensor([1, 2, 3, 4]), 14)
+    (problem,) = caught.value.problems
+    assert problem.field == "draft.n_positions" and problem.value == 16
+    assert problem.rule == "scoring cache slots 14..17 runs past the compiled positions"
+    assert problem.fix == "raise draft.n_positions (and recompile) or lower generation.max_new_tokens"

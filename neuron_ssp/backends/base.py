@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from neuron_ssp.errors import Problem, RuntimeProblem
+
 Scored = tuple[torch.Tensor, torch.Tensor | None]  # logits, and the taps of the rows asked for (None: none asked)
 
 
@@ -119,6 +121,20 @@ def check_slots(slots: Sequence[int], held: int) -> None:
         raise ValueError(f"slots {outside}: the cache holds slots 0..{held - 1}")
     if len(set(slots)) != len(slots):
         raise ValueError(f"slots {list(slots)}: a call names each slot at most once")
+
+
+def check_compiled_room(name: str, n_positions: int, start: int, n: int, why: str = "") -> None:
+    """A call on a compiled model writes cache slots start..start+n-1, all below its compiled `n_positions` (`name`:
+    the model's config section; `why`: what makes the call that wide, where it is not the tokens alone)."""
+    if start + n > n_positions:
+        raise RuntimeProblem(
+            Problem(
+                f"{name}.n_positions",
+                n_positions,
+                f"scoring cache slots {start}..{start + n - 1} runs past the compiled positions{why}",
+                f"raise {name}.n_positions (and recompile) or lower generation.max_new_tokens",
+            )
+        )
 
 
 def _only_slot_0(slots: list[int]) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.backends.base import SingleSlot
-from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.backends.base import SingleSlot, check_compiled_room
+from neuron_ssp.errors import Problem, UsageError
 
 
 class NeuronBackend(SingleSlot):
@@ -92,12 +92,4 @@ class NeuronBackend(SingleSlot):
         return logits[:n, : self.vocab_size, 0].float()  # (k, vocab, batch) -> the n real rows
 
     def _check_room(self, start: int, n: int) -> None:
-        if start + n > self.n_positions:
-            raise RuntimeProblem(
-                Problem(
-                    f"{self.name}.n_positions",
-                    self.n_positions,
-                    f"scoring cache slots {start}..{start + n - 1} runs past the compiled positions",
-                    f"raise {self.name}.n_positions (and recompile) or lower generation.max_new_tokens",
-                )
-            )
+        check_compiled_room(self.name, self.n_positions, start, n)

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from neuron_ssp.backends.base import SingleSlot
-from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
+from neuron_ssp.backends.base import SingleSlot, check_compiled_room
+from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.topology.positions import NXDI, extra_target_slots
 
 SEQ_IDS = torch.tensor([0], dtype=torch.int32)
@@ -97,13 +97,5 @@ class NxdiBackend(SingleSlot):
         return out.logits
 
     def _check_room(self, start: int, n: int) -> None:
-        if start + n > self.n_positions:
-            raise RuntimeProblem(
-                Problem(
-                    f"{self.name}.n_positions",
-                    self.n_positions,
-                    f"scoring cache slots {start}..{start + n - 1} runs past the compiled positions (an NxD Inference "
-                    "target scores every window k wide)",
-                    f"raise {self.name}.n_positions (and recompile) or lower generation.max_new_tokens",
-                )
-            )
+        why = " (an NxD Inference target scores every window k wide)"
+        check_compiled_room(self.name, self.n_positions, start, n, why)
