@@ -9,14 +9,12 @@ from statistics import mean
 import click
 from rich.progress import Progress
 
-from neuron_ssp.cli.options import echo_json, set_threads, threads_option, with_config
+from neuron_ssp.cli.options import echo_json, prompts_option, set_threads, threads_option, with_config
 from neuron_ssp.cli.report import console, describe, fit_fields, stats_table, status_console, titled_table
 from neuron_ssp.config import Config
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.load import load_pipeline
 from neuron_ssp.pipeline.pipeline import Pipeline
-
-DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts_dev.jsonl"
 
 
 def require_prompt(prompt: str) -> None:
@@ -102,13 +100,7 @@ def compare(config: Config, prompt: str, warmup: int, threads: int | None, as_js
 @click.command()
 @click.option("--nb-prompts", type=int, default=4, show_default=True, help="Prompts from the benchmark set.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Untimed warm-up prompts.")
-@click.option(
-    "--prompts",
-    "prompts_file",
-    type=click.Path(exists=True, path_type=Path),
-    default=DEFAULT_PROMPTS,
-    help="JSONL with a 'prompt' field per line.",
-)
+@prompts_option
 @threads_option
 @with_config
 def latency(

@@ -12,6 +12,7 @@ import click
 import torch
 
 from neuron_ssp.config import Config, ResolvedConfig, load_config, resolve_config
+from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS
 
 # flag name -> dotted config field it overrides
 OVERRIDES = {
@@ -102,6 +103,17 @@ def threads_option(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(min=1),
         help="torch CPU threads (default: torch's choice). On a shared machine, 1 avoids "
         "threads spinning against other jobs.",
+    )(func)
+
+
+def prompts_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--prompts for the commands that time a prompt set (default: the Spec-Bench dev set)."""
+    return click.option(
+        "--prompts",
+        "prompts_file",
+        type=click.Path(exists=True, path_type=Path),
+        default=DEFAULT_PROMPTS,
+        help="JSONL with a 'prompt' field per line.",
     )(func)
 
 

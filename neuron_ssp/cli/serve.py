@@ -11,8 +11,8 @@ import click
 from rich.console import Group
 from rich.table import Table
 
-from neuron_ssp.cli.generate import DEFAULT_PROMPTS, load_with_status
-from neuron_ssp.cli.options import echo_json, set_threads, threads_option
+from neuron_ssp.cli.generate import load_with_status
+from neuron_ssp.cli.options import echo_json, prompts_option, set_threads, threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -121,13 +121,7 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
 )
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Per-request timeout (s).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch CPU threads here and in the servers.")
-@click.option(
-    "--prompts",
-    "prompts_file",
-    type=click.Path(exists=True, path_type=Path),
-    default=DEFAULT_PROMPTS,
-    help="JSONL with a 'prompt' field per line.",
-)
+@prompts_option
 @click.option(
     "--repeated",
     is_flag=True,
