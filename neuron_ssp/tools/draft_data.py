@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.rows import Row, RowRequest, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 
@@ -147,7 +147,7 @@ def phase_request(conv: Conversation, chat: ChatFormat, settings: DataSettings, 
             settings.max_answer_tokens,
             SamplingParams(conv.temperature),
         )
-    return RowRequest(torch.tensor(prompt), budget, sampling, seed=seed, eos_token_ids=eos)
+    return RowSettings(sampling, seed).request(torch.tensor(prompt), budget, eos)
 
 
 def advance(conv: Conversation, row: Row, chat: ChatFormat, eos: set[int]) -> Finished | None:
