@@ -7,7 +7,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -112,6 +112,9 @@ def context_rate(
 
 
 @settings(max_examples=300, deadline=None)
+# a call whose rows cost less than their context terms at the curve's start (W flat, b steep): a rate below zero
+# made the worst split look best (Hypothesis found one in a full run; this one from a seeded search)
+@example(([[0.09], [0.64, 0.75, 0.23]], [5, 1000]), 0.0, 0.0, 0.01, [(0, 30)])
 @given(
     st.lists(st.lists(st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=3).flatmap(
         lambda chances: st.tuples(

@@ -81,8 +81,10 @@ class WidthCost:
         return self.ms[low] + (self.ms[high] - self.ms[low]) * (width - low) / (high - low)
 
     def rows_ms(self, rows: int) -> float:
-        """W(rows) less its own context terms: what a call of `rows` rows costs before its segments' attention."""
-        return self.at(rows) - self.segment_ms(rows, self.timed_start)
+        """W(rows) less its own context terms: what a call of `rows` rows costs before its segments' attention.
+        Never below 0: past the widest timed call W grows on a line while the context terms grow with rows
+        squared, and a negative call cost would turn goodput's best rate into its worst."""
+        return max(0.0, self.at(rows) - self.segment_ms(rows, self.timed_start))
 
     def segment_ms(self, rows: int, start: int) -> float:
         """The context terms of one segment of `rows` rows from position `start`."""
