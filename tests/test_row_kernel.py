@@ -101,7 +101,7 @@ def test_without_a_compiler_the_forward_keeps_onednn_and_says_why(monkeypatch, t
 
 
 @pytest.mark.skipif(KERNEL is None, reason="needs a working C compiler to fail on purpose")
-def test_a_failed_build_is_a_reason_not_a_crash_and_a_good_one_is_cached(monkeypatch, tmp_path):
+def test_a_failed_build_is_a_reason_not_a_crash_and_a_good_one_is_cached(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("NEURON_SSP_CACHE", str(tmp_path))
     kernel_module._built.cache_clear()
     try:
@@ -109,7 +109,9 @@ def test_a_failed_build_is_a_reason_not_a_crash_and_a_good_one_is_cached(monkeyp
         assert "could not build row_kernel.c, llama_layer.c" in kernel_module.unavailable_reason()
         kernel_module._built.cache_clear()
         monkeypatch.delenv("CC")
+        capsys.readouterr()
         assert kernel_module.unavailable_reason() is None
+        assert "Building the CPU row kernel once" in capsys.readouterr().err  # a first run's ~10 s pause says why
         assert len(list((tmp_path / "kernels").glob("row_kernel-*.so"))) == 1
         assert not list((tmp_path / "kernels").glob("tmp*"))
     finally:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,21 @@ ENTRY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 
 def cache_root() -> Path:
     return Path(os.environ.get("NEURON_SSP_CACHE", Path.home() / ".cache" / "neuron-ssp"))
+
+
+@contextmanager
+def first_use_status(message: str) -> Iterator[None]:
+    """A first run pauses for seconds while it fills the cache: say why, as a spinner on a terminal and as one
+    line elsewhere (a live spinner in Jupyter feeds back into ipykernel's stderr until RecursionError)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if console.is_terminal and not console.is_jupyter:
+        with console.status(message):
+            yield
+    else:
+        console.print(message)
+        yield
 
 
 def transformers_major() -> int:

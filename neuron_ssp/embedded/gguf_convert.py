@@ -15,14 +15,14 @@ import functools
 import shutil
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
-from neuron_ssp.embedded.cache import write_manifest
+from neuron_ssp.embedded.cache import first_use_status, write_manifest
 from neuron_ssp.embedded.known_answer import KnownAnswer, failure_rule, greedy_answer
 from neuron_ssp.errors import Problem, RuntimeProblem
 
@@ -36,18 +36,10 @@ SPECIAL_TOKENS = {
 
 def convert_gguf(gguf_path: Path, target: Path, answer: KnownAnswer, label: str) -> None:
     """De-quantise into a temp dir, check it, then rename: a crash or a wrong model never lands in the cache."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
     target.parent.mkdir(parents=True, exist_ok=True)
-    message = f"Converting {gguf_path.name} to safetensors once (~15 s) into {target}"
-    # a live spinner in Jupyter feeds back into ipykernel's stderr until RecursionError: print one line there
-    live = console.is_terminal and not console.is_jupyter
-    if not live:
-        console.print(message)
     staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
-        with console.status(message) if live else nullcontext():
+        with first_use_status(f"Converting {gguf_path.name} to safetensors once (~15 s) into {target}"):
             tokenizer, model = dequantise(gguf_path)
             model.save_pretrained(str(staging))
             tokenizer.save_pretrained(str(staging))

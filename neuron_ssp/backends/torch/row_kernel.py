@@ -9,7 +9,8 @@ path for a general GEMM (1.6-2.3x the one-row cost) and oneDNN's packed kernel s
 rows; a memory-bound model should pay about one read of its weights whatever the row count, and this
 kernel does (benchmarks/gemm_rows.py prints all three side by side). The layer kernel removes the torch
 dispatch between the products (~0.5 ms a layer at one row, a quarter of a call). Both are built once per machine with
-`-march=native` (about a second) into the package cache, keyed by the source, the compiler and the CPU,
+`-march=native` (~10 s, most of it `llama_layer.c`'s attention: one copy per query count and vector width)
+into the package cache, keyed by the source, the compiler and the CPU,
 so a later run loads it at once. No compiler, or a failed build: `unavailable_reason()` says why and the
 caller keeps oneDNN's packed kernel.
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from neuron_ssp.embedded.cache import cache_root
+from neuron_ssp.embedded.cache import cache_root, first_use_status
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_kernel.c", "llama_layer.c"))
 KEY_TILE = 16  # positions per key tile of the cache (llama_layer.c's TILE, checked when the library loads)
@@ -334,7 +335,8 @@ def _built() -> ctypes.CDLL | str:
     key = _build_key(compiler)
     target = cache_root() / "kernels" / f"row_kernel-{key}.so"
     if not target.exists():
-        failure = _compile(compiler, target)
+        with first_use_status(f"Building the CPU row kernel once (~10 s) into {target.parent}"):
+            failure = _compile(compiler, target)
         if failure is not None:
             return failure
     try:
