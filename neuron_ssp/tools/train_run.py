@@ -33,7 +33,6 @@ from neuron_ssp.tools.train_draft import (
     HISTORY_FILE,
     Batch,
     FeatureCache,
-    History,
     StepResult,
     TrainSettings,
     TrainState,
@@ -343,7 +342,3 @@ def evaluation_table(result: Evaluation) -> Table:
             f"{result.ngram_tau[k]:.3f}" if k is not None else "",
         )
     return out
-
-
-def history_of(path: Path) -> History:
-    return History(**json.loads(path.read_text()))
