@@ -27,6 +27,7 @@ from neuron_ssp.engines.rows import Generator, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import TIMED_ROWS, WidthCost, target_cost
+from neuron_ssp.speculation.controls import Grammar, RequestControls
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, build_policy
 
@@ -191,6 +192,37 @@ def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:
     ]
     if problems:
         raise UsageError(problems)
+
+
+def engine_controls_problems(config: Config, controls: RequestControls) -> list[Problem]:
+    """What the engine cannot run of a request's controls: only our loop (engine native) samples on the host, where
+    a row's logits can be processed; transformers-neuronx's loops (library: its SpeculativeGenerator.sample draws
+    the draft's and the target's tokens itself; fused: on the device) and NxD Inference's fused graph (on-device
+    sampling) never show us a row's logits before its token is chosen."""
+    engine = config.speculation.engine
+    if engine == "native" or not controls.asked:
+        return []
+    where = (
+        "NxD Inference's fused speculation samples on the device"
+        if engine == "fused" and config.neuron.library == "nxdi"
+        else "transformers-neuronx's fused decoder samples on the device"
+        if engine == "fused"
+        else "transformers-neuronx's own loop (SpeculativeGenerator.sample) draws the tokens itself"
+    )
+    return [
+        Problem(
+            name if name != "grammar" or controls.grammar is None else controls.grammar.field,
+            _shown(getattr(controls, name)),
+            f"engine {engine} cannot apply it: {where}, so no row's logits can be changed before its token is chosen",
+            f"leave {name} out, or serve with speculation.engine: native (our loop samples on the host, on Neuron too)",
+        )
+        for name in controls.asked
+    ]
+
+
+def _shown(value: object) -> object:
+    """A control's value as a message shows it (a grammar by its kind)."""
+    return value.kind if isinstance(value, Grammar) else value
 
 
 def sampling_device(config: Config) -> torch.device:

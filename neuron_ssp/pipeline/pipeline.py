@@ -16,9 +16,10 @@ from neuron_ssp.engines.base import CommitCallback, GenerationResult, LogitsCall
 from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import Generator, RowCallbacks, RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
-from neuron_ssp.pipeline.build import Shared, refuse_unhonoured, request_settings
+from neuron_ssp.pipeline.build import Shared, engine_controls_problems, refuse_unhonoured, request_settings
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
+from neuron_ssp.speculation.controls import RequestControls, value_problems
 from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
 
 
@@ -107,6 +108,7 @@ class Pipeline:
         should_stop: StopCheck | None = None,
         on_logits: LogitsCallback | None = None,
         on_tokens: TokenCallback | None = None,
+        controls: RequestControls = RequestControls(),
     ) -> GenerationResult:
         """One request with its own sampling settings, alone in the engine's row loop, as the server runs it.
 
@@ -114,13 +116,14 @@ class Pipeline:
         accepted draft tokens and how many were drafted; `on_logits(rows)` (our loop only) the target's
         logits that chose them, just before; `should_stop()` is asked once per iteration and cancels
         the generation. transformers-neuronx's engines (library, fused) run their loop in one call: the tokens
-        arrive together at the end, and a cancel takes effect only after it returns.
+        arrive together at the end, and a cancel takes effect only after it returns. `controls`: the request's
+        grammar and sampling controls (a UsageError listing `controls_problems` where this pipeline cannot run them).
         """
         sampling = sampling or self.config.sampling
         if on_logits is not None and not self.scores_tokens:
             raise UsageError(logprobs_problem(self.config.speculation.engine))
         callbacks = RowCallbacks(on_tokens, on_commit, on_logits, should_stop)
-        return self.row_loop().run(self.row_request(prompt_ids, max_new_tokens, sampling, callbacks))
+        return self.row_loop().run(self.row_request(prompt_ids, max_new_tokens, sampling, callbacks, controls))
 
     @property
     def scores_tokens(self) -> bool:
@@ -131,11 +134,36 @@ class Pipeline:
         """The engine's loop over the target's slots (one loop at a time per target: it owns them)."""
         return self.generator.row_loop()
 
+    def controls_problems(self, controls: RequestControls) -> list[Problem]:
+        """Every reason this pipeline cannot run a request's controls (a value no model honours, an engine that
+        samples on the device, a grammar that does not compile), all at once: the server answers one 400 listing
+        them before the request is queued."""
+        problems = value_problems(controls, self.target.vocab_size) + engine_controls_problems(self.config, controls)
+        if problems:
+            return problems
+        return [
+            Problem(
+                name,
+                str(getattr(controls, name)),
+                "this build does not apply it inside the loop yet (issue 47 is under way)",
+                f"leave {name} out",
+            )
+            for name in controls.asked
+        ]
+
     def row_request(
-        self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, callbacks: RowCallbacks
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        callbacks: RowCallbacks,
+        controls: RequestControls = RequestControls(),
     ) -> RowRequest:
-        """One request as a row of the engine's loop, with its sampling settings and seed."""
+        """One request as a row of the engine's loop, with its sampling settings, seed and controls."""
         refuse_unhonoured(self.config, sampling)
+        problems = self.controls_problems(controls)
+        if problems:
+            raise UsageError(problems)
         settings = request_settings(self.config, sampling, self.draft, self.shared)
         return settings.request(prompt_ids, max_new_tokens, self.eos_token_ids, callbacks)
 
