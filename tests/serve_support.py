@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from neuron_ssp.config import SamplingConfig, ServeConfig, load_config
 from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.engines.base import GenerationResult, check_room, sampling_params
-from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSlots, run_alone
+from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSettings, RowSlots, run_alone
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
@@ -173,17 +173,11 @@ class FakePipeline:
         self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
         text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
         reply = ScriptedReply([ord(c) for c in text] + [EOS])
-        return RowRequest(
-            prompt_ids,
-            max_new_tokens,
-            sampling_params(sampling),
-            sampling.seed,
-            self.eos_token_ids,
-            lambda slot: reply,
-            on_commit=callbacks.on_commit,
-            on_logits=callbacks.on_logits,
-            should_stop=callbacks.should_stop,
+        settings = RowSettings(sampling_params(sampling), sampling.seed, lambda slot: reply)
+        heard = RowCallbacks(
+            on_commit=callbacks.on_commit, on_logits=callbacks.on_logits, should_stop=callbacks.should_stop
         )
+        return RowRequest(prompt_ids, max_new_tokens, self.eos_token_ids, settings, heard)
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from neuron_ssp.drafters import ModelDrafter
 from neuron_ssp.engines import continuous_batch as batch_module
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowRequest, RowSettings
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
@@ -39,16 +39,14 @@ def test_goodput_is_given_each_rows_position_and_each_prompt_chunk(monkeypatch):
 
     def request(prompt: list[int]) -> RowRequest:
         rng = torch.Generator().manual_seed(0)
-        return RowRequest(
-            torch.tensor(prompt),
-            60,
+        settings = RowSettings(
             params,
             0,
-            set(),
             lambda slot: ModelDrafter(SlotView(draft, slot), params, rng),
             ProbabilisticAcceptor(params, rng),
             CostPolicy(K, cost, counts),
         )
+        return RowRequest(torch.tensor(prompt), 60, set(), settings)
 
     loop = ContinuousBatchLoop(target, K, cost)
     loop.join(request([1, 5, 7]))

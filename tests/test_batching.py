@@ -20,7 +20,7 @@ from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowCallbacks, RowRequest, RowSettings
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
@@ -83,17 +83,8 @@ def request(
         calls[0] += 1
         return stop_after is not None and calls[0] > stop_after
 
-    return RowRequest(
-        PROMPTS[i],
-        BUDGETS[i],
-        params,
-        sampling.seed,
-        {EOS},
-        drafter_for,
-        ProbabilisticAcceptor(params, rng),
-        policy,
-        should_stop=should_stop,
-    )
+    settings = RowSettings(params, sampling.seed, drafter_for, ProbabilisticAcceptor(params, rng), policy)
+    return RowRequest(PROMPTS[i], BUDGETS[i], {EOS}, settings, RowCallbacks(should_stop=should_stop))
 
 
 def run_batched(loop: ContinuousBatchLoop, requests: list[RowRequest]) -> dict[int, list[int]]:
@@ -197,7 +188,7 @@ def test_when_rows_are_dear_the_batch_drafts_less():
 def test_a_join_that_fails_frees_its_slot():
     target = SlotTables(lambda: TableBackend(VOCAB, 0, n_positions=16), 1)
     loop = ContinuousBatchLoop(target, K)
-    too_long = RowRequest(torch.arange(15) % VOCAB, 8, sampling_params(SamplingConfig()))
+    too_long = RowRequest(torch.arange(15) % VOCAB, 8)
     with pytest.raises(Exception, match="n_positions"):
         loop.join(too_long)
     assert loop.free_slots == 1

@@ -19,7 +19,7 @@ from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowCallbacks, RowRequest, RowSettings
 
 VOCAB, CHUNK = 16, 4
 GREEDY = sampling_params(SamplingConfig(temperature=0.0))
@@ -41,7 +41,10 @@ class ChunkedTables(SlotTables):
 
 
 def row(prompt: list[int], budget: int, stop: list[bool] | None = None) -> RowRequest:
-    return RowRequest(torch.tensor(prompt), budget, GREEDY, should_stop=(lambda: stop[0]) if stop else None)
+    stop_check = (lambda: stop[0]) if stop else None
+    return RowRequest(
+        torch.tensor(prompt), budget, settings=RowSettings(GREEDY), callbacks=RowCallbacks(should_stop=stop_check)
+    )
 
 
 def test_a_joining_prompt_is_scored_in_chunks_beside_the_running_rows():
@@ -140,7 +143,7 @@ def test_a_llama_batch_with_chunked_prefill_equals_each_request_alone(chunk):
     prompts = [torch.arange(2, 2 + n) % 60 for n in (7, 20, 3, 11)]
     budgets = [10, 6, 12, 8]
     alone = [
-        ContinuousBatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, GREEDY)).tokens
+        ContinuousBatchLoop(llama_target(0, slots=1), 1).run(RowRequest(p, n, settings=RowSettings(GREEDY))).tokens
         for p, n in zip(prompts, budgets, strict=True)
     ]
     loop = ContinuousBatchLoop(llama_target(chunk, slots=2), 1)
@@ -148,7 +151,7 @@ def test_a_llama_batch_with_chunked_prefill_equals_each_request_alone(chunk):
     while pending or loop.rows:
         while pending and loop.free_slots:
             i = pending.pop(0)
-            running[loop.join(RowRequest(prompts[i], budgets[i], GREEDY))] = i
+            running[loop.join(RowRequest(prompts[i], budgets[i], settings=RowSettings(GREEDY)))] = i
         for ended in loop.step():
             done[running.pop(ended)] = ended.result().tokens
     assert [done[i] for i in range(4)] == alone

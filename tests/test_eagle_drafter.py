@@ -16,7 +16,7 @@ from neuron_ssp.drafters.base import Draft
 from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel
 from neuron_ssp.drafters.eagle_head import EagleHead
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowRequest, RowSettings
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import ProbabilisticAcceptor
 from neuron_ssp.speculation.policies import FixedPolicy
@@ -43,15 +43,10 @@ def eagle(backend: TorchBackend, seed: int = 0) -> EagleModel:
 
 def request(model: EagleModel | None, prompt: torch.Tensor, params: SamplingParams, seed: int = 0, new: int = 24):
     drafter_for = None if model is None else (lambda slot: EagleDrafter(model, slot, params))
-    return RowRequest(
-        prompt,
-        new,
-        params,
-        seed,
-        drafter_for=drafter_for,
-        acceptor=ProbabilisticAcceptor(params),
-        policy=FixedPolicy(K),
+    settings = RowSettings(
+        params, seed, drafter_for=drafter_for, acceptor=ProbabilisticAcceptor(params), policy=FixedPolicy(K)
     )
+    return RowRequest(prompt, new, settings=settings)
 
 
 def run_batch(backend: TorchBackend, requests: list[RowRequest]) -> list[list[int]]:
@@ -103,7 +98,7 @@ def test_drafts_are_the_heads_chain_over_the_targets_hidden_states(forward, pack
     model = eagle(backend)
     drafter = Recording(model, 0, GREEDY)
     req = request(model, PROMPTS[0], GREEDY)
-    req.drafter_for = lambda slot: drafter
+    req.settings.drafter_for = lambda slot: drafter
     ContinuousBatchLoop(backend, K).run(req)
     assert len(drafter.seen) > 5
     for committed, draft in drafter.seen:
@@ -115,7 +110,7 @@ def test_the_draft_distribution_lives_on_the_draft_vocabulary_mapped_through_d2t
     model = eagle(backend)
     drafter = Recording(model, 0, SAMPLED)
     req = request(model, PROMPTS[1], SAMPLED, seed=3)
-    req.drafter_for = lambda slot: drafter
+    req.settings.drafter_for = lambda slot: drafter
     ContinuousBatchLoop(backend, K).run(req)
     allowed = torch.zeros(VOCAB, dtype=torch.bool)
     allowed[model.draft_ids] = True

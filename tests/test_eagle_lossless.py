@@ -25,7 +25,7 @@ from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.drafters import eagle as eagle_module
 from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowRequest, RowSettings
 from neuron_ssp.speculation.policies import FixedPolicy
 from neuron_ssp.speculation.sampling import SamplingParams, logits_to_probs
 
@@ -78,11 +78,13 @@ def samples(params: SamplingParams) -> tuple[torch.Tensor, int]:
                 RowRequest(
                     PROMPT,
                     NEW,
-                    params,
-                    seed,
-                    drafter_for=lambda slot: EagleDrafter(head, slot, params),
-                    acceptor=OwnRandomnessAcceptor(params, generator),
-                    policy=FixedPolicy(K),
+                    settings=RowSettings(
+                        params,
+                        seed,
+                        drafter_for=lambda slot: EagleDrafter(head, slot, params),
+                        acceptor=OwnRandomnessAcceptor(params, generator),
+                        policy=FixedPolicy(K),
+                    ),
                 )
             )
             for seed in range(first, min(first + SLOTS, SAMPLES))

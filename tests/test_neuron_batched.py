@@ -31,7 +31,7 @@ from neuron_ssp.drafters import ModelDrafter, NgramDrafter
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
 from neuron_ssp.engines.native import plain_generate
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowRequest, RowSettings
 from neuron_ssp.errors import UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -370,10 +370,12 @@ def test_every_row_equals_its_batch_1_output_with_rows_joining_and_leaving(
         RowRequest(
             ids,
             budget,
-            params,
-            drafter_for=drafter_for,
-            acceptor=GreedyAcceptor(),
-            policy=CostPolicy(K, cost, counts) if policy == "cost" else FixedPolicy(K),
+            settings=RowSettings(
+                params,
+                drafter_for=drafter_for,
+                acceptor=GreedyAcceptor(),
+                policy=CostPolicy(K, cost, counts) if policy == "cost" else FixedPolicy(K),
+            ),
         )
         for ids, budget in zip(PROMPTS, BUDGETS, strict=True)
     ]
@@ -417,9 +419,8 @@ def test_a_freed_slot_leaves_the_bucket_to_the_running_rows(
         return ModelDrafter(SlotView(draft, slot), params, torch.Generator()) if draft else NgramDrafter(VOCAB)
 
     def request(ids: torch.Tensor, budget: int) -> RowRequest:
-        return RowRequest(
-            ids, budget, params, drafter_for=drafter_for, acceptor=GreedyAcceptor(), policy=FixedPolicy(K)
-        )
+        settings = RowSettings(params, drafter_for=drafter_for, acceptor=GreedyAcceptor(), policy=FixedPolicy(K))
+        return RowRequest(ids, budget, settings=settings)
 
     loop = ContinuousBatchLoop(target, K)
     long = loop.join(request(torch.arange(138) % 90 + 3, 4))

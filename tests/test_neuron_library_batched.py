@@ -19,7 +19,7 @@ from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.library import LibraryEngine
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowCallbacks, RowRequest, RowSettings
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.acceptors import GreedyAcceptor, ProbabilisticAcceptor, ZeroPaddedAcceptor
 from neuron_ssp.topology import plan_deployment
@@ -93,9 +93,8 @@ def library_alone(
 def request(
     ids: torch.Tensor, new: int, eos=(), acceptor=None, sampling: SamplingConfig = GREEDY, **callbacks: object
 ) -> RowRequest:
-    return RowRequest(
-        ids, new, sampling_params(sampling), sampling.seed, eos, acceptor=acceptor or GreedyAcceptor(), **callbacks
-    )  # type: ignore[arg-type]
+    settings = RowSettings(sampling_params(sampling), sampling.seed, acceptor=acceptor or GreedyAcceptor())
+    return RowRequest(ids, new, eos, settings, RowCallbacks(**callbacks))  # type: ignore[arg-type]
 
 
 class CappedGreedy(GreedyAcceptor):

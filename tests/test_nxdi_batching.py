@@ -17,7 +17,7 @@ from nxdi_support.configs import nxdi_config
 from nxdi_support.recording import recorded_forward
 
 from neuron_ssp.engines.nxdi_fused import GREEDY, NxdiFusedEngine, NxdiFusedLoop, compiled_batch
-from neuron_ssp.engines.rows import Row, RowRequest
+from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSettings
 from neuron_ssp.errors import RuntimeProblem, UsageError
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.topology import plan_deployment
@@ -85,7 +85,7 @@ def test_rows_joining_and_leaving_decode_as_each_would_alone(
     assert (loop.slots, loop.free_slots) == (batch, batch)
     streamed: list[list[int]] = [[] for _ in REQUESTS]
     requests = [
-        RowRequest(ids, budget, GREEDY, eos_token_ids=eos[i], on_tokens=streamed[i].extend)
+        RowRequest(ids, budget, eos[i], RowSettings(GREEDY), RowCallbacks(on_tokens=streamed[i].extend))
         for i, (ids, (_, _, budget)) in enumerate(zip(prompts, REQUESTS, strict=True))
     ]
     rows, joined_at, running = serve(loop, requests)
@@ -113,9 +113,13 @@ def test_a_failing_row_and_a_cancelled_row_leave_and_the_others_go_on(
     loop = NxdiFusedLoop(fused_target(tiny_model_dirs, 4), K)
     ids = [prompt(8, 11), prompt(6, 12), prompt(10, 13)]
     steps = 0
-    failing = loop.join(RowRequest(ids[0], 20, GREEDY, on_tokens=fails_on_call(2)))
-    cancelled = loop.join(RowRequest(ids[1], 20, GREEDY, should_stop=lambda: steps >= 3))
-    survivor = loop.join(RowRequest(ids[2], 20, GREEDY))
+    failing = loop.join(
+        RowRequest(ids[0], 20, settings=RowSettings(GREEDY), callbacks=RowCallbacks(on_tokens=fails_on_call(2)))
+    )
+    cancelled = loop.join(
+        RowRequest(ids[1], 20, settings=RowSettings(GREEDY), callbacks=RowCallbacks(should_stop=lambda: steps >= 3))
+    )
+    survivor = loop.join(RowRequest(ids[2], 20, settings=RowSettings(GREEDY)))
     while loop.rows:
         loop.step()
         steps += 1
@@ -124,9 +128,14 @@ def test_a_failing_row_and_a_cancelled_row_leave_and_the_others_go_on(
     assert survivor.error is None and not survivor.cancelled and len(survivor.result().tokens) == 20
     assert loop.free_slots == 4
     for row, request_ids in zip((failing, cancelled, survivor), ids, strict=True):  # alone, in a reused line
-        assert row.seq.generated() == loop.run(RowRequest(request_ids, 20, GREEDY)).tokens[: row.seq.generated_count]
+        assert (
+            row.seq.generated()
+            == loop.run(RowRequest(request_ids, 20, settings=RowSettings(GREEDY))).tokens[: row.seq.generated_count]
+        )
     with pytest.raises(ValueError, match="client went away"):  # run raises the row's own error
-        loop.run(RowRequest(ids[0], 20, GREEDY, on_tokens=fails_on_call(2)))
+        loop.run(
+            RowRequest(ids[0], 20, settings=RowSettings(GREEDY), callbacks=RowCallbacks(on_tokens=fails_on_call(2)))
+        )
     assert loop.free_slots == 4
 
 
@@ -150,15 +159,15 @@ def test_a_full_batch_refuses_another_row_and_a_sampled_request_is_refused(
     calls = recorded_forward(target.model)
     loop = NxdiFusedLoop(target, K)
     with pytest.raises(UsageError) as refused:
-        loop.join(RowRequest(prompt(6), 8, SamplingParams(temperature=0.7, top_k=5)))
+        loop.join(RowRequest(prompt(6), 8, settings=RowSettings(SamplingParams(temperature=0.7, top_k=5))))
     (problem,) = refused.value.problems
     assert (problem.field, problem.value) == ("temperature", 0.7)
     assert "model_base.py:1162" in problem.rule and "speculation.engine: native" in problem.fix
     assert calls == [] and loop.free_slots == 2
     for seed in (1, 2):
-        loop.join(RowRequest(prompt(6, seed), 8, GREEDY))
+        loop.join(RowRequest(prompt(6, seed), 8, settings=RowSettings(GREEDY)))
     with pytest.raises(RuntimeError, match="no free slot: 2 requests are running"):
-        loop.join(RowRequest(prompt(6, 3), 8, GREEDY))
+        loop.join(RowRequest(prompt(6, 3), 8, settings=RowSettings(GREEDY)))
 
 
 def test_a_fused_target_over_several_rows_is_built_for_continuous_batching(

@@ -23,7 +23,7 @@ from transformers import LlamaForCausalLM
 
 from neuron_ssp.drafters.eagle_checkpoint import write_checkpoint
 from neuron_ssp.engines.nxdi_fused import GREEDY, NxdiFusedEngine, NxdiFusedLoop
-from neuron_ssp.engines.rows import RowRequest
+from neuron_ssp.engines.rows import RowRequest, RowSettings
 from neuron_ssp.tools.prepare_draft import prepare_draft
 from neuron_ssp.topology import plan_deployment, validate_config
 
@@ -132,7 +132,10 @@ def test_eagle3_rows_joining_and_leaving_decode_as_each_would_alone(
     target = eagle_target(eagle_dirs, "eagle3", batch)
     calls = recorded_forward(target.model)
     loop = NxdiFusedLoop(target, K)
-    requests = [RowRequest(ids, budget, GREEDY) for ids, (_, _, budget) in zip(prompts, REQUESTS, strict=True)]
+    requests = [
+        RowRequest(ids, budget, settings=RowSettings(GREEDY))
+        for ids, (_, _, budget) in zip(prompts, REQUESTS, strict=True)
+    ]
     rows, joined_at, running = serve(loop, requests)
 
     assert [row.result().tokens for row in rows] == expected
@@ -144,7 +147,9 @@ def test_eagle3_rows_joining_and_leaving_decode_as_each_would_alone(
 @pytest.mark.parametrize("batch", [1, 2])
 def test_accepted_drafts_advance_k_tokens_per_call(nxdi: Any, eagle_dirs: dict[str, Path], batch: int) -> None:
     loop = NxdiFusedLoop(eagle_target(eagle_dirs, "eagle3", batch, "flat"), K)
-    requests = [RowRequest(prompt(length, seed), budget, GREEDY) for length, seed, budget in REQUESTS[:3]]
+    requests = [
+        RowRequest(prompt(length, seed), budget, settings=RowSettings(GREEDY)) for length, seed, budget in REQUESTS[:3]
+    ]
     rows, _, _ = serve(loop, requests)
     for row, (_, _, budget) in zip(rows, REQUESTS[:3], strict=True):
         assert row.result().tokens == [0] * budget

@@ -142,7 +142,7 @@ class ContinuousBatchLoop(SlotLoop):
             return
         seq = row.seq
         check_finite(logits, seq.length - 1, self.target)
-        seq.extend([draw(logits[-1], row.request.sampling, row.noise)], logits=logits[-1:])
+        seq.extend([draw(logits[-1], row.request.settings.sampling, row.noise)], logits=logits[-1:])
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[-1], seq.last)
 
@@ -204,13 +204,13 @@ class ContinuousBatchLoop(SlotLoop):
 
     def _commit(self, row: Row, logits: torch.Tensor) -> int:
         """Accept and commit the row's tokens; how many were committed."""
-        seq, draft, request = row.seq, row.draft, row.request
+        seq, draft, settings = row.seq, row.draft, row.request.settings
         check_finite(logits, seq.length - 1, self.target)
         noise = row.noise.shifted(seq.generated_count)
-        if len(draft) and request.acceptor is not None:
-            tokens = accept(request.acceptor, draft, logits, noise)
+        if len(draft) and settings.acceptor is not None:
+            tokens = accept(settings.acceptor, draft, logits, noise)
         else:
-            tokens = [draw(logits[0], request.sampling, noise)]
+            tokens = [draw(logits[0], settings.sampling, noise)]
         accepted = len(tokens) - 1
         row.stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft), logits))
         row.policy.observe(len(draft), accepted)

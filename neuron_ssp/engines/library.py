@@ -276,7 +276,7 @@ class LibraryLane:
     @classmethod
     def of(cls, row: Row, default: Acceptor) -> LibraryLane:
         remaining = row.seq.max_new_tokens - 1
-        return cls(row.request.acceptor or default, row.noise, row.seq.eos, remaining, live=remaining > 0)
+        return cls(row.request.settings.acceptor or default, row.noise, row.seq.eos, remaining, live=remaining > 0)
 
     @classmethod
     def padding(cls) -> LibraryLane:

@@ -61,7 +61,7 @@ class NxdiFusedLoop(FusedRowLoop):
         self.app = target.model  # the fused NeuronLlamaForCausalLM
 
     def check(self, request: RowRequest) -> None:
-        refuse_sampled(request.sampling)
+        refuse_sampled(request.settings.sampling)
         check_room(
             self.target,
             request.prompt_ids.shape[0],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -36,24 +36,6 @@ DrafterForSlot = Callable[[int], Drafter]  # the row's drafter, given its cache 
 
 
 @dataclass
-class RowRequest:
-    """What one request brings to the loop. No drafter: plain decoding (the baseline)."""
-
-    prompt_ids: torch.Tensor
-    max_new_tokens: int
-    sampling: SamplingParams
-    seed: int = 0
-    eos_token_ids: Collection[int] = ()
-    drafter_for: DrafterForSlot | None = None
-    acceptor: TokenAcceptor | None = None
-    policy: WindowPolicy | None = None
-    on_tokens: TokenCallback | None = None
-    on_commit: CommitCallback | None = None
-    on_logits: LogitsCallback | None = None
-    should_stop: StopCheck | None = None
-
-
-@dataclass
 class RowCallbacks:
     """What a request's caller hears of it (engines/base.py: tokens, their origin, the target's logits) and how it
     stops it."""
@@ -69,7 +51,7 @@ class RowSettings:
     """How a request runs: its sampling and seed, and (our loop) its drafter, acceptor and window policy. `rng`: the
     generator the acceptor and drafter draw from where they do not use the per-position noise, seeded per request."""
 
-    sampling: SamplingParams
+    sampling: SamplingParams = SamplingParams()
     seed: int = 0
     drafter_for: DrafterForSlot | None = None
     acceptor: TokenAcceptor | None = None
@@ -86,21 +68,19 @@ class RowSettings:
         """The request a loop runs: these settings, a prompt, its budget and stop ids, the caller's callbacks."""
         if self.rng is not None:
             self.rng.manual_seed(self.seed)
-        heard = callbacks or RowCallbacks()
-        return RowRequest(
-            prompt_ids,
-            max_new_tokens,
-            self.sampling,
-            self.seed,
-            eos_token_ids,
-            self.drafter_for,
-            self.acceptor,
-            self.policy,
-            heard.on_tokens,
-            heard.on_commit,
-            heard.on_logits,
-            heard.should_stop,
-        )
+        return RowRequest(prompt_ids, max_new_tokens, eos_token_ids, self, callbacks or RowCallbacks())
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    """What one request brings to the loop: its prompt, budget and stop ids, how it runs (no drafter: plain
+    decoding, the baseline) and who hears of it."""
+
+    prompt_ids: torch.Tensor
+    max_new_tokens: int
+    eos_token_ids: Collection[int] = ()
+    settings: RowSettings = field(default_factory=RowSettings)
+    callbacks: RowCallbacks = field(default_factory=RowCallbacks)
 
 
 class Row:
@@ -111,17 +91,18 @@ class Row:
         library's loop drafts for every row)."""
         self.request = request
         self.slot = slot
+        settings, heard = request.settings, request.callbacks
         self.seq = Committed(
             request.prompt_ids,
             request.max_new_tokens,
             request.eos_token_ids,
-            request.on_tokens,
-            request.on_commit,
-            request.on_logits,
+            heard.on_tokens,
+            heard.on_commit,
+            heard.on_logits,
         )
-        self.policy = request.policy or WindowPolicy(1)
-        self.drafter = request.drafter_for(slot) if request.drafter_for is not None else None
-        self.noise = PositionNoise(request.seed)
+        self.policy = settings.policy or WindowPolicy(1)
+        self.drafter = settings.drafter_for(slot) if settings.drafter_for is not None else None
+        self.noise = PositionNoise(settings.seed)
         drafts = self.drafter is not None if speculates is None else speculates
         self.stats = GenerationStats(k=k if drafts else 1)
         self.started = time.perf_counter()
@@ -147,7 +128,8 @@ def cancelled_rows(rows: list[Row]) -> list[Row]:
     """Ask each row's caller, once per step, whether it still wants the row (cancel, stop string, deadline);
     the rows that must leave now."""
     for row in rows:
-        row.cancelled = bool(row.request.should_stop and row.request.should_stop())
+        should_stop = row.request.callbacks.should_stop
+        row.cancelled = bool(should_stop and should_stop())
     return [row for row in rows if row.cancelled]
 
 
