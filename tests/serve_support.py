@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import uvicorn
@@ -26,6 +27,7 @@ from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.engines.base import GenerationResult, check_room, sampling_params
 from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSettings, RowSlots, run_alone
 from neuron_ssp.pipeline.pipeline import Pipeline
+from neuron_ssp.pipeline.prompt_length import PromptLimit
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
 from neuron_ssp.speculation.position_noise import PositionNoise
@@ -135,10 +137,11 @@ class FakePipeline:
         n_positions: int = 256,
         max_batch: int = 8,
         prefill_s_per_token: float = 0.0,
+        tokenizer: Any = None,
     ):
         self.config = load_config(None, {"serve.max_batch": max_batch})
         self.max_batch = max_batch
-        self.tokenizer = CharTokenizer()
+        self.tokenizer = tokenizer or CharTokenizer()
         self.eos_token_ids = {EOS}
         self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None)
         self.reply = reply
@@ -151,13 +154,14 @@ class FakePipeline:
         self.error_at = "join"
         self.calls: list[dict] = []
 
-    def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
-        return encode_prompt(self.tokenizer, prompt, False)
+    def encode(self, prompt: str, chat_template: bool | None = None, limit: PromptLimit | None = None) -> torch.Tensor:
+        return encode_prompt(self.tokenizer, prompt, False, limit)
 
-    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
-        return encode_messages(self.tokenizer, messages, False)
+    def encode_messages(self, messages: list[dict[str, str]], limit: PromptLimit | None = None) -> torch.Tensor:
+        return encode_messages(self.tokenizer, messages, False, limit)
 
     extra_slots = 0  # the native loop's rule
+    prompt_limit = Pipeline.prompt_limit  # the real one: it reads target.n_positions, extra_slots and the tokenizer
     scores_tokens = True
     request_sampling = Pipeline.request_sampling  # the real merge of a request's fields (it reads only .config)
 

@@ -58,10 +58,10 @@ def test_json_python_cannot_parse_is_a_400_and_the_connection_stays_usable(body,
 class BrokenEncoder(FakePipeline):
     """A bug on the request path: an exception no handler expects."""
 
-    def encode_messages(self, messages):
+    def encode_messages(self, messages, limit=None):
         if messages[0]["content"] == "boom":
             raise RuntimeError("a bug")
-        return super().encode_messages(messages)
+        return super().encode_messages(messages, limit)
 
 
 def test_an_unexpected_failure_is_a_500_and_the_connection_stays_usable():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -17,10 +18,18 @@ from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import Generator, RowCallbacks, RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Shared, engine_controls_problems, refuse_unhonoured, request_settings
+from neuron_ssp.pipeline.prompt_length import PromptLimit, token_reach
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.speculation.controls import RequestControls, value_problems
-from neuron_ssp.topology.positions import draft_slots, extra_target_slots, require_room, slot_library, target_slots
+from neuron_ssp.topology.positions import (
+    draft_slots,
+    extra_target_slots,
+    max_prompt_within,
+    require_room,
+    slot_library,
+    target_slots,
+)
 
 
 @dataclass
@@ -45,14 +54,21 @@ class Pipeline:
     shared: Shared
     max_batch: int = 1
 
-    def encode(self, prompt: str, chat_template: bool | None = None) -> torch.Tensor:
-        """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions)."""
+    def encode(self, prompt: str, chat_template: bool | None = None, limit: PromptLimit | None = None) -> torch.Tensor:
+        """The prompt's ids; `chat_template` None follows the config (False: raw text, as /v1/completions); with a
+        `limit` (the server's `prompt_limit`), a text that cannot fit is refused before it is tokenized."""
         use_template = self.config.generation.chat_template if chat_template is None else chat_template
-        return encode_prompt(self.tokenizer, prompt, use_template)
+        return encode_prompt(self.tokenizer, prompt, use_template, limit)
 
-    def encode_messages(self, messages: list[dict[str, str]]) -> torch.Tensor:
+    def encode_messages(self, messages: list[dict[str, str]], limit: PromptLimit | None = None) -> torch.Tensor:
         """A conversation through the chat template; one user turn encodes exactly as `encode`."""
-        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template)
+        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template, limit)
+
+    @cached_property
+    def prompt_limit(self) -> PromptLimit:
+        """The longest prompt that leaves the target room for one new token, and what a token of this tokenizer
+        can stand for (pipeline/prompt_length.py: read once, it walks the vocabulary)."""
+        return PromptLimit(max_prompt_within(self.target.n_positions, self.extra_slots), token_reach(self.tokenizer))
 
     @property
     def extra_slots(self) -> int:

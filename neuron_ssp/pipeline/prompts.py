@@ -8,10 +8,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from neuron_ssp.errors import Problem, UsageError
+from neuron_ssp.pipeline.prompt_length import PromptLimit
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool) -> torch.Tensor:
-    """The prompt as a user turn when the tokenizer has a chat template, else the raw text."""
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template: bool, limit: PromptLimit | None = None
+) -> torch.Tensor:
+    """The prompt as a user turn when the tokenizer has a chat template, else the raw text; with a `limit`, a text
+    that cannot fit is refused before it is tokenized."""
     if not prompt.strip():
         raise UsageError(Problem("prompt", prompt, "the prompt is empty", "pass some text to generate from"))
     if chat_template and getattr(tokenizer, "chat_template", None):
@@ -19,24 +23,32 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, chat_template
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(prompt)["input_ids"]
-    return torch.tensor(ids, dtype=torch.long)
+        return _tokenize(tokenizer, text, False, limit, "prompt")
+    return _tokenize(tokenizer, prompt, True, limit, "prompt")
 
 
 def encode_messages(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], chat_template: bool
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+    chat_template: bool,
+    limit: PromptLimit | None = None,
 ) -> torch.Tensor:
-    """A chat conversation as ids: the tokenizer's template, else the turns' text one per line."""
+    """A chat conversation as ids: the tokenizer's template, else the turns' text one per line; with a `limit`, a
+    rendered conversation that cannot fit is refused before it is tokenized."""
     if not any(m["content"].strip() for m in messages):
         raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
     if chat_template and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer("\n".join(m["content"] for m in messages))["input_ids"]
-    return torch.tensor(ids, dtype=torch.long)
+        return _tokenize(tokenizer, text, False, limit, "messages")
+    return _tokenize(tokenizer, "\n".join(m["content"] for m in messages), True, limit, "messages")
+
+
+def _tokenize(
+    tokenizer: PreTrainedTokenizerBase, text: str, special_tokens: bool, limit: PromptLimit | None, field: str
+) -> torch.Tensor:
+    if limit is not None:
+        limit.refuse_unfittable(text, field)
+    return torch.tensor(tokenizer(text, add_special_tokens=special_tokens)["input_ids"], dtype=torch.long)
 
 
 def stop_token_ids(

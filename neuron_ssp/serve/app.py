@@ -5,6 +5,10 @@ POST cross-site without a preflight), turns its body into a `GenerationRequest`,
 checks that it fits the cache and that the engine can honour its sampling, queues a `Job` for the worker
 and answers from the job's events (serve/streams.py). /openapi.json describes every route from the
 same pydantic models (serve/openapi.py).
+
+Prompts are encoded off the event loop, one at a time on the app's own thread (a MB of text takes the tokenizer about
+0.5 s, during which the loop must go on answering /health and streaming), and a text that cannot fit the context
+is refused before it is tokenized (pipeline/prompt_length.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from importlib import resources
@@ -50,11 +55,16 @@ WORKER_JOIN_S = 60.0  # at shutdown, how long to wait for a prefill that cannot 
 def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
     metrics = ServerMetrics(model_name, pipeline.target.n_positions, draft_positions(pipeline.config))
     worker = GenerationWorker(pipeline, metrics, settings.max_queue)
+    encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-encoder")
+    limit = pipeline.prompt_limit  # read here, once: it walks the vocabulary
+    if limit.reach is None:
+        log.info("this tokenizer may shorten a text: every prompt is tokenized before its length is checked")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         worker.start()
         yield
+        encoder.shutdown(wait=False, cancel_futures=True)
         # uvicorn has waited for the open requests (SIGTERM: up to drain_timeout, then the worker cut the running
         # one and its client got a final error); the thread must end before the interpreter does
         if not await asyncio.to_thread(worker.stop, WORKER_JOIN_S):
@@ -98,7 +108,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
                     f"send model '{model_name}' (GET /v1/models lists it)",
                 ),
             )
-        prompt_ids = _encode(pipeline, spec)
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(encoder, _encode, pipeline, spec)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
         _check_room(pipeline, prompt_ids, max_tokens, spec)
         sampling = _sampling(pipeline, spec)
@@ -215,10 +225,12 @@ async def _read_json(request: Request) -> dict[str, Any]:
 
 
 def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
+    """The prompt's ids (run on the encoder thread), or a 400 naming the field the client sent."""
     try:
         if spec.kind == "chat":
-            return pipeline.encode_messages(spec.messages)
-        return pipeline.encode(spec.prompt, chat_template=False)  # completions and LMI: raw text, no template
+            return pipeline.encode_messages(spec.messages, pipeline.prompt_limit)
+        # completions and LMI: raw text, no template
+        return pipeline.encode(spec.prompt, chat_template=False, limit=pipeline.prompt_limit)
     except NeuronSSPError as exc:
         field = {"prompt": "inputs"} if spec.kind == "lmi" else {}  # name the field the client sent
         raise ApiError(400, [replace(p, field=field.get(p.field, p.field)) for p in exc.problems]) from None

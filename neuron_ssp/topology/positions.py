@@ -73,6 +73,11 @@ def max_new_tokens_within(n_positions: int, prompt_len: int, extra_slots: int = 
     return n_positions - extra_slots - prompt_len + 1
 
 
+def max_prompt_within(n_positions: int, extra_slots: int = 0) -> int:
+    """The longest prompt that leaves room for one new token: `max_new_tokens_within` >= 1."""
+    return n_positions - extra_slots
+
+
 def require_room(n_positions: int, needed: int, prompt_len: int, max_new_tokens: int, field: str) -> None:
     """Refuse before the first call, not when the cache overflows half-way."""
     if needed > n_positions:
