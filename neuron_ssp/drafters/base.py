@@ -6,7 +6,7 @@ draft model, the sampling transform, a random generator) it is given when it is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -30,13 +30,32 @@ class Draft:
     # True when the tokens are a function of the context alone (prompt lookup, suffix tree): a policy may
     # then weigh the proposal's length; a sampled draft's length may depend on its own tokens (stop rules)
     deterministic: bool = False
+    # leading tokens the row's grammar forces (llguidance's fast-forward tokens): drafts the policy prices as certain,
+    # still judged by the target (their KV is needed, and the target may tokenize the forced text otherwise)
+    certain: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     def prefix(self, m: int) -> Draft:
         """The first m proposed tokens (what a window policy keeps of a longer proposal)."""
-        return self if m >= len(self) else Draft(self.tokens[:m], self.logits[:m], self.match_len, self.deterministic)
+        if m >= len(self):
+            return self
+        return Draft(self.tokens[:m], self.logits[:m], self.match_len, self.deterministic, min(self.certain, m))
+
+    def after(self, forced: list[int]) -> Draft:
+        """This proposal behind the grammar's forced tokens (point masses, priced as certain)."""
+        if not forced:
+            return self
+        ids = torch.tensor(forced, dtype=torch.long)
+        vocab = self.logits.shape[-1]
+        return Draft(
+            torch.cat([ids, self.tokens]),
+            torch.cat([point_masses(ids, vocab), self.logits.to(torch.float32)]),
+            self.match_len,
+            self.deterministic or not len(self),
+            len(forced),
+        )
 
     @classmethod
     def empty(cls, vocab_size: int) -> Draft:
@@ -68,6 +87,19 @@ class ReadsHiddenStates(Protocol):
     def take_hidden(self, start: int, hidden: torch.Tensor) -> None:
         """The target's taps (n, taps x hidden) at positions start..start+n-1, whose tokens are all committed."""
         ...
+
+
+# (V,) draft logits of the token after the committed tokens and `drafted` (this proposal's tokens so far) -> the
+# logits the row's processors leave (its grammar's mask, its controls): a sampled draft is drafted under the mask
+DraftMask = Callable[[torch.Tensor, list[int]], torch.Tensor]
+
+
+@runtime_checkable
+class SamplesDrafts(Protocol):
+    """A drafter that draws its tokens from a distribution (a draft model, an EAGLE head): the loop hands it the
+    row's processors for this proposal (`mask`, None when the row has none) before it proposes."""
+
+    mask: DraftMask | None
 
 
 DraftRequest = tuple[Drafter, torch.Tensor, int]  # a row's drafter, its committed tokens, the most to draft

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from neuron_ssp.drafters import eagle
-from neuron_ssp.drafters.base import Draft
+from neuron_ssp.drafters.base import Draft, DraftMask
 from neuron_ssp.drafters.eagle import EagleDrafter
 from neuron_ssp.drafters.ngram import NgramDrafter
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -82,6 +82,15 @@ class LookupOrHead:
 
     def take_hidden(self, start: int, hidden: torch.Tensor) -> None:
         self.head.take_hidden(start, hidden)
+
+    @property
+    def mask(self) -> DraftMask | None:
+        """The head drafts under the row's processors; prompt lookup's point masses are cut by the loop."""
+        return self.head.mask
+
+    @mask.setter
+    def mask(self, mask: DraftMask | None) -> None:
+        self.head.mask = mask
 
     def finish(self, sequence: torch.Tensor) -> None:
         self._learn(sequence)

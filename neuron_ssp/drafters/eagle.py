@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from neuron_ssp.backends.base import HiddenStates, ModelBackend
-from neuron_ssp.drafters.base import Draft
+from neuron_ssp.drafters.base import Draft, DraftMask
 from neuron_ssp.drafters.eagle_checkpoint import EagleCheckpoint
 from neuron_ssp.drafters.eagle_head import EagleHead, HeadCache
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -138,6 +138,7 @@ class EagleDrafter:
         self._pending: list[torch.Tensor] = []  # taps of positions _fed.. not fed yet, in order
         self._noise: PositionNoise | None = None
         self._prompt_len = 0
+        self.mask: DraftMask | None = None  # the row's processors, set by the loop before each proposal
 
     def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         """The prompt's taps come from the target's prefill (`take_hidden`)."""
@@ -222,6 +223,9 @@ class _Chain:
         if drafter.stop_below and float(draft_logits.softmax(-1).max()) < drafter.stop_below:
             self.live = False
             return
+        if drafter.mask is not None:  # the mask lives in the target's vocabulary: through it and back
+            masked = drafter.mask(drafter.model.to_target(draft_logits)[0], self.tokens)
+            draft_logits = masked[drafter.model.draft_ids].view(1, -1)
         draft_id = self._draw(draft_logits[0], self.output_start + len(self.tokens))
         token = int(drafter.model.draft_ids[draft_id])
         self.tokens.append(token)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from neuron_ssp.backends.base import ModelBackend, Segment, SlotView
-from neuron_ssp.drafters.base import Draft
+from neuron_ssp.drafters.base import Draft, DraftMask
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.position_noise import PositionNoise, draw
 from neuron_ssp.speculation.sampling import SamplingParams, first_non_finite_row, next_token
@@ -45,6 +45,7 @@ class ModelDrafter:
         self._cached: list[int] = []  # token in each KV slot the draft backend has filled
         self._noise: PositionNoise | None = None
         self._prompt_len = 0
+        self.mask: DraftMask | None = None  # the row's processors, set by the loop before each proposal
 
     def begin(self, prompt_ids: torch.Tensor, max_new_tokens: int, noise: PositionNoise | None = None) -> None:
         prompt_len = prompt_ids.shape[0]
@@ -126,6 +127,8 @@ class _Drafting:
             and float(logits.float().softmax(-1).max()) < drafter.stop_below
         ):
             return
+        if drafter.mask is not None:  # drafted under the row's grammar and controls, so q is what was drawn from
+            logits = drafter.mask(logits, self.tokens)
         token = drafter._draw(logits, self.output_start + len(self.tokens))
         self.tokens.append(token)
         self.rows.append(logits)

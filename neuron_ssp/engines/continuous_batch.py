@@ -24,7 +24,7 @@ import time
 import torch
 
 from neuron_ssp.backends.base import ModelBackend, Segment
-from neuron_ssp.drafters.base import Draft, LockStep, ReadsHiddenStates
+from neuron_ssp.drafters.base import Draft, Drafter, LockStep, ReadsHiddenStates, SamplesDrafts
 from neuron_ssp.engines.base import check_finite, check_room
 from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, SlotLoop
 from neuron_ssp.errors import Problem, RuntimeProblem
@@ -142,7 +142,9 @@ class ContinuousBatchLoop(SlotLoop):
             return
         seq = row.seq
         check_finite(logits, seq.length - 1, self.target)
-        seq.extend([draw(logits[-1], row.request.settings.sampling, row.noise)], logits=logits[-1:])
+        chosen = _processed(row, logits[-1:], [])
+        token = draw(chosen[0], row.request.settings.sampling, row.noise)
+        _committed(row, [token], seq.extend([token], logits=logits[-1:]))
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[-1], seq.last)
 
@@ -155,17 +157,20 @@ class ContinuousBatchLoop(SlotLoop):
             for row in rows
             if row.drafter is not None
         }
-        together = self._propose_together(asked)
+        forced = {row: _forced(row, tokens) for row, tokens in asked.items()}
+        drafting = {row: _drafting(row, asked[row], forced[row]) for row in asked}
+        together = self._propose_together(drafting, forced)
         for row in rows:
-            if row in together:
-                continue
-            begin = time.perf_counter()
-            row.draft = (
-                row.drafter.propose(row.seq.committed(), asked[row])
-                if row.drafter is not None and asked[row] > 0
-                else Draft.empty(self.target.vocab_size)
-            )
-            row.stats.time_draft_s += time.perf_counter() - begin
+            if row not in together:
+                begin = time.perf_counter()
+                row.draft = (
+                    _drafter_of(row, forced[row]).propose(_path(row, forced[row]), drafting[row])
+                    if row.drafter is not None and drafting[row] > 0
+                    else Draft.empty(self.target.vocab_size)
+                )
+                row.stats.time_draft_s += time.perf_counter() - begin
+            if row in forced:
+                row.draft = _cut(row, row.draft.after(forced[row]))
         if rows and self.cost is not None and all(row.policy.by_goodput for row in rows):
             chances = [row.policy.chances(row.draft, row.confidence) for row in rows]
             width = self.target.max_score_width
@@ -180,10 +185,10 @@ class ContinuousBatchLoop(SlotLoop):
             for row in rows:
                 row.draft = row.draft.prefix(row.policy.keep(row.draft, row.confidence))
 
-    def _propose_together(self, asked: dict[Row, int]) -> set[Row]:
+    def _propose_together(self, asked: dict[Row, int], forced: dict[Row, list[int]]) -> set[Row]:
         """Rows whose drafters draft in lock-step (base.LockStep: draft models, EAGLE heads) propose together, one
         draft call per drafted position for all of them; the rows that did. A row alone drafts through its own
-        propose."""
+        propose. `asked`: the tokens each row's drafter may draft after the grammar's `forced` ones."""
         groups: dict[object, list[Row]] = {}
         for row, tokens in asked.items():
             if tokens > 0 and isinstance(row.drafter, LockStep):
@@ -194,7 +199,7 @@ class ContinuousBatchLoop(SlotLoop):
                 continue
             begin = time.perf_counter()
             drafts = group[0].drafter.propose_together(  # type: ignore[union-attr]
-                [(row.drafter, row.seq.committed(), asked[row]) for row in group]
+                [(_drafter_of(row, forced[row]), _path(row, forced[row]), asked[row]) for row in group]
             )
             for row, draft in zip(group, drafts, strict=True):
                 row.draft = draft
@@ -207,16 +212,71 @@ class ContinuousBatchLoop(SlotLoop):
         seq, draft, settings = row.seq, row.draft, row.request.settings
         check_finite(logits, seq.length - 1, self.target)
         noise = row.noise.shifted(seq.generated_count)
+        judged = _processed(row, logits, draft.tokens.tolist())  # row j as if drafts 1..j were committed
         if len(draft) and settings.acceptor is not None:
-            tokens = accept(settings.acceptor, draft, logits, noise)
+            tokens = accept(settings.acceptor, draft, judged, noise)
         else:
-            tokens = [draw(logits[0], settings.sampling, noise)]
+            tokens = [draw(judged[0], settings.sampling, noise)]
         accepted = len(tokens) - 1
-        row.stats.record_call(len(draft), accepted, seq.extend(tokens, accepted, len(draft), logits))
+        kept = seq.extend(tokens, accepted, len(draft), logits)
+        _committed(row, tokens, kept)
+        row.stats.record_call(len(draft), accepted, kept)
         row.policy.observe(len(draft), accepted)
         if row.policy.uses_target_confidence:
             row.confidence = _confidence(logits[accepted], tokens[-1])
         return len(tokens)
+
+
+def _processed(row: Row, logits: torch.Tensor, path: list[int]) -> torch.Tensor:
+    """The rows the row draws from: its logits through its processors (grammar, controls) along `path`."""
+    return logits if row.processor is None else row.processor.process(logits, path)
+
+
+def _committed(row: Row, tokens: list[int], kept: int) -> None:
+    """The row's processors follow its committed tokens; a grammar that ended on EOS ends the row."""
+    if row.processor is not None:
+        row.processor.commit(tokens[:kept])
+        if row.processor.finished:
+            row.seq.done = True
+
+
+def _forced(row: Row, asked: int) -> list[int]:
+    """The tokens the row's grammar forces next, up to the `asked` drafts: the front of its proposal."""
+    if row.processor is None or not row.request.settings.forced_drafts or asked <= 0:
+        return []
+    return row.processor.forced()[:asked]
+
+
+def _drafting(row: Row, asked: int, forced: list[int]) -> int:
+    """How many tokens the drafter drafts behind the forced ones: none past uncommitted tokens for a drafter that
+    drafts from the target's hidden states (it has none for them)."""
+    if forced and isinstance(row.drafter, ReadsHiddenStates):
+        return 0
+    return asked - len(forced)
+
+
+def _path(row: Row, forced: list[int]) -> torch.Tensor:
+    committed = row.seq.committed()
+    return torch.cat([committed, torch.tensor(forced, dtype=committed.dtype)]) if forced else committed
+
+
+def _drafter_of(row: Row, forced: list[int]) -> Drafter:
+    """The row's drafter, told the row's processors when it samples (drafted under the mask, behind `forced`)."""
+    drafter, processor = row.drafter, row.processor
+    assert drafter is not None
+    if isinstance(drafter, SamplesDrafts):
+        drafter.mask = (
+            None
+            if processor is None
+            else (lambda logits, drafted: processor.process(logits.view(1, -1), forced + drafted)[0])
+        )
+    return drafter
+
+
+def _cut(row: Row, draft: Draft) -> Draft:
+    """A proposal up to its first token the row's grammar refuses: exact for point masses (the target would give
+    it probability 0), a no-op for a draft sampled under the mask."""
+    return draft if row.processor is None else draft.prefix(row.processor.valid_prefix(draft.tokens.tolist()))
 
 
 def _window(row: Row) -> Segment:

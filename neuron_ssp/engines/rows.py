@@ -29,10 +29,13 @@ from neuron_ssp.engines.base import (
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.policies import WindowPolicy
 from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.speculation.processors import RowProcessor
 from neuron_ssp.speculation.sampling import SamplingParams
 from neuron_ssp.speculation.stats import GenerationStats
 
 DrafterForSlot = Callable[[int], Drafter]  # the row's drafter, given its cache slot (a draft model's slot)
+# the row's logits processors (its grammar and sampling controls), fresh for each row, given its prompt
+ProcessorFor = Callable[[torch.Tensor], RowProcessor]
 
 
 @dataclass
@@ -49,7 +52,9 @@ class RowCallbacks:
 @dataclass
 class RowSettings:
     """How a request runs: its sampling and seed, and (our loop) its drafter, acceptor and window policy. `rng`: the
-    generator the acceptor and drafter draw from where they do not use the per-position noise, seeded per request."""
+    generator the acceptor and drafter draw from where they do not use the per-position noise, seeded per request.
+    `processor_for`: its grammar and sampling controls (speculation/processors.py), None when it has none;
+    `forced_drafts`: whether the tokens its grammar forces go at the front of each proposal."""
 
     sampling: SamplingParams = SamplingParams()
     seed: int = 0
@@ -57,6 +62,8 @@ class RowSettings:
     acceptor: TokenAcceptor | None = None
     policy: WindowPolicy | None = None
     rng: torch.Generator | None = None
+    processor_for: ProcessorFor | None = None
+    forced_drafts: bool = True
 
     def request(
         self,
@@ -103,6 +110,7 @@ class Row:
         self.policy = settings.policy or WindowPolicy(1)
         self.drafter = settings.drafter_for(slot) if settings.drafter_for is not None else None
         self.noise = PositionNoise(settings.seed)
+        self.processor = settings.processor_for(request.prompt_ids) if settings.processor_for is not None else None
         drafts = self.drafter is not None if speculates is None else speculates
         self.stats = GenerationStats(k=k if drafts else 1)
         self.started = time.perf_counter()

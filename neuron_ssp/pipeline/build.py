@@ -9,7 +9,7 @@ per-position noise a window cannot change a seeded output, so sampled and greedy
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -23,7 +23,7 @@ from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.embedded.heads import resolve_head_path
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.native import SpeculativeGenerator
-from neuron_ssp.engines.rows import Generator, RowSettings
+from neuron_ssp.engines.rows import Generator, ProcessorFor, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
 from neuron_ssp.speculation.call_cost import TIMED_ROWS, WidthCost, target_cost
@@ -93,11 +93,17 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
 
 
 def request_settings(
-    config: Config, sampling: SamplingConfig, draft: ModelBackend | None, shared: Shared
+    config: Config,
+    sampling: SamplingConfig,
+    draft: ModelBackend | None,
+    shared: Shared,
+    min_p: float = 0.0,
+    processor_for: ProcessorFor | None = None,
 ) -> RowSettings:
-    """How one request runs: `sampling`'s settings and seed, its own acceptor and window policy, and a drafter per
-    cache slot over the pipeline's shared models, cost, counts and drafter history."""
-    params = sampling_params(sampling)
+    """How one request runs: `sampling`'s settings (and its controls' `min_p`) and seed, its own acceptor and window
+    policy, a drafter per cache slot over the pipeline's shared models, cost, counts and drafter history, and its
+    grammar and sampling controls (`processor_for`, pipeline/controls.py)."""
+    params = replace(sampling_params(sampling), min_p=min_p)
     rng = torch.Generator(device=sampling_device(config))
     loaded = shared.drafter
 
@@ -121,6 +127,8 @@ def request_settings(
         build_acceptor(config.speculation.acceptor, params, rng),
         row_policy(config, shared),
         rng,
+        processor_for,
+        config.speculation.grammar_forced_drafts,
     )
 
 

@@ -18,6 +18,7 @@ from neuron_ssp.engines.native import plain_generate
 from neuron_ssp.engines.rows import Generator, RowCallbacks, RowLoop, RowRequest
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Shared, engine_controls_problems, refuse_unhonoured, request_settings
+from neuron_ssp.pipeline.controls import Grammars, processor_for, stop_ids
 from neuron_ssp.pipeline.prompt_length import PromptLimit, token_reach
 from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
@@ -155,17 +156,12 @@ class Pipeline:
         samples on the device, a grammar that does not compile), all at once: the server answers one 400 listing
         them before the request is queued."""
         problems = value_problems(controls, self.target.vocab_size) + engine_controls_problems(self.config, controls)
-        if problems:
-            return problems
-        return [
-            Problem(
-                name,
-                str(getattr(controls, name)),
-                "this build does not apply it inside the loop yet (issue 47 is under way)",
-                f"leave {name} out",
-            )
-            for name in controls.asked
-        ]
+        return problems or self.grammars.problems(controls)
+
+    @cached_property
+    def grammars(self) -> Grammars:
+        """The grammars compiled for this pipeline's tokenizer (each once per kind and source)."""
+        return Grammars(self.tokenizer, self.eos_token_ids, self.target.vocab_size)
 
     def row_request(
         self,
@@ -180,8 +176,10 @@ class Pipeline:
         problems = self.controls_problems(controls)
         if problems:
             raise UsageError(problems)
-        settings = request_settings(self.config, sampling, self.draft, self.shared)
-        return settings.request(prompt_ids, max_new_tokens, self.eos_token_ids, callbacks)
+        vocab, eos = self.target.vocab_size, self.eos_token_ids
+        processors = processor_for(controls, vocab, eos, self.grammars)
+        settings = request_settings(self.config, sampling, self.draft, self.shared, controls.min_p, processors)
+        return settings.request(prompt_ids, max_new_tokens, stop_ids(eos, controls), callbacks)
 
     def speculative(
         self, prompt: str, on_text: TextCallback | None = None, max_new_tokens: int | None = None

@@ -33,6 +33,7 @@ class Proposal(Protocol):
 
     match_len: int
     deterministic: bool
+    certain: int  # leading tokens the row's grammar forces: priced as certain, not evidence about the drafter
 
     def __len__(self) -> int: ...
 
@@ -95,6 +96,7 @@ class CostWindow:
         self.cost = cost
         self.model = model or AcceptanceModel()
         self._pending: list[Cell] = []
+        self._certain = 0
 
     def chances(self, draft: Proposal, target_confidence: float, asked: int) -> list[float]:
         """p_j for each drafted token the proposal may bring. `asked`: how many tokens the drafter was asked
@@ -102,13 +104,15 @@ class CostWindow:
         known before the tokens were drawn: the chances then run over the whole `asked`, and `settle` cuts
         what is kept to what came."""
         horizon = len(draft) if draft.deterministic else max(asked, len(draft))
-        self._pending = self.model.cells(target_confidence, draft.match_len, horizon)
-        return [self.model.chance(cell) for cell in self._pending]
+        self._certain = draft.certain
+        self._pending = self.model.cells(target_confidence, draft.match_len, horizon - draft.certain)
+        return [1.0] * draft.certain + [self.model.chance(cell) for cell in self._pending]
 
     def settle(self, draft: Proposal, chosen: int) -> int:
         """The window chosen for the last proposal (by this row alone or by the batch): what is kept of it."""
         kept = min(chosen, len(draft))
-        self._pending = self._pending[:kept]
+        self._certain = min(self._certain, kept)
+        self._pending = self._pending[: kept - self._certain]
         return kept
 
     def keep(self, draft: Proposal, target_confidence: float, asked: int) -> int:
@@ -117,6 +121,8 @@ class CostWindow:
         return self.settle(draft, best_window(chances, self.cost) - 1)
 
     def observe(self, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.model.record(self._pending[:drafted], accepted)
-        self._pending = []
+        """What the target kept; the drafter's tokens behind the forced ones are evidence, the forced ones not."""
+        certain = self._certain
+        if drafted > certain and accepted >= certain:
+            self.model.record(self._pending[: drafted - certain], accepted - certain)
+        self._pending, self._certain = [], 0

@@ -6,6 +6,7 @@ same transform, so every caller (plain decoding, drafters, acceptors) uses these
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # tokens below min_p x the top token's probability dropped (after temperature, as vLLM)
 
     @property
     def greedy(self) -> bool:
@@ -34,6 +36,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     # logits / temperature overflow leaves the argmax rather than NaN (inf - inf, 0 / 0)
     temperature = max(params.temperature, torch.finfo(logits.dtype).tiny)
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
+    if params.min_p > 0.0:  # p / p_max < min_p <=> (scaled logit - scaled max) < log(min_p)
+        logits = logits.masked_fill(logits < math.log(params.min_p), float("-inf"))
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
