@@ -16,8 +16,10 @@ import torch
 from conftest import TableBackend, backend, tiny_llama
 from grammar_support import EOS, LANGUAGE, REGEX, SCHEMA, TEXT, VOCAB, compiler, exact_outputs, oracle_allowed
 from lossless_support import chi_square_p_value
+from test_batching import SlotTables
 from test_lossless import OwnRandomnessAcceptor
 
+from neuron_ssp.backends.base import SlotView
 from neuron_ssp.drafters import Draft, ModelDrafter, NgramDrafter
 from neuron_ssp.drafters.base import point_masses
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
@@ -224,3 +226,127 @@ def test_constrained_ssp_with_a_sampled_draft_follows_constrained_plain_sampling
 
 class OwnRandomness(OwnRandomnessAcceptor):
     pass
+
+
+CONTROLS = {
+    "logit_bias": {"logit_bias": ((0, 2.0), (EOS, -1.5))},
+    "min_tokens": {"min_tokens": 4},
+    "repetition_penalty": {"repetition_penalty": 1.6},
+    "presence_penalty": {"presence_penalty": 1.2},
+    "frequency_penalty": {"frequency_penalty": 0.9},
+    "all": {"logit_bias": ((1, 1.0),), "min_tokens": 2, "repetition_penalty": 1.3, "frequency_penalty": 0.5},
+}
+
+
+@pytest.mark.parametrize("name", list(CONTROLS))
+def test_greedy_ssp_equals_plain_with_each_sampling_control(name):
+    target = TableBackend(VOCAB, 0)
+    draft = target.perturbed(0.8, seed=1)
+    for grammar in (None, REGEX):
+        make = processors(grammar, **CONTROLS[name])
+        plain = generate(target, settings(GREEDY, 0, processor_for=make), 16)
+        for drafter_for in (lambda slot: JunkDrafter(), lambda slot: ModelDrafter(draft, GREEDY, None)):
+            assert generate(target, settings(GREEDY, 0, drafter_for, processor_for=make), 16) == plain, grammar
+        without = generate(target, settings(GREEDY, 0), 16)
+        assert plain != without or grammar is None and name == "min_tokens"  # each control changes this output
+
+
+def test_min_tokens_masks_the_stop_ids_until_enough_tokens_came():
+    target = TableBackend(VOCAB, 0)
+    biased = processors(None, logit_bias=((EOS, 50.0),), min_tokens=3)
+    assert generate(target, settings(GREEDY, 0, lambda slot: JunkDrafter(), processor_for=biased), 10)[3:] == [EOS]
+
+
+def penalised_exact(table: torch.Tensor, controls: dict, new: int) -> dict[tuple[int, ...], float]:
+    vocab = table.shape[0]
+    """Plain sampling at temperature 1 with the penalties, written out without the processor: every output's
+    probability."""
+    rep, freq, pres = controls.get("repetition_penalty", 1.0), controls.get("frequency_penalty", 0.0), 0.0
+    found: dict[tuple[int, ...], float] = {}
+
+    def walk(tokens: tuple[int, ...], probability: float) -> None:
+        if len(tokens) == new:
+            found[tokens] = probability
+            return
+        context = PROMPT.tolist() + list(tokens)
+        logits = table[context[-2], context[-1]].double().clone()
+        counts = torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=vocab).double()
+        seen = counts > 0
+        seen[PROMPT] = True
+        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        logits = logits - freq * counts - pres * (counts > 0).double()
+        for token, p in enumerate(logits.softmax(-1).tolist()):
+            walk(tokens + (token,), probability * p)
+
+    walk((), 1.0)
+    return found
+
+
+def test_penalised_ssp_with_a_sampled_draft_follows_penalised_plain_sampling():
+    """Rejection sampling with its own randomness and a draft model drafting under the penalties: the distribution
+    of three-token outputs (every position jointly) is the penalised target's, computed without the processor."""
+    small = 6
+    target = TableBackend(small, 0)
+    draft = target.perturbed(0.8, seed=1)
+    controls = {"repetition_penalty": 1.8, "frequency_penalty": 1.0}
+    prompt = torch.tensor([2, 0, 1])
+    exact = penalised_exact(target.table, controls, 3)
+    asked = RequestControls(**controls)
+    outputs = Counter()
+    for seed in range(SAMPLES):
+        row = settings(
+            HOT,
+            seed,
+            lambda slot: ModelDrafter(draft, HOT, None),
+            OwnRandomness(HOT, torch.Generator().manual_seed(seed)),
+            lambda prompt_ids: RowProcessor(asked, small, prompt_ids, set(), set()),
+        )
+        outputs[tuple(ContinuousBatchLoop(target, K).run(RowRequest(prompt, 3, (), row)).tokens)] += 1
+    keys = sorted(exact)
+    observed = torch.tensor([outputs[key] for key in keys], dtype=torch.float64)
+    p = chi_square_p_value(observed, torch.tensor([exact[key] for key in keys], dtype=torch.float64))
+    assert p > ALPHA, p
+    plain_keys = penalised_exact(target.table, {}, 3)
+    unpenalised = torch.tensor([plain_keys[key] for key in keys], dtype=torch.float64)
+    assert chi_square_p_value(observed, unpenalised) <= ALPHA  # the test sees the penalties
+
+
+def test_a_row_with_a_grammar_in_a_batch_equals_the_same_row_alone():
+    """Rows beside it (with another grammar, with none, with penalties) change nothing of its tokens, greedy or
+    seeded; each equals its request alone."""
+    target = SlotTables(lambda: TableBackend(VOCAB, 0), 4)
+    draft = SlotTables(lambda: TableBackend(VOCAB, 0).perturbed(0.8, seed=1), 4)
+    prompts = [PROMPT, torch.tensor([5, 6, 7]), torch.tensor([13, 10]), torch.tensor([1, 1, 2, 0])]
+    makes = [processors(REGEX), processors(SCHEMA), None, processors(None, repetition_penalty=1.5)]
+
+    def request(i: int, params: SamplingParams) -> RowRequest:
+        drafter_for = lambda slot: ModelDrafter(SlotView(draft, slot), params, None)  # noqa: E731
+        return RowRequest(prompts[i], 14, {EOS}, settings(params, 7 + i, drafter_for, processor_for=makes[i]))
+
+    for params in (GREEDY, HOT):
+        loop = ContinuousBatchLoop(target, K)
+        rows = [loop.join(request(i, params)) for i in range(4)]
+        while loop.rows:
+            loop.step()
+        assert all(row.error is None for row in rows), [row.error for row in rows]
+        together = [row.seq.generated() for row in rows]
+        alone = [ContinuousBatchLoop(target, K).run(request(i, params)).tokens for i in range(4)]
+        assert together == alone
+        assert text_of(together[0]) in LANGUAGE or together[0][-1] != EOS
+
+
+def test_forced_tokens_lead_proposals_whose_other_drafts_are_rejected_and_rolled_back():
+    """The schema forces '{"ab": ' token by token (llguidance allows only that tokenization there, so the target
+    accepts forced drafts); junk drafts behind them are mostly rejected: the grammar rolls back to the accepted
+    tokens, and the output is constrained plain sampling's, with forced drafts or without."""
+    target = TableBackend(VOCAB, 0)
+    accepted = {True: 0, False: 0}
+    for seed in range(20):
+        plain = generate(target, settings(HOT, seed, processor_for=processors(SCHEMA)), 10)
+        for forced in (True, False):
+            junk = JunkDrafter(seed)
+            row = settings(HOT, seed, lambda slot, junk=junk: junk, processor_for=processors(SCHEMA), forced=forced)
+            result = ContinuousBatchLoop(target, K).run(RowRequest(PROMPT, 10, {EOS}, row))
+            assert result.tokens == plain
+            accepted[forced] += result.stats.accepted_tokens
+    assert accepted[True] >= accepted[False] + 20 * 2  # forced drafts accepted in every request
