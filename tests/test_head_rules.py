@@ -73,6 +73,14 @@ def test_nxdi_eagle3_needs_sequence_parallelism_and_buckets_that_are_no_window()
     assert "model_base.py:2878" in found["neuron.nxdi.context_encoding_buckets"]
 
 
+def test_the_sequence_parallel_fix_says_the_head_runs_with_it_too() -> None:
+    """The head runs with the target's sequence parallelism (backends/nxdi/api.py eagle_head, inference_demo.py:504-
+    518); a head without it fails context encoding at tp > 1 (tests/test_nxdi_shipped_tp2.py)."""
+    config = eagle(neuron={"library": "nxdi", "nxdi": {"sequence_parallel_enabled": False}})
+    (fix,) = [p.fix for p in validate_config(config).errors if p.field == "neuron.nxdi.sequence_parallel_enabled"]
+    assert "the head runs with it too" in fix and "runs without it" not in fix
+
+
 def test_vllm_neuron_runs_on_trn2_only_and_its_own_loop() -> None:
     found = errors(
         eagle("vllm-neuron", platform={"instance_type": "trn1.32xlarge"}, speculation={"policy": "adaptive"})

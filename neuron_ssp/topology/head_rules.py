@@ -177,8 +177,8 @@ def nxdi_head_problems(config: Config) -> list[Problem]:
                 "context encoding keeps them only with sequence parallelism (seq_parallel_slice_last_token at 4H, "
                 ":1439-1463): without it the last position is gathered at H wide (:964-976) and the lm_head gets "
                 "no columns",
-                "set neuron.nxdi.sequence_parallel_enabled: true (the head itself runs without it, as NxDI's feature "
-                "guide builds it)",
+                "set neuron.nxdi.sequence_parallel_enabled: true (the head runs with it too, as NxDI's demo builds "
+                "it, inference_demo.py:504-518: backends/nxdi/api.py eagle_head)",
             )
         )
     from neuron_ssp.topology.nxdi_graphs import nxdi_context_buckets  # the buckets NxDI compiles (defaults included)

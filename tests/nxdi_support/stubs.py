@@ -86,7 +86,14 @@ class _Argmax:
         return torch.argmax(tensor, dim=dim, keepdim=keepdim)
 
 
+# torch_xla's reduce-type names (pytorch/xla torch_xla/core/xla_model.py:29-34 at fa72136a): NxD's CPU collectives
+# map them to torch.distributed ops (neuronx_distributed/parallel_layers/comm.py:16-20 at fbac349b), which runs at
+# tp > 1 only: a stub per attribute read would be a new, unhashable-equal key each time.
+REDUCE_TYPES = {"REDUCE_SUM": "sum", "REDUCE_MUL": "mul", "REDUCE_AND": "and", "REDUCE_OR": "or", "REDUCE_MIN": "min"}
+REDUCE_TYPES["REDUCE_MAX"] = "max"
+
 EXECUTED: dict[str, dict[str, Any]] = {
+    "torch_xla.core.xla_model": REDUCE_TYPES,
     "torch_neuronx.xla_impl.ops": {"Argmax": _Argmax},
     "torch_neuronx.utils": {"get_platform_target": _platform_target},
     "torch_neuronx.utils.utils": {"get_platform_target": _platform_target, "SUPPORTED_TYPES": ()},

@@ -105,11 +105,32 @@ class NxdiApi:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# An EAGLE head's NeuronConfig beside its target's, as NxDI's feature guide builds it (aws-neuron-sdk 81ce03ae
-# feature-guide.rst:786-789: a copy of the target's with trace_tokengen_model True, enable_fused_speculation False,
-# is_eagle_draft True, sequence_parallel_enabled False) and with the target's speculation_length, which an EAGLE
-# draft keeps for its last draft run (inference_demo.py:512-514 at 4bcdc54b).
-EAGLE_DRAFT = {"is_eagle_draft": True, "sequence_parallel_enabled": False, "trace_tokengen_model": True}
+def eagle_head(target: dict[str, Any]) -> dict[str, Any]:
+    """The NeuronConfig switches that make a draft an EAGLE head beside a target built from `target` (its
+    arguments), besides the target's EAGLE switches and speculation_length, which an EAGLE head keeps for its last
+    draft run (inference_demo.py:512-514 at 4bcdc54b).
+
+    The head runs with the target's sequence parallelism, as NxDI's demo builds it (a copy of the target's config,
+    inference_demo.py:504-518); the feature guide's head without it is EAGLE-1's recipe. Under sequence parallelism
+    the target's taps reach the head sharded by sequence, (B, S/tp, 3H) (model_base.py:1432-1437); a head with it
+    gathers them (:1561-1565), a head without it joins its (B, S, H) embeddings to fc's (B, S/tp, H) (:1589-1592),
+    a shape error at tp > 1 (tests/test_nxdi_shipped_tp2.py). NxDI turns it off for the decoding graph itself
+    (:3093-3094), so it concerns context encoding only.
+    With it the head also takes cc_pipeline_tiling_factor 1. Below weight_gather_seq_len_threshold (32768 by
+    default, config.py:154) an EAGLE head keeps its embeddings whole (model_base.py:1500-1506), yet with any other
+    factor gathers them again (:1554-1559): (B, tp*S, H), the same shape error. That gather is left from a tiled
+    reduce-scatter that the docstring at :1495-1497 still describes and the code no longer has. The head's factor
+    goes nowhere else for a Llama head: the compiler flag is the wrapper's, from the target's config
+    (model_wrapper.py:86-92), and tile_cc (config.py:586-588) only tiles collectives of NKI MLP kernels."""
+    sequence_parallel = bool(target.get("sequence_parallel_enabled", False))
+    head: dict[str, Any] = {
+        "is_eagle_draft": True,
+        "sequence_parallel_enabled": sequence_parallel,
+        "trace_tokengen_model": True,
+    }
+    if sequence_parallel:
+        head["cc_pipeline_tiling_factor"] = 1
+    return head
 
 
 def switches(settings: NxdiSettings) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from typing import Any
 from neuron_ssp.backends.neuron.artifacts import LOCAL_CACHE, ArtifactSpec, ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.load import prepare_device
 from neuron_ssp.backends.nxdi.api import (
-    EAGLE_DRAFT,
     LNC,
     NxdiApi,
     continuous_batching,
+    eagle_head,
     eagle_switches,
     load_nxdi,
 )
@@ -141,15 +141,15 @@ def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
     """The fused NxDI application and its artifact spec. Greedy on device: NeuronFusedSpecModel asserts an
     on-device sampling config (model_base.py:1765) and forces the draft greedy (model_base.py:1635). A target
     batch_size above 1 builds both models for continuous batching (api.continuous_batching). With an EAGLE head
-    (drafter eagle / eagle3) target and head carry the EAGLE switches (api.eagle_switches, api.EAGLE_DRAFT)."""
+    (drafter eagle / eagle3) target and head carry the EAGLE switches (api.eagle_switches, api.eagle_head)."""
     api, config, greedy = models.api, models.config, {"do_sample": False, "top_k": 1}
     k, batch = config.speculation.k, continuous_batching(config.target.batch_size)
     head = eagle_switches(config.speculation.drafter)
-    draft = {**head, **EAGLE_DRAFT} if head else {}
+    target_kwargs = {**api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc), **batch, **head}
+    draft = {**head, **eagle_head(target_kwargs)} if head else {}
     draft_kwargs = {**api.neuron_config_kwargs(config, "draft", k if head else 0, lnc=models.lnc), **batch, **draft}
     draft_dir, target_dir = models.dirs.of("draft"), models.dirs.target
     draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
-    target_kwargs = {**api.neuron_config_kwargs(config, "target", k, fused=True, lnc=models.lnc), **batch, **head}
     neuron_config = api.neuron_config(target_kwargs, greedy)
     inference_config = api.inference_config(target_dir, neuron_config)
     inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)
