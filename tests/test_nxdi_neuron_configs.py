@@ -7,6 +7,7 @@ Runs in .venv-nxdi (`bash .ci/nxdi.sh`); skips elsewhere with the reason (tests/
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,24 @@ def built(case: ScaledCase) -> dict[str, Any]:
         app, _ = fused_application(models)
         return {"target": app.neuron_config, "draft": app.config.fused_spec_config.draft_config.neuron_config}
     return {role: models.application(role, k if role == "target" else 0)[0].neuron_config for role in plan.load_order}
+
+
+def test_no_neuron_config_we_build_has_an_argument_nxdi_does_not_know(
+    nxdi_stubs: list[str], cases: dict[str, ScaledCase], caplog: pytest.LogCaptureFixture
+) -> None:
+    """NxDI only logs an unknown NeuronConfig argument (config.py:639-640 at 4bcdc54b) and goes on without it."""
+    kinds = set()
+    with caplog.at_level(logging.WARNING):
+        for case in cases.values():
+            configs = built(case)
+            kinds |= {
+                "fused" if configs["target"].enable_fused_speculation else "target and draft",
+                "EAGLE head" if configs["draft"].is_eagle_draft else "draft model",
+                "continuous batching" if configs["target"].is_continuous_batching else "batch 1",
+            }
+    assert kinds == {"fused", "target and draft", "EAGLE head", "draft model", "continuous batching", "batch 1"}
+    logged = [record.getMessage() for record in caplog.records]
+    assert [message for message in logged if "Unexpected keyword arguments" in message] == []
 
 
 def test_the_eagle3_head_runs_with_the_targets_sequence_parallelism(

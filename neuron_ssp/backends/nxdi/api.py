@@ -121,13 +121,11 @@ def eagle_head(target: dict[str, Any]) -> dict[str, Any]:
     factor gathers them again (:1554-1559): (B, tp*S, H), the same shape error. That gather is left from a tiled
     reduce-scatter that the docstring at :1495-1497 still describes and the code no longer has. The head's factor
     goes nowhere else for a Llama head: the compiler flag is the wrapper's, from the target's config
-    (model_wrapper.py:86-92), and tile_cc (config.py:586-588) only tiles collectives of NKI MLP kernels."""
+    (model_wrapper.py:86-92), and tile_cc (config.py:586-588) only tiles collectives of NKI MLP kernels.
+    The feature guide's `trace_tokengen_model` is no NeuronConfig argument in 0.9.0: it is logged as unexpected
+    (config.py:639-640) and a deprecated getter answers for it (:771-780), so it is not passed."""
     sequence_parallel = bool(target.get("sequence_parallel_enabled", False))
-    head: dict[str, Any] = {
-        "is_eagle_draft": True,
-        "sequence_parallel_enabled": sequence_parallel,
-        "trace_tokengen_model": True,
-    }
+    head: dict[str, Any] = {"is_eagle_draft": True, "sequence_parallel_enabled": sequence_parallel}
     if sequence_parallel:
         head["cc_pipeline_tiling_factor"] = 1
     return head
