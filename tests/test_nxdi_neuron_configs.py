@@ -71,3 +71,12 @@ def test_the_eagle3_head_runs_with_the_targets_sequence_parallelism(
     target, head = configs["target"], configs["draft"]
     assert (target.is_eagle3, target.sequence_parallel_enabled, head.is_eagle_draft) == (True, True, True)
     assert (head.sequence_parallel_enabled, head.cc_pipeline_tiling_factor) == (True, 1)
+
+
+def test_the_eagle_head_is_not_itself_fused_as_in_nxdis_demo(
+    nxdi_stubs: list[str], cases: dict[str, ScaledCase]
+) -> None:
+    """`enable_eagle_speculation` turns fused speculation on (config.py:255-256); the demo turns it off again on the
+    head's copy of the target's config (inference_demo.py:515)."""
+    head = built(cases[EAGLE3])["draft"]
+    assert (head.enable_eagle_speculation, head.enable_fused_speculation) == (True, False)

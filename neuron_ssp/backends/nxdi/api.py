@@ -78,12 +78,21 @@ class NxdiApi:
             kwargs["enable_fused_speculation"] = True
         return kwargs
 
-    def neuron_config(self, kwargs: dict[str, Any], on_device_sampling: dict[str, Any] | None = None) -> Any:
+    def neuron_config(
+        self,
+        kwargs: dict[str, Any],
+        on_device_sampling: dict[str, Any] | None = None,
+        after_build: dict[str, Any] | None = None,
+    ) -> Any:
+        """NeuronConfig(**kwargs), then the attributes of `after_build` set on it (what NxDI derives at construction
+        and its demo overrides afterwards), every value read back."""
         extra = {}
         if on_device_sampling is not None:
             extra["on_device_sampling_config"] = self.config.OnDeviceSamplingConfig(**on_device_sampling)
         built = self.config.NeuronConfig(**kwargs, **extra)
-        check_applied(built, kwargs, self.version, self.family)
+        for name, value in (after_build or {}).items():
+            setattr(built, name, value)
+        check_applied(built, {**kwargs, **(after_build or {})}, self.version, self.family)
         return built
 
     def inference_config(self, model_dir: Path, neuron_config: Any) -> Any:
@@ -129,6 +138,14 @@ def eagle_head(target: dict[str, Any]) -> dict[str, Any]:
     if sequence_parallel:
         head["cc_pipeline_tiling_factor"] = 1
     return head
+
+
+# Set on an EAGLE head's NeuronConfig once built, as NxDI's demo sets it on the head's copy of the target's config
+# (inference_demo.py:515): `enable_eagle_speculation` turns fused speculation on at construction (config.py:255-256).
+# A head is a worker inside the target's fused model, not an application, and for a Llama head the flag is read only
+# on paths not built here (sliding windows, prefix caching: model_base.py:370, :768, :797; attention_base.py:243,
+# :2300); the wrappers read the target's config.
+EAGLE_HEAD_AFTER_BUILD = {"enable_fused_speculation": False}
 
 
 def switches(settings: NxdiSettings) -> dict[str, Any]:

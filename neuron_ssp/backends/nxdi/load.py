@@ -24,6 +24,7 @@ from typing import Any
 from neuron_ssp.backends.neuron.artifacts import LOCAL_CACHE, ArtifactSpec, ArtifactStore, artifact_spec
 from neuron_ssp.backends.neuron.load import prepare_device
 from neuron_ssp.backends.nxdi.api import (
+    EAGLE_HEAD_AFTER_BUILD,
     LNC,
     NxdiApi,
     continuous_batching,
@@ -149,7 +150,8 @@ def fused_application(models: NxdiModels) -> tuple[Any, ArtifactSpec]:
     draft = {**head, **eagle_head(target_kwargs)} if head else {}
     draft_kwargs = {**api.neuron_config_kwargs(config, "draft", k if head else 0, lnc=models.lnc), **batch, **draft}
     draft_dir, target_dir = models.dirs.of("draft"), models.dirs.target
-    draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy))
+    after_build = EAGLE_HEAD_AFTER_BUILD if head else None
+    draft_config = api.inference_config(draft_dir, api.neuron_config(draft_kwargs, greedy, after_build))
     neuron_config = api.neuron_config(target_kwargs, greedy)
     inference_config = api.inference_config(target_dir, neuron_config)
     inference_config.fused_spec_config = api.fused_spec_config(draft_dir, draft_config)
