@@ -48,6 +48,43 @@ def test_the_tutorial_config_renders_the_tutorials_command() -> None:
     assert "num_speculative_tokens" in command_text(load_config(TUTORIAL))
 
 
+# Above the tutorial's 2 rows ("Higher values require additional decode batch-bucket coverage", tutorial :59-60): the
+# decode batch buckets (`num_seqs_buckets`, features-guide.md:70) in the current plugin's --additional-config form,
+# as AWS's GPT-OSS EAGLE-3 tutorial passes them (tutorial-eagle3-speculative-decoding-gpt-oss.md:203-207), the
+# largest equal to --max-num-seqs (reference-configuration.md:49); all at aws-neuron-sdk 81ce03ae vllm-neuron/docs.
+FOUR_ROWS_ARGS = [
+    "vllm",
+    "serve",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "--tensor-parallel-size",
+    "8",
+    "--max-num-seqs",
+    "4",
+    "--max-model-len",
+    "2048",
+    "--dtype",
+    "bfloat16",
+    "--no-enable-prefix-caching",
+    "--additional-config",
+    '{"neuron_config": {"num_seqs_buckets": [1, 2, 4]}}',
+    "--speculative-config",
+    '{"method": "eagle3", "model": "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3", "num_speculative_tokens": 3}',
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "8000",
+]
+
+
+def test_more_rows_than_the_tutorial_render_the_decode_batch_buckets() -> None:
+    assert vllm_serve_args(load_config(TUTORIAL, {"target.batch_size": 4, "draft.batch_size": 4})) == FOUR_ROWS_ARGS
+    six = vllm_serve_args(load_config(TUTORIAL, {"target.batch_size": 6, "draft.batch_size": 6}))
+    extra = json.loads(six[six.index("--additional-config") + 1])
+    assert extra == {"neuron_config": {"num_seqs_buckets": [1, 2, 4, 6]}}
+    assert "--override-neuron-config" not in six  # the old NxDI-based plugin's flag (migration :93-103)
+    assert {a for a in six if a.startswith("--")} <= set(VLLM_FLAGS)
+
+
 def test_k_is_the_window_and_no_head_is_the_baseline() -> None:
     spec = json.loads(vllm_serve_args(load_config(TUTORIAL, {"speculation.k": 6}))[13])
     assert spec["num_speculative_tokens"] == 5

@@ -11,6 +11,12 @@ tutorial passes them (vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-dec
   number of speculative tokens" (Field gt=0), `model` "The name of the draft model, eagle head", `method` one of
   SpeculativeMethod, "eagle3" among them); vllm-neuron takes method eagle3 only (speculative_decoding_design.md:77).
   Our k is the window: k - 1 drafted tokens (DESIGN "Meaning of k"), so AWS's 3 speculative tokens are k 4;
+- above the tutorial's two rows, which "require additional decode batch-bucket coverage" (tutorial :59-60), the
+  decode batch buckets (`num_seqs_buckets`, guides/features-guide.md:70) in the current plugin's form,
+  `--additional-config '{"neuron_config": {...}}'` (migration-nxdi-to-vllm-neuron.md:93-103; the old NxDI-based
+  plugin's `--override-neuron-config` is gone), as AWS's GPT-OSS EAGLE-3 tutorial passes them
+  (tutorial-eagle3-speculative-decoding-gpt-oss.md:203-207): powers of two below --max-num-seqs, then
+  --max-num-seqs itself, which must be the largest (guides/reference-configuration.md:49);
 - `--host`, `--port`, `--served-model-name` from serve:. SageMaker: 0.0.0.0:8080, where vLLM's server answers
   /ping and /invocations (vllm/entrypoints/sagemaker/api_router.py:49-55, :57-69 at 09cb327f). The API key is never on
   the command line: `VLLM_API_KEY` is set from serve.api_key_env's variable in the server's environment.
@@ -41,10 +47,12 @@ VLLM_FLAGS = {
     "--no-enable-prefix-caching": f"{_TUTORIAL}:181",
     "--speculative-config": f"{_TUTORIAL}:182-186; vLLM SpeculativeConfig (vllm/config/speculative.py)",
     "--port": f"{_TUTORIAL}:187",
+    "--additional-config": "tutorial-eagle3-speculative-decoding-gpt-oss.md:203-207; reference-configuration.md:49",
     "--dtype": "vLLM EngineArgs.dtype (vllm/engine/arg_utils.py)",
     "--host": "vLLM's OpenAI server --host (vllm/entrypoints/openai/cli_args.py)",
     "--served-model-name": "vLLM EngineArgs.served_model_name (vllm/engine/arg_utils.py)",
 }
+TUTORIAL_MAX_NUM_SEQS = 2  # the decode concurrency AWS's EAGLE-3 tutorial compiles and measured (:52-60)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # ours (serve:), also vLLM's default port
 SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # noqa: S104  (SageMaker's container contract)
 
@@ -54,6 +62,23 @@ def speculative_config(config: Config) -> dict[str, Any] | None:
     if config.speculation.drafter != "eagle3" or config.draft is None:
         return None
     return {"method": "eagle3", "model": config.draft.path, "num_speculative_tokens": config.speculation.k - 1}
+
+
+def additional_config(config: Config) -> dict[str, Any] | None:
+    """vllm-neuron's --additional-config: the decode batch buckets once --max-num-seqs passes the tutorial's 2,
+    each row count up to it with a compiled decode graph (warmup compiles one per bucket, with speculation one
+    verifying (1 + num_speculative_tokens) tokens a row: speculative_decoding_design.md, "Warmup with Speculation
+    Enabled"). None at 2 or fewer rows: the tutorial's own command."""
+    rows = config.target.batch_size
+    if rows <= TUTORIAL_MAX_NUM_SEQS:
+        return None
+    return {"neuron_config": {"num_seqs_buckets": decode_batch_buckets(rows)}}
+
+
+def decode_batch_buckets(max_num_seqs: int) -> list[int]:
+    """Powers of two below `max_num_seqs`, then `max_num_seqs` (reference-configuration.md:49)."""
+    buckets = [1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs]
+    return [*buckets, max_num_seqs]
 
 
 def listen(config: Config) -> tuple[str, int]:
@@ -81,6 +106,9 @@ def vllm_serve_args(config: Config) -> list[str]:
         DTYPES[target.dtype],
         "--no-enable-prefix-caching",
     ]
+    extra = additional_config(config)
+    if extra is not None:
+        args += ["--additional-config", json.dumps(extra)]
     spec = speculative_config(config)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
