@@ -108,6 +108,8 @@ def test_cli(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "widened from 40 to 97" in result.output
+    assert "read by NxD Inference, vLLM, neuron-ssp; not by SGLang or SafeAILab/EAGLE" in result.output
+    assert f"give them the original head {tmp_path / 'head'}" in result.output
     missing = CliRunner().invoke(main, ["prepare-draft", str(tmp_path / "nope"), "--target", str(target), "--out", "x"])
     assert missing.exit_code == 2 and "directory does not exist" in missing.output
 

@@ -27,11 +27,14 @@ def prepare_draft(head: str, target: str, out_dir: Path, dtype: str | None) -> N
 
     from neuron_ssp.embedded.heads import resolve_head_path
     from neuron_ssp.embedded.models import resolve_model_path
+    from neuron_ssp.tools.prepare_draft import NOT_READ_BY, READ_BY
     from neuron_ssp.tools.prepare_draft import prepare_draft as prepare
 
     head_dir, target_dir = resolve_head_path(head, "HEAD"), resolve_model_path(target, "--target")
     prepared = prepare(head_dir, target_dir, out_dir, getattr(torch, DTYPES[dtype]) if dtype else None)
     click.echo(
         f"prepared {prepared.directory}: lm_head widened from {prepared.draft_vocab_size} to {prepared.vocab_size} "
-        f"tokens, embedding {prepared.embedding}; set draft.path: {prepared.directory}"
+        f"tokens, embedding {prepared.embedding}; set draft.path: {prepared.directory}\n"
+        f"read by {', '.join(READ_BY)}; not by {' or '.join(NOT_READ_BY)}, which read the layer as midlayer.* "
+        f"only and would drop it silently: give them the original head {head_dir}"
     )

@@ -13,7 +13,12 @@ reader) carries neither the target's embedding nor an lm_head over the whole voc
   verifies every one of them: the output is the target's either way;
 - the decoder layer under NxDI's names, `layers.0.*` (its Llama model has `layers`; only the padded-hidden path
   renames `midlayer`, modeling_llama.py:1284), d2t / t2d dropped, config.json's draft_vocab_size = vocab_size.
-The result is still a standard EAGLE-3 checkpoint of a full-vocabulary head (eagle_checkpoint reads `layers.0.*`).
+Who reads the result (tests/test_eagle_head_format.py holds each loader's naming rules against it): NxD Inference;
+vLLM, whose load_weights renames `midlayer.` to `layers.0.` and so takes either (llama_eagle3.py at 00bd1493); and
+neuron-ssp's own reader. SGLang looks for the layer as `midlayer.*` only and drops a name it does not know without a
+word (llama_eagle3.py `load_weights` at 03d5a777), and SafeAILab/EAGLE loads with load_state_dict(strict=False)
+(eagle/model/ea_model.py:76 at 148042c5): both would run the prepared head with a random layer. Serve the original
+head there; it is the standard checkpoint.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from neuron_ssp.drafters.eagle_checkpoint import (
 from neuron_ssp.errors import Problem, UsageError
 
 NXDI_LAYER = "layers.0."
+READ_BY = ("NxD Inference", "vLLM", "neuron-ssp")
+NOT_READ_BY = ("SGLang", "SafeAILab/EAGLE")  # they read the layer as midlayer.* only and drop layers.0.* silently
 
 
 @dataclass(frozen=True)
