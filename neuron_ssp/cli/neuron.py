@@ -285,6 +285,7 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "neuron_stack_warning": stack_warning(versions),
         "transformers_neuronx": library,
         "nxdi": _nxdi_status(devices.instance_type),
+        "structured_output": _structured_output_status(),
         "python_env": venv,
         "dlami_venv": is_dlami_venv,
         "dlami_venv_on_disk": Path(DLAMI_VENV).is_dir(),
@@ -292,6 +293,18 @@ def doctor_report(instance_type: str | None, configs_dir: Path, usable_commands:
         "configs": _config_fits(configs_dir, devices.instance_type, library.get("kv_rule", KV_PADDING)),
         "works_here": usable_commands if not devices.present else usable_commands + sorted(NEEDS_NEURON),
     }
+
+
+def _structured_output_status() -> dict[str, Any]:
+    """Whether grammars (response_format, tools, ...) run here: llguidance imports, and the glibc its wheel needs."""
+    from neuron_ssp.speculation.grammar import glibc_version, grammar_support_problem
+
+    found = glibc_version()
+    problem = grammar_support_problem("structured output")
+    status: dict[str, Any] = {"usable": problem is None, "glibc": ".".join(map(str, found)) if found else None}
+    if problem is not None:
+        status.update(problem=problem.rule, fix=problem.fix)
+    return status
 
 
 def _library_status() -> dict[str, Any]:
@@ -436,6 +449,12 @@ def print_doctor(console: Console, report: dict[str, Any]) -> None:
         # soft_wrap: a command split over two lines does not paste into a shell
         console.print(f"  fix: {library['fix']}", soft_wrap=True, markup=False, highlight=False)
     print_nxdi(console, report["nxdi"])
+    grammar = report["structured_output"]
+    if grammar["usable"]:
+        console.print(f"structured output (llguidance) usable (glibc {grammar['glibc']})")
+    else:
+        console.print(f"structured output: [yellow]{escape(grammar['problem'])}[/yellow]")
+        console.print(f"  fix: {grammar['fix']}", soft_wrap=True, markup=False, highlight=False)
     venv_note = (
         "the DLAMI transformers-neuronx venv"
         if report["dlami_venv"]

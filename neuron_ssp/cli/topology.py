@@ -19,6 +19,7 @@ from neuron_ssp.cli.config_show import effective_dict, effective_yaml
 from neuron_ssp.config import Config, ResolvedConfig, fallback_problems, load_config, resolve_config
 from neuron_ssp.deploy.vllm_neuron import command_text
 from neuron_ssp.errors import UsageError
+from neuron_ssp.pipeline.controls import serving_notes
 from neuron_ssp.topology import (
     DeploymentPlan,
     ModelPlan,
@@ -261,6 +262,7 @@ def _validate_file(path: Path, neuronx_version: str | None) -> tuple[ValidationR
         resolved.config, _kv_rule(neuronx_version), neuronx_generation=_generation(neuronx_version)
     )
     report.warnings.extend(fallback_problems(resolved))
+    report.warnings.extend(serving_notes(resolved.config))
     return report, resolved
 
 

@@ -203,29 +203,35 @@ def refuse_unhonoured(config: Config, sampling: SamplingConfig) -> None:
 
 
 def engine_controls_problems(config: Config, controls: RequestControls) -> list[Problem]:
-    """What the engine cannot run of a request's controls: only our loop (engine native) samples on the host, where
-    a row's logits can be processed; transformers-neuronx's loops (library: its SpeculativeGenerator.sample draws
-    the draft's and the target's tokens itself; fused: on the device) and NxD Inference's fused graph (on-device
-    sampling) never show us a row's logits before its token is chosen."""
-    engine = config.speculation.engine
-    if engine == "native" or not controls.asked:
+    """What the engine cannot run of a request's controls (`controls_refusal`), each naming the request's field."""
+    why = controls_refusal(config)
+    if why is None or not controls.asked:
         return []
-    where = (
-        "NxD Inference's fused speculation samples on the device"
-        if engine == "fused" and config.neuron.library == "nxdi"
-        else "transformers-neuronx's fused decoder samples on the device"
-        if engine == "fused"
-        else "transformers-neuronx's own loop (SpeculativeGenerator.sample) draws the tokens itself"
-    )
+    engine = config.speculation.engine
     return [
         Problem(
             name if name != "grammar" or controls.grammar is None else controls.grammar.field,
             _shown(getattr(controls, name)),
-            f"engine {engine} cannot apply it: {where}, so no row's logits can be changed before its token is chosen",
+            f"engine {engine} cannot apply it: {why}, so no row's logits can be changed before its token is chosen",
             f"leave {name} out, or serve with speculation.engine: native (our loop samples on the host, on Neuron too)",
         )
         for name in controls.asked
     ]
+
+
+def controls_refusal(config: Config) -> str | None:
+    """Why the engine refuses every grammar and sampling control, or None (engine native). Only our loop samples on
+    the host, where a row's logits can be processed; transformers-neuronx's loops (library: its
+    SpeculativeGenerator.sample draws the draft's and the target's tokens itself; fused: on the device) and NxD
+    Inference's fused graph (on-device sampling) never show us a row's logits before its token is chosen."""
+    engine = config.speculation.engine
+    if engine == "native":
+        return None
+    if engine == "fused" and config.neuron.library == "nxdi":
+        return "NxD Inference's fused speculation samples on the device"
+    if engine == "fused":
+        return "transformers-neuronx's fused decoder samples on the device"
+    return "transformers-neuronx's own loop (SpeculativeGenerator.sample) draws the tokens itself"
 
 
 def _shown(value: object) -> object:

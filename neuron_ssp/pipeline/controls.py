@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
+from neuron_ssp.config import Config
 from neuron_ssp.engines.rows import ProcessorFor
 from neuron_ssp.errors import Problem
+from neuron_ssp.pipeline.build import controls_refusal
 from neuron_ssp.speculation.controls import RequestControls
 from neuron_ssp.speculation.grammar import GrammarCompiler, grammar_support_problem
 from neuron_ssp.speculation.processors import RowProcessor
@@ -71,3 +73,25 @@ def processor_for(
         return RowProcessor(controls, vocab_size, prompt_ids, ends, eos_token_ids, matcher)
 
     return make
+
+
+def serving_notes(config: Config) -> list[Problem]:
+    """What `validate` says of structured output and the sampling controls for a config: which requests its engine
+    refuses, and whether grammars can run on this machine."""
+    notes = []
+    why = controls_refusal(config)
+    if why is not None:
+        notes.append(
+            Problem(
+                "speculation.engine",
+                config.speculation.engine,
+                "requests with a grammar (response_format, tools, structured_outputs, guided_*) or sampling controls "
+                f"(logit_bias, min_tokens, ignore_eos, stop_token_ids, penalties, min_p) are refused with a 400: {why}",
+                "serve with speculation.engine: native to take them (our loop samples on the host, with both Neuron "
+                "libraries too)",
+            )
+        )
+    unsupported = grammar_support_problem("structured output")
+    if unsupported is not None:
+        notes.append(unsupported)
+    return notes

@@ -163,7 +163,7 @@ class GrammarCompiler:
         return GrammarMatcher(result.matcher.deep_copy(), self.vocab_size, self.eos_token_ids)
 
 
-def first_lines(text: str, lines: int = 3) -> str:
+def first_lines(text: str, lines: int = 5) -> str:
     return " / ".join(line.strip() for line in text.strip().splitlines()[:lines])
 
 
@@ -179,8 +179,10 @@ class GrammarMatcher:
         self._matcher = matcher
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
-        self._eos_only = torch.zeros(vocab_size, dtype=torch.bool)
-        self._eos_only[sorted(self.eos_token_ids)] = True
+        self._bytes = (vocab_size + 7) // 8
+        eos_only = np.zeros(self._bytes * 8, dtype=np.uint8)
+        eos_only[sorted(self.eos_token_ids)] = 1
+        self._eos_only = np.packbits(eos_only, bitorder="little")
 
     def allowed(self, path: list[int]) -> torch.Tensor:
         """(vocab_size,) bool: the tokens the grammar allows after the committed tokens and `path` (tokens the
@@ -190,6 +192,13 @@ class GrammarMatcher:
     def allowed_along(self, path: list[int], rows: int) -> torch.Tensor:
         """(rows, vocab_size) bool: the masks after the committed tokens and path[:len(path) - rows + 1 + j] for
         row j, each from the state after the tokens before it (never from an un-advanced state)."""
+        words = self.words_along(path, rows)
+        bits = np.unpackbits(words, axis=1, count=self.vocab_size, bitorder="little")
+        return torch.from_numpy(bits).view(torch.bool)
+
+    def words_along(self, path: list[int], rows: int) -> np.ndarray:
+        """`allowed_along` packed as llguidance gives it: (rows, ceil(vocab_size / 8)) uint8, token t at bit t % 8
+        (low bit first) of byte t // 8, ids past the tokenizer's vocabulary 0."""
         first = len(path) - rows + 1
         ends = next((i for i, token in enumerate(path) if token in self.eos_token_ids), len(path))
         consumed = 0
@@ -203,11 +212,11 @@ class GrammarMatcher:
                 while consumed < before:
                     self._consume(path[consumed])
                     consumed += 1
-                masks.append(self._mask())
+                masks.append(self._words())
         finally:
             if consumed:
                 self._matcher.rollback(consumed)
-        return torch.stack(masks)
+        return np.stack(masks)
 
     def _consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):
@@ -239,9 +248,19 @@ class GrammarMatcher:
         """Nothing but EOS can follow (the grammar is complete, or it ended on an EOS)."""
         return bool(self._matcher.is_stopped())
 
-    def _mask(self) -> torch.Tensor:
-        bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
-        width = min(self.vocab_size, bits.shape[0])
-        mask[:width] = torch.from_numpy(bits[:width].astype(bool))
-        return mask
+    def _words(self) -> np.ndarray:
+        words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)[: self._bytes]
+        if words.shape[0] < self._bytes:  # ids past the tokenizer's vocabulary: never allowed
+            words = np.concatenate([words, np.zeros(self._bytes - words.shape[0], dtype=np.uint8)])
+        if self.vocab_size % 8:
+            words = words.copy()
+            words[-1] &= (1 << (self.vocab_size % 8)) - 1
+        return words
+
+
+def set_ids(words: np.ndarray) -> np.ndarray:
+    """The ids of the bits set in a packed mask (token t at bit t % 8 of byte t // 8), found byte-wise: a mask is
+    mostly zero bytes (or, inverted, mostly full ones), so this touches few of its 49,152 bits."""
+    at = np.flatnonzero(words)
+    rows, bits = np.nonzero(np.unpackbits(words[at][:, None], axis=1, bitorder="little"))
+    return at[rows] * 8 + bits

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
 import torch
 
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.controls import RequestControls
-from neuron_ssp.speculation.grammar import GrammarMatcher
+from neuron_ssp.speculation.grammar import GrammarMatcher, set_ids
 
 
 class RowProcessor:
@@ -57,8 +58,10 @@ class RowProcessor:
         """(n, V) logits -> processed copies; row j was scored after the committed tokens and
         path[:len(path) - n + 1 + j] (a window: n = len(path) + 1; a draft's next token: n = 1)."""
         rows = logits.shape[0]
-        out = logits.float().clone()
+        out = logits.float()
         first = len(path) - rows + 1  # path tokens before row 0
+        if len(self._bias_ids) or self.controls.min_tokens:
+            out = out.clone()
         if len(self._bias_ids):
             out[:, self._bias_ids] += self._bias.to(out.device)
         if self.controls.min_tokens and len(self._stop_ids):
@@ -68,24 +71,29 @@ class RowProcessor:
         if self._penalised:
             out = self._penalise(out, path, first)
         if self.grammar is not None:
-            allowed = self.grammar.allowed_along(path, rows).to(out.device)
-            if not bool(allowed.any(-1).all()):
-                raise RuntimeProblem(
-                    Problem(
-                        grammar_field(self.controls),
-                        self.controls.grammar.kind if self.controls.grammar else None,
-                        "the grammar allows no token of this model's vocabulary here (a character or string it "
-                        "requires has no token)",
-                        "write the grammar with text this tokenizer can spell",
-                    )
-                )
-            masked = out.masked_fill(~allowed, float("-inf"))
-            # where min_tokens left the grammar nothing (it can only end here), the grammar wins: a row must draw
-            empty = masked.isneginf().all(-1)
-            if bool(empty.any()):
-                masked[empty] = logits.float()[empty].masked_fill(~allowed[empty], float("-inf"))
-            out = masked
+            out = self._masked(out, logits, path, rows)
         return out
+
+    def _masked(self, out: torch.Tensor, logits: torch.Tensor, path: list[int], rows: int) -> torch.Tensor:
+        """The grammar's masks along the path applied (-inf where it refuses). A mask is mostly one value (a few
+        tokens allowed in JSON's structure, nearly all inside a string), so each row is written through the short
+        list of ids: torch's dense bool ops cost ~0.3 ms a row on the embedded model's 49,152 tokens."""
+        words = self.grammar.words_along(path, rows)  # type: ignore[union-attr]
+        if not bool(words.any(-1).all()):
+            raise RuntimeProblem(
+                Problem(
+                    grammar_field(self.controls),
+                    self.controls.grammar.kind if self.controls.grammar else None,
+                    "the grammar allows no token of this model's vocabulary here (a character or string it requires "
+                    "has no token)",
+                    "write the grammar with text this tokenizer can spell",
+                )
+            )
+        masked = torch.stack([_through(out[j], words[j]) for j in range(rows)])
+        if self.controls.min_tokens:  # where min_tokens left the grammar nothing (it can only end here), it wins
+            for j in masked.isneginf().all(-1).nonzero().flatten().tolist():
+                masked[j] = _through(logits[j].float(), words[j])
+        return masked
 
     def _penalise(self, out: torch.Tensor, path: list[int], first: int) -> torch.Tensor:
         controls = self.controls
@@ -132,3 +140,17 @@ class RowProcessor:
 
 def grammar_field(controls: RequestControls) -> str:
     return controls.grammar.field if controls.grammar is not None else "grammar"
+
+
+def _through(row: torch.Tensor, words: np.ndarray) -> torch.Tensor:
+    """`row` where the packed mask `words` allows, -inf elsewhere, written through whichever id list is shorter."""
+    full = int(np.count_nonzero(words == 0xFF))
+    if 2 * full * 8 <= row.shape[0]:  # few tokens allowed: copy them into a row of -inf
+        ids = torch.from_numpy(set_ids(words)).to(row.device)
+        out = torch.full_like(row, float("-inf"))
+        out[ids] = row[ids]
+        return out
+    refused = set_ids(~words)
+    out = row.clone()
+    out[torch.from_numpy(refused[refused < row.shape[0]]).to(row.device)] = float("-inf")
+    return out
