@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.speculation.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,17 @@ class SamplesDrafts(Protocol):
     row's processors for this proposal (`mask`, None when the row has none) before it proposes."""
 
     mask: DraftMask | None
+
+
+@runtime_checkable
+class PerRow(Protocol):
+    """A drafter with state per request (a draft model's or a head's cache slot, a suffix tree over the request):
+    the pipeline's loaded one makes each row's over the same models and shared history."""
+
+    def for_row(self, slot: int, sampling: SamplingParams, rng: torch.Generator | None) -> Drafter:
+        """The drafter of a row in cache slot `slot`, drawing with the request's `sampling` (and `rng` where it
+        does not use the per-position noise)."""
+        ...
 
 
 DraftRequest = tuple[Drafter, torch.Tensor, int]  # a row's drafter, its committed tokens, the most to draft

@@ -27,6 +27,7 @@ from neuron_ssp.drafters.ngram import NgramDrafter
 from neuron_ssp.speculation.call_cost import WidthCost
 from neuron_ssp.speculation.cost_policy import AcceptanceModel, Cell
 from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.speculation.sampling import SamplingParams
 
 CONFIDENCE = 0.5  # the drafter does not see the target's confidence: the middle class
 
@@ -91,6 +92,10 @@ class LookupOrHead:
     @mask.setter
     def mask(self, mask: DraftMask | None) -> None:
         self.head.mask = mask
+
+    def for_row(self, slot: int, sampling: SamplingParams, rng: torch.Generator | None) -> LookupOrHead:
+        """The head's slot of the row, beside prompt lookup, with the shared choice."""
+        return LookupOrHead(self.lookup, self.head.for_row(slot, sampling, rng), self.choice)
 
     def finish(self, sequence: torch.Tensor) -> None:
         self._learn(sequence)

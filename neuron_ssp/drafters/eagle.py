@@ -160,6 +160,10 @@ class EagleDrafter:
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         return propose_together([(self, sequence, max_tokens)])[0]
 
+    def for_row(self, slot: int, sampling: SamplingParams, rng: torch.Generator | None) -> EagleDrafter:
+        """The head's cache slot of the row."""
+        return EagleDrafter(self.model, slot, sampling, rng, self.stop_below)
+
     def finish(self, sequence: torch.Tensor) -> None:
         """A head learns nothing across requests."""
 

@@ -198,7 +198,7 @@ def check_tensors(checkpoint: EagleCheckpoint, file: str) -> list[Problem]:
     """Every tensor present with its shape and kind, nothing unknown, and d2t / t2d a consistent map."""
     config, tensors = checkpoint.config, checkpoint.tensors
     expected = tensor_shapes(config)
-    optional = {name: shape(config) for name, shape in OPTIONAL_SHAPES.items()}
+    optional: dict[str, tuple[int, ...]] = {name: shape(config) for name, shape in OPTIONAL_SHAPES.items()}
     problems = []
     for name, shape in expected.items():
         if name not in tensors:
@@ -211,8 +211,8 @@ def check_tensors(checkpoint: EagleCheckpoint, file: str) -> list[Problem]:
                 )
             )
     for name, tensor in tensors.items():
-        shape = expected.get(name) or optional.get(name)
-        if shape is None:
+        wanted = expected.get(name) or optional.get(name)
+        if wanted is None:
             problems.append(
                 Problem(
                     f"{file}:{name}",
@@ -222,12 +222,12 @@ def check_tensors(checkpoint: EagleCheckpoint, file: str) -> list[Problem]:
                     "remove it, or use a head of the standard EAGLE-3 layout",
                 )
             )
-        elif tuple(tensor.shape) != shape:
+        elif tuple(tensor.shape) != wanted:
             problems.append(
                 Problem(
                     f"{file}:{name}",
                     list(tensor.shape),
-                    f"must have shape {list(shape)} for the sizes in config.json",
+                    f"must have shape {list(wanted)} for the sizes in config.json",
                     "make config.json's sizes match the weights (hidden_size, heads, intermediate_size, "
                     "draft_vocab_size, vocab_size)",
                 )

@@ -51,6 +51,9 @@ class EagleHead(torch.nn.Module):
     """The head in fp32. `embedding`: the target's token embedding (V x H), shared and frozen; a checkpoint's own
     `embed_tokens.weight` is used where it carries one."""
 
+    embed: torch.Tensor  # buffers, registered in __init__
+    target_ids: torch.Tensor
+
     def __init__(self, config: EagleConfig, embedding: torch.Tensor):
         super().__init__()
         self.config = config

@@ -63,6 +63,10 @@ class ModelDrafter:
     def propose(self, sequence: torch.Tensor, max_tokens: int) -> Draft:
         return propose_together([(self, sequence, max_tokens)])[0]
 
+    def for_row(self, slot: int, sampling: SamplingParams, rng: torch.Generator | None) -> ModelDrafter:
+        """The draft model's cache slot of the row."""
+        return ModelDrafter(SlotView(self.backend, slot), sampling, rng, self.stop_below)
+
     def finish(self, sequence: torch.Tensor) -> None:
         """A draft model learns nothing across requests; the row's slot of a batched draft backend is released."""
         if isinstance(self.backend, SlotView):

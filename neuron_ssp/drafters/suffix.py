@@ -38,6 +38,7 @@ from neuron_ssp.drafters.suffix_store import HistoryFile, HistoryFileError
 from neuron_ssp.drafters.suffix_tree import DraftPath, SuffixTree
 from neuron_ssp.errors import Problem
 from neuron_ssp.speculation.position_noise import PositionNoise
+from neuron_ssp.speculation.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,10 @@ class SuffixDrafter:
         local = self._local.speculate(context, max_tokens, s.max_spec_factor, s.min_token_prob, s.min_match)
         shared = self.history.speculate(context, max_tokens)
         return shared if shared.score > local.score else local
+
+    def for_row(self, slot: int, sampling: SamplingParams, rng: torch.Generator | None) -> SuffixDrafter:
+        """A fresh tree for the row's request over the shared history."""
+        return SuffixDrafter(self.vocab_size, self.settings, self.history)
 
     def finish(self, sequence: torch.Tensor) -> None:
         """The request is done: its prompt and output join the global history."""

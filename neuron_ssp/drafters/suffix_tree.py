@@ -47,7 +47,7 @@ class Leaf:
 
 
 def child_count(child: Node | Leaf) -> int:
-    return child.count if type(child) is Node else 1
+    return child.count if isinstance(child, Node) else 1
 
 
 @dataclass
@@ -140,7 +140,7 @@ class SuffixTree:
                 if node is not self.root:
                     self._promote(node, token, 1)
                 return
-            if type(child) is Leaf:
+            if isinstance(child, Leaf):
                 child = self._split(node, token, child, pos - start + 1)
             child.count += 1
             node.total += 1
@@ -185,17 +185,16 @@ class SuffixTree:
                 token = seq[pos]
                 child = node.children[token]
                 node.total -= 1
-                gone = type(child) is Leaf or child.count == 1
-                if gone:
+                if isinstance(child, Leaf) or child.count == 1:
                     del node.children[token]
-                else:
-                    child.count -= 1
-                    if child.count == 1 and single is None:
-                        single = (node, token, child)
+                    if node is not self.root:
+                        self._rechoose(node, token)
+                    break
+                child.count -= 1
+                if child.count == 1 and single is None:
+                    single = (node, token, child)
                 if node is not self.root:
                     self._rechoose(node, token)
-                if gone:
-                    break
                 node = child
             if single is not None:
                 self._compact(*single)
@@ -204,9 +203,9 @@ class SuffixTree:
     def _compact(parent: Node, token: int, node: Node) -> None:
         """A node down to one occurrence becomes that occurrence's leaf again (when it ends in one)."""
         below: Node | Leaf = node
-        while type(below) is Node and len(below.children) == 1:
+        while isinstance(below, Node) and len(below.children) == 1:
             below = next(iter(below.children.values()))
-        if type(below) is Leaf:
+        if isinstance(below, Leaf):
             parent.children[token] = below
 
     @staticmethod
@@ -260,7 +259,7 @@ class SuffixTree:
             child = node.children.get(token)
             if child is None:
                 return None
-            if type(child) is Leaf:
+            if isinstance(child, Leaf):
                 seq = self._seqs[child.seq]
                 base = child.start
                 if base + len(tokens) > len(seq) or any(seq[base + j] != tokens[j] for j in range(i + 1, len(tokens))):
@@ -300,7 +299,7 @@ class SuffixTree:
                 if prob < min_token_prob:
                     break
                 depth = cursor.depth
-                cursor = _Cursor(child, None, depth) if type(child) is Node else _Cursor(None, child, depth)
+                cursor = _Cursor(child, None, depth) if isinstance(child, Node) else _Cursor(None, child, depth)
             path.tokens.append(token)
             path.probs.append(prob)
             context.append(token)
@@ -343,7 +342,7 @@ class SuffixTree:
             node = stack.pop()
             nodes += 1
             for child in node.children.values():
-                if type(child) is Node:
+                if isinstance(child, Node):
                     stack.append(child)
                 else:
                     leaves += 1

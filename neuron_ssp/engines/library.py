@@ -46,7 +46,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -54,6 +54,7 @@ from neuron_ssp.backends.neuron.api import NeuronxApi, load_neuronx
 from neuron_ssp.backends.neuron.scoring import NeuronBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters.base import point_masses
+from neuron_ssp.drafters.registry import drafter_kind
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.rows import Row, RowRequest, RowSettings
 from neuron_ssp.engines.static_batch import (
@@ -130,7 +131,7 @@ class LibraryEngine(StaticBatchEngine):
                     "set platform.backend: neuron, or engine: native",
                 )
             )
-        if spec.drafter != "model" or draft is None:
+        if not drafter_kind(spec.drafter).draft_model or draft is None:
             problems.append(
                 Problem(
                     "speculation.drafter",
@@ -172,7 +173,8 @@ class LibraryEngine(StaticBatchEngine):
     def row_settings(self) -> RowSettings:
         """Every request of `generate`: the config's sampling and seed, the engine's acceptor (each row draws from
         its own per-position noise; `rng` for acceptors that draw from it instead, seeded per request)."""
-        return RowSettings(sampling_params(self.sampling), self.sampling.seed, acceptor=self.acceptor, rng=self.rng)
+        acceptor = cast(TokenAcceptor, self.acceptor)  # _choose calls it, whichever convention
+        return RowSettings(sampling_params(self.sampling), self.sampling.seed, acceptor=acceptor, rng=self.rng)
 
     def check(self, request: RowRequest) -> None:
         """The target's room, the draft's (it is refilled one slot past the target's window), and at batch > 1 one
@@ -340,8 +342,8 @@ class LibraryLanes:
         if isinstance(lane.acceptor, TokenAcceptor):
             lane.acceptor.noise = lane.noise.shifted(lane.produced)
         drafted = point_masses(draft_ids, self.vocab_size).unsqueeze(0)  # the library drafts by argmax
-        tokens = torch.as_tensor(lane.acceptor(draft_ids.view(1, -1), drafted, target.unsqueeze(0))).reshape(-1)
-        tokens = tokens.tolist()
+        returned = torch.as_tensor(lane.acceptor(draft_ids.view(1, -1), drafted, target.unsqueeze(0))).reshape(-1)
+        tokens: list[int] = returned.tolist()
         if not 1 <= len(tokens) <= len(draft_ids) + 1 or tokens[:-1] != draft_ids[: len(tokens) - 1].tolist():
             lane.end(
                 RuntimeProblem(

@@ -238,7 +238,8 @@ class RowLoop(Protocol):
     """Rows of one target at once, at most its slots. Requests join between steps; a step advances every
     running row by one call and returns the rows that finished (EOS, budget, cancel or their own error)."""
 
-    rows: list[Row]
+    @property
+    def rows(self) -> list[Row]: ...
 
     @property
     def free_slots(self) -> int: ...

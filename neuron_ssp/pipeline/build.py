@@ -10,15 +10,18 @@ per-position noise a window cannot change a seeded output, so sampled and greedy
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, cast
 
 import torch
 
-from neuron_ssp.backends.base import ModelBackend, SlotView
+from neuron_ssp.backends.base import ModelBackend
 from neuron_ssp.config import Config, SamplingConfig
 from neuron_ssp.drafters import Drafter, ModelDrafter, NgramDrafter, SuffixDrafter, SuffixHistory
+from neuron_ssp.drafters.base import PerRow
 from neuron_ssp.drafters.combined import DraftChoice, LookupOrHead
 from neuron_ssp.drafters.eagle import EagleDrafter, EagleModel, measure_head_ms
 from neuron_ssp.drafters.eagle_checkpoint import read_checkpoint
+from neuron_ssp.drafters.registry import drafter_kind
 from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.embedded.heads import resolve_head_path
 from neuron_ssp.engines.base import sampling_params
@@ -30,6 +33,10 @@ from neuron_ssp.speculation.call_cost import TIMED_ROWS, WidthCost, target_cost
 from neuron_ssp.speculation.controls import Grammar, RequestControls
 from neuron_ssp.speculation.cost_policy import AcceptanceModel
 from neuron_ssp.speculation.policies import WindowPolicy, build_draft_stop, build_policy
+
+if TYPE_CHECKING:
+    from neuron_ssp.backends.neuron.on_device import OnDeviceBackend
+    from neuron_ssp.backends.neuron.scoring import NeuronBackend
 
 
 @dataclass
@@ -55,7 +62,7 @@ def share(
     spec = config.speculation
     if spec.engine != "native":
         return Shared()
-    timed = spec.drafter != "none" and (spec.policy == "cost" or spec.drafter == "ngram+eagle3")
+    timed = drafter_kind(spec.drafter).drafts and (spec.policy == "cost" or spec.drafter == "ngram+eagle3")
     if timed and (cost is None or max(cost.ms) < max(spec.k, min(max_rows or 0, TIMED_ROWS))):
         cost = target_cost(target, spec.k, max_rows)
     drafter = build_drafter(config, target, draft, torch.Generator(device=sampling_device(config)), cost)
@@ -70,10 +77,13 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
     """
     spec = config.speculation
     settings = request_settings(config, config.sampling, draft, shared)
-    if spec.engine == "library":
+    acceptor, policy, rng = settings.acceptor, settings.policy, settings.rng
+    assert acceptor is not None and policy is not None and rng is not None  # request_settings sets all three
+    if spec.engine == "library":  # pipeline.load loaded transformers-neuronx models for this engine
         from neuron_ssp.engines.library import LibraryEngine
 
-        return LibraryEngine.from_config(config, target, draft, settings.acceptor, settings.rng)
+        neuron_draft = cast("NeuronBackend | None", draft)
+        return LibraryEngine.from_config(config, cast("NeuronBackend", target), neuron_draft, acceptor, rng)
     if spec.engine == "fused" and config.neuron.library == "nxdi":
         from neuron_ssp.engines.nxdi_fused import NxdiFusedEngine
 
@@ -81,15 +91,13 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
     if spec.engine == "fused":  # validate_config refused what the fused decoder cannot do
         from neuron_ssp.engines.fused import FusedEngine
 
-        return FusedEngine.build(config, target, draft)
+        return FusedEngine.build(config, cast("OnDeviceBackend", target), cast("OnDeviceBackend", draft))
     drafter = (
         shared.drafter
-        if shared.drafter is not None or spec.drafter == "none"
-        else build_drafter(config, target, draft, settings.rng)
+        if shared.drafter is not None or not drafter_kind(spec.drafter).drafts
+        else build_drafter(config, target, draft, rng)
     )
-    return SpeculativeGenerator(
-        target, drafter, settings.acceptor, settings.policy, config.sampling, spec.k, settings.rng, shared.cost
-    )
+    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost)
 
 
 def request_settings(
@@ -108,17 +116,10 @@ def request_settings(
     loaded = shared.drafter
 
     def drafter_for(slot: int) -> Drafter:
-        if isinstance(loaded, SuffixDrafter):  # a fresh tree for this request, the shared history
-            return SuffixDrafter(loaded.vocab_size, loaded.settings, loaded.history)
-        if isinstance(loaded, ModelDrafter):  # the draft model's cache slot of this row
-            assert draft is not None
-            return ModelDrafter(SlotView(draft, slot), params, rng, loaded.stop_below)
-        if isinstance(loaded, EagleDrafter):  # the head's cache slot of this row
-            return EagleDrafter(loaded.model, slot, params, rng, loaded.stop_below)
-        if isinstance(loaded, LookupOrHead):  # the same, beside prompt lookup, with the shared choice
-            head = EagleDrafter(loaded.head.model, slot, params, rng, loaded.head.stop_below)
-            return LookupOrHead(loaded.lookup, head, loaded.choice)
-        return loaded  # prompt lookup keeps no state
+        """The row's drafter: its own over the shared models and history (drafters.base.PerRow), or the loaded
+        one where it keeps no state per request (prompt lookup)."""
+        assert loaded is not None  # drafter_for is handed out only with a loaded drafter
+        return loaded.for_row(slot, params, rng) if isinstance(loaded, PerRow) else loaded
 
     return RowSettings(
         params,
@@ -135,7 +136,7 @@ def request_settings(
 def row_policy(config: Config, shared: Shared) -> WindowPolicy:
     """The config's window policy over the shared counts; plain decoding (drafter none) opens no window, nor do
     the libraries' loops, whose windows are their own."""
-    if config.speculation.drafter == "none" or config.speculation.engine != "native":
+    if not drafter_kind(config.speculation.drafter).drafts or config.speculation.engine != "native":
         return WindowPolicy(1)
     return build_policy(config.speculation, shared.cost, shared.acceptance)
 
@@ -150,7 +151,7 @@ def build_drafter(
     """None for drafter 'none': plain decoding. The EAGLE drafters read the head `draft.path` names and tell the
     target which layers to tap; ngram+eagle3 weighs its choice with the target's `cost` (timed if not given)."""
     spec = config.speculation
-    if spec.drafter == "none":
+    if not drafter_kind(spec.drafter).drafts:
         return None
     if spec.drafter == "ngram":
         return NgramDrafter(target.vocab_size, spec.ngram_max, spec.ngram_min)

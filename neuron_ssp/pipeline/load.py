@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as transformers_logging
 
 from neuron_ssp.backends.base import ModelBackend
@@ -36,7 +36,7 @@ def load_pipeline(config: Config, max_batch: int = 1) -> Pipeline:
         from neuron_ssp.topology import plan_deployment
 
         target, draft = load_neuron_models(config, plan_deployment(config), dirs)
-        tokenizer = AutoTokenizer.from_pretrained(str(dirs.target))
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(dirs.target))
     else:
         from neuron_ssp.backends.torch.load import load_torch_backends
 

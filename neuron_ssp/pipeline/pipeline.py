@@ -204,7 +204,7 @@ class Pipeline:
         return self._text(result)
 
     def _text(self, result: GenerationResult) -> TextResult:
-        return TextResult(self.tokenizer.decode(result.tokens, skip_special_tokens=True), result.tokens, result)
+        return TextResult(str(self.tokenizer.decode(result.tokens, skip_special_tokens=True)), result.tokens, result)
 
 
 def logprobs_problem(engine: str) -> Problem:

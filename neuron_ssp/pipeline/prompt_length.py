@@ -68,8 +68,8 @@ class PromptLimit:
                     field,
                     f"{len(text)} characters",
                     f"at least {fewest} tokens (no token of this tokenizer stands for more than "
-                    f"{self.reach.longest} characters), more than the {self.max_tokens} a prompt may have "
-                    "to leave room in the model's context for one new token",
+                    f"{self.reach.longest if self.reach else 0} characters), more than the {self.max_tokens} a prompt "
+                    "may have to leave room in the model's context for one new token",
                     "shorten the prompt",
                 ),
             )

@@ -20,8 +20,10 @@ def encode_prompt(
         raise UsageError(Problem("prompt", prompt, "the prompt is empty", "pass some text to generate from"))
     if chat_template and getattr(tokenizer, "chat_template", None):
         # render to text first: apply_chat_template's return type differs between transformers 4 and 5
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        text = str(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
         )
         return _tokenize(tokenizer, text, False, limit, "prompt")
     return _tokenize(tokenizer, prompt, True, limit, "prompt")
@@ -38,7 +40,7 @@ def encode_messages(
     if not any(m["content"].strip() for m in messages):
         raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
     if chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
         return _tokenize(tokenizer, text, False, limit, "messages")
     return _tokenize(tokenizer, "\n".join(m["content"] for m in messages), True, limit, "messages")
 
@@ -75,5 +77,5 @@ def stop_token_ids(
                     "give a token string from the vocabulary (e.g. '<|im_end|>') or its id",
                 )
             )
-        ids.add(token_id)
+        ids.add(int(token_id))  # type: ignore[arg-type]  # one token string: one id
     return ids

@@ -40,7 +40,7 @@ class IncrementalDecoder:
         return new_text[len(prefix_text) :]
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True)) if ids else ""
 
 
 class TextStream:

@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from neuron_ssp.config import Config, SamplingConfig, ServeConfig
+from neuron_ssp.drafters.registry import drafter_kind
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
 from neuron_ssp.serve import openapi
@@ -198,7 +199,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
 
 def draft_positions(config: Config) -> int:
     """Draft tokens a target call scores at most (vLLM's num_speculative_tokens): k - 1, or 0 without a drafter."""
-    return 0 if config.speculation.drafter == "none" else config.speculation.k - 1
+    return config.speculation.k - 1 if drafter_kind(config.speculation.drafter).drafts else 0
 
 
 async def _read_json(request: Request) -> dict[str, Any]:

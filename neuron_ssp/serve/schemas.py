@@ -274,7 +274,11 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
     )
 
 
-INVOCATION_BODIES = {"inputs": LmiBody, "messages": ChatCompletionBody, "prompt": CompletionBody}  # in this order
+INVOCATION_BODIES: dict[str, type[BaseModel]] = {
+    "inputs": LmiBody,
+    "messages": ChatCompletionBody,
+    "prompt": CompletionBody,
+}  # in this order
 
 
 def invocation_request(data: dict[str, Any]) -> GenerationRequest:

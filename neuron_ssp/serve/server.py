@@ -130,7 +130,8 @@ class _DrainingServer(uvicorn.Server):
         deadline = time.monotonic() + self.drain_timeout + FINAL_ERROR_S
         while (self.worker.running or self.server_state.tasks) and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.config.timeout_graceful_shutdown = max(deadline - time.monotonic(), 1.0)
+        # uvicorn hands it to asyncio.wait_for, which takes seconds as a float (its annotation says int)
+        self.config.timeout_graceful_shutdown = max(deadline - time.monotonic(), 1.0)  # type: ignore[assignment]
         if not self.should_exit:
             super().handle_exit(sig, frame)
 
@@ -169,7 +170,7 @@ def run_server(config: Config, pipeline: Pipeline | None = None, started: Servin
             host=started.listen.host,
             port=started.listen.port,
             log_level="info",
-            timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,
+            timeout_graceful_shutdown=settings.drain_timeout + FINAL_ERROR_S,  # type: ignore[arg-type]  # a float
             access_log=False,
         ),
         app.state.worker,

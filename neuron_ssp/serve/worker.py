@@ -453,7 +453,11 @@ class JobRun:
 
     def _logprob(self, row: torch.Tensor, token: int) -> TokenLogprob:
         """`row`: the target's log-probabilities; -inf is sent as MIN_LOGPROB (JSON has no infinity; vLLM's value)."""
-        decode, top = self.worker.pipeline.tokenizer.decode, self.job.top_logprobs
+        tokenizer, top = self.worker.pipeline.tokenizer, self.job.top_logprobs
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids))
+
         best = row.topk(min(top, row.shape[-1])) if top else None
         alternatives = (
             []

@@ -31,9 +31,16 @@ from neuron_ssp.speculation.goodput import goodput_windows
 class Proposal(Protocol):
     """What the policy reads of a drafter's proposal (drafters.base.Draft has it)."""
 
-    match_len: int
-    deterministic: bool
-    certain: int  # leading tokens the row's grammar forces: priced as certain, not evidence about the drafter
+    @property
+    def match_len(self) -> int: ...
+
+    @property
+    def deterministic(self) -> bool: ...
+
+    @property
+    def certain(self) -> int:
+        """Leading tokens the row's grammar forces: priced as certain, not evidence about the drafter."""
+        ...
 
     def __len__(self) -> int: ...
 
