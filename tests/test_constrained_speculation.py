@@ -350,3 +350,22 @@ def test_forced_tokens_lead_proposals_whose_other_drafts_are_rejected_and_rolled
             assert result.tokens == plain
             accepted[forced] += result.stats.accepted_tokens
     assert accepted[True] >= accepted[False] + 20 * 2  # forced drafts accepted in every request
+
+
+def test_an_eagle_head_drafts_under_the_mask_and_waits_behind_forced_tokens():
+    """An EAGLE-3 head drafts from the target's hidden states, which exist only for scored tokens: behind forced
+    tokens it does not draft (its taps wait for the next step); elsewhere it drafts under the row's mask. Greedy and
+    seeded outputs equal constrained plain decoding's."""
+    from test_eagle_drafter import eagle
+    from test_eagle_drafter import target as eagle_target
+
+    from neuron_ssp.drafters.eagle import EagleDrafter
+
+    model_target = eagle_target()
+    head = eagle(model_target)
+    for grammar in (SCHEMA, REGEX):
+        for params, seed in ((GREEDY, 0), (HOT, 3), (HOT, 4)):
+            plain = generate(model_target, settings(params, seed, processor_for=processors(grammar)), 16)
+            drafter_for = lambda slot, params=params: EagleDrafter(head, slot, params)  # noqa: E731
+            ssp = generate(model_target, settings(params, seed, drafter_for, processor_for=processors(grammar)), 16)
+            assert ssp == plain, (grammar.kind, params, seed)
