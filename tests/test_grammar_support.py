@@ -86,3 +86,13 @@ def test_choice_lists_match_their_strings_exactly():
         ids = TOKENIZER.encode(text) + [TOKENIZER.eos_token_id]
         assert matcher.valid_prefix(ids) == len(ids), text
     assert matcher.valid_prefix(TOKENIZER.encode("abc")) < len(TOKENIZER.encode("abc"))
+
+
+def test_plan_says_which_requests_a_fused_engine_refuses(tmp_path):
+    config = tmp_path / "fused.yaml"
+    config.write_text(
+        "platform:\n  backend: neuron\n  instance_type: inf2.xlarge\nspeculation:\n  engine: fused\n"
+        "target:\n  path: embedded:smollm2-135m-instruct\n"
+    )
+    out = CliRunner().invoke(main, ["plan", str(config)]).output
+    assert "refused with a 400" in " ".join(out.split()), out

@@ -172,6 +172,7 @@ def plan(
     report = validate_config(
         _on_neuron(config, deployment.instance.name), kv_rule, neuronx_generation=_generation(neuronx_version)
     )
+    report.warnings.extend(serving_notes(config))  # which requests its engine refuses, and why
     estimate = _head_estimate(config, deployment)
     projection = _projection(config, deployment, engine, alpha, ms_per_token, draft_ms_per_token, estimate)
     per_batch = (
