@@ -96,3 +96,8 @@ def test_plan_says_which_requests_a_fused_engine_refuses(tmp_path):
     )
     out = CliRunner().invoke(main, ["plan", str(config)]).output
     assert "refused with a 400" in " ".join(out.split()), out
+
+
+def test_a_bad_value_and_a_grammar_that_does_not_compile_are_listed_together(amazon_linux_2):
+    problems = tiny_pipeline().controls_problems(RequestControls(grammar=REGEX, min_p=2.0))
+    assert [p.field for p in problems] == ["min_p", REGEX.field]

@@ -155,8 +155,9 @@ class Pipeline:
         """Every reason this pipeline cannot run a request's controls (a value no model honours, an engine that
         samples on the device, a grammar that does not compile), all at once: the server answers one 400 listing
         them before the request is queued."""
-        problems = value_problems(controls, self.target.vocab_size) + engine_controls_problems(self.config, controls)
-        return problems or self.grammars.problems(controls)
+        refused = engine_controls_problems(self.config, controls)  # names the grammar's field where it refuses it
+        grammar = [] if refused else self.grammars.problems(controls)
+        return value_problems(controls, self.target.vocab_size) + refused + grammar
 
     @cached_property
     def grammars(self) -> Grammars:
