@@ -26,10 +26,13 @@ from neuron_ssp.config import SamplingConfig, ServeConfig, load_config
 from neuron_ssp.drafters.base import Draft, point_masses
 from neuron_ssp.engines.base import GenerationResult, check_room, sampling_params
 from neuron_ssp.engines.rows import Row, RowCallbacks, RowRequest, RowSettings, RowSlots, run_alone
+from neuron_ssp.errors import Problem
+from neuron_ssp.pipeline.build import engine_controls_problems
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompt_length import PromptLimit
-from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
+from neuron_ssp.pipeline.prompts import ChatTurn, encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
+from neuron_ssp.speculation.controls import RequestControls, value_problems
 from neuron_ssp.speculation.position_noise import PositionNoise
 
 EOS = 0
@@ -138,12 +141,17 @@ class FakePipeline:
         max_batch: int = 8,
         prefill_s_per_token: float = 0.0,
         tokenizer: Any = None,
+        engine: str = "native",
     ):
         self.config = load_config(None, {"serve.max_batch": max_batch})
         self.max_batch = max_batch
         self.tokenizer = tokenizer or CharTokenizer()
         self.eos_token_ids = {EOS}
-        self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None)
+        self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None, vocab_size=0x110000)  # characters
+        # the engine whose refusals of RequestControls it answers with (native: none; the scripted loop ignores them)
+        self.engine_config = self.config.model_copy(
+            update={"speculation": self.config.speculation.model_copy(update={"engine": engine})}
+        )
         self.reply = reply
         self.step_s = step_s
         self.prefill_s_per_token = prefill_s_per_token
@@ -157,8 +165,10 @@ class FakePipeline:
     def encode(self, prompt: str, chat_template: bool | None = None, limit: PromptLimit | None = None) -> torch.Tensor:
         return encode_prompt(self.tokenizer, prompt, False, limit)
 
-    def encode_messages(self, messages: list[dict[str, str]], limit: PromptLimit | None = None) -> torch.Tensor:
-        return encode_messages(self.tokenizer, messages, False, limit)
+    def encode_messages(
+        self, messages: list[dict[str, str]], limit: PromptLimit | None = None, turn: ChatTurn = ChatTurn()
+    ) -> torch.Tensor:
+        return encode_messages(self.tokenizer, messages, True, limit, turn)  # the template, where the tokenizer has one
 
     extra_slots = 0  # the native loop's rule
     prompt_limit = Pipeline.prompt_limit  # the real one: it reads target.n_positions, extra_slots and the tokenizer
@@ -171,10 +181,21 @@ class FakePipeline:
     def row_loop(self) -> ScriptedRows:
         return ScriptedRows(self, self.config.serve.max_batch)
 
+    def controls_problems(self, controls: RequestControls) -> list[Problem]:
+        """Pipeline's, less the grammar's compilation (the scripted loop applies no control)."""
+        return value_problems(controls, self.target.vocab_size) + engine_controls_problems(self.engine_config, controls)
+
     def row_request(
-        self, prompt_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig, callbacks: RowCallbacks
+        self,
+        prompt_ids: torch.Tensor,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        callbacks: RowCallbacks,
+        controls: RequestControls = RequestControls(),
     ) -> RowRequest:
-        self.calls.append({"max_new_tokens": max_new_tokens, "sampling": sampling})
+        self.calls.append(
+            {"max_new_tokens": max_new_tokens, "sampling": sampling, "controls": controls, "prompt_ids": prompt_ids}
+        )
         text = self.reply if self.reply is not None else "".join(chr(int(i)) for i in prompt_ids.flip(0))
         reply = ScriptedReply([ord(c) for c in text] + [EOS])
         settings = RowSettings(sampling_params(sampling), sampling.seed, lambda slot: reply)

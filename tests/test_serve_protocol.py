@@ -58,10 +58,10 @@ def test_json_python_cannot_parse_is_a_400_and_the_connection_stays_usable(body,
 class BrokenEncoder(FakePipeline):
     """A bug on the request path: an exception no handler expects."""
 
-    def encode_messages(self, messages, limit=None):
+    def encode_messages(self, messages, *args):
         if messages[0]["content"] == "boom":
             raise RuntimeError("a bug")
-        return super().encode_messages(messages, limit)
+        return super().encode_messages(messages, *args)
 
 
 def test_an_unexpected_failure_is_a_500_and_the_connection_stays_usable():
@@ -75,12 +75,12 @@ def test_an_unexpected_failure_is_a_500_and_the_connection_stays_usable():
 @pytest.mark.parametrize(
     "field, value, no_op",
     [
-        ("logit_bias", {"7042": -100}, {}),
-        ("frequency_penalty", 1.5, 0),
-        ("presence_penalty", -0.5, 0.0),
         ("echo", True, False),
         ("suffix", " and so on", ""),
         ("best_of", 3, 1),
+        ("skip_special_tokens", False, True),
+        ("bad_words", ["x"], []),
+        ("truncate_prompt_tokens", 5, None),
     ],
 )
 def test_fields_that_would_change_the_answer_are_refused_unless_they_ask_for_nothing(field, value, no_op):
@@ -189,8 +189,8 @@ def _schema(doc: dict, name: str) -> dict:
 
 
 def _branch(prop: dict, kind: str) -> dict:
-    """The branch of an `anyOf` (an optional field) for one JSON type."""
-    return next(b for b in prop.get("anyOf", [prop]) if b.get("type") == kind)
+    """The branch of an `anyOf` (an optional field) or a `oneOf` (the prompt's shapes) for one JSON type."""
+    return next(b for b in prop.get("anyOf", prop.get("oneOf", [prop])) if b.get("type") == kind)
 
 
 def test_openapi_states_the_limits_the_server_enforces():
@@ -218,7 +218,7 @@ def test_openapi_states_the_limits_the_server_enforces():
     assert _branch(completion["prompt"], "string")["pattern"] == lmi["inputs"]["pattern"] == NOT_BLANK
     assert _branch(completion["prompt"], "array")["maxItems"] == 1
     assert _branch(chat["model"], "string")["enum"] == ["fake-model"]
-    assert chat["frequency_penalty"]["enum"] == [None, 0] and chat["echo"]["enum"] == [None, False]
+    assert (_branch(chat["frequency_penalty"], "number")["minimum"], chat["echo"]["enum"]) == (-2, [None, False])
     needs = doc["components"]["schemas"]["ChatCompletionBody"]["allOf"]
     assert {(r["if"]["required"][0], r["then"]["required"][0]) for r in needs} == {
         ("stream_options", "stream"),
@@ -227,6 +227,22 @@ def test_openapi_states_the_limits_the_server_enforces():
     ok = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(ok) == {"application/json", "text/event-stream"}
     assert "application/jsonlines" in doc["paths"]["/invocations"]["post"]["responses"]["200"]["content"]
+
+
+def test_openapi_states_the_controls_an_engine_refuses_as_taking_only_their_no_ops():
+    with running_server(FakePipeline(engine="fused")) as url:
+        fused = _schema(httpx.get(f"{url}/openapi.json").json(), "ChatCompletionBody")
+    with running_server(FakePipeline(n_positions=256)) as url:
+        native = httpx.get(f"{url}/openapi.json").json()
+    assert fused["frequency_penalty"]["enum"] == [None, 0] and fused["guided_json"]["enum"] == [None]
+    assert fused["response_format"]["enum"] == [None, {"type": "text"}] and fused["min_tokens"]["enum"] == [0]
+    chat, completion = _schema(native, "ChatCompletionBody"), _schema(native, "CompletionBody")
+    assert "enum" not in chat["guided_json"] and _branch(chat["min_p"], "number")["maximum"] == 1
+    ids = [b["items"] for b in completion["prompt"]["oneOf"] if b.get("items", {}).get("type") == "integer"]
+    assert ids == [{"minimum": 0, "maximum": 0x10FFFF, "type": "integer"}]
+    assert _branch(chat["stop_token_ids"], "array")["items"]["maximum"] == 0x10FFFF
+    keys = _branch(chat["logit_bias"], "object")["propertyNames"]["pattern"]
+    assert re.match(keys, "1114111") and not re.match(keys, "1114112") and not re.match(keys, "007")
 
 
 def test_the_not_blank_pattern_is_pythons_white_space():

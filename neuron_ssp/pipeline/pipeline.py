@@ -20,7 +20,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Shared, engine_controls_problems, refuse_unhonoured, request_settings
 from neuron_ssp.pipeline.controls import Grammars, processor_for, stop_ids
 from neuron_ssp.pipeline.prompt_length import PromptLimit, token_reach
-from neuron_ssp.pipeline.prompts import encode_messages, encode_prompt
+from neuron_ssp.pipeline.prompts import ChatTurn, encode_messages, encode_prompt
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.speculation.controls import RequestControls, value_problems
 from neuron_ssp.topology.positions import (
@@ -61,9 +61,12 @@ class Pipeline:
         use_template = self.config.generation.chat_template if chat_template is None else chat_template
         return encode_prompt(self.tokenizer, prompt, use_template, limit)
 
-    def encode_messages(self, messages: list[dict[str, str]], limit: PromptLimit | None = None) -> torch.Tensor:
-        """A conversation through the chat template; one user turn encodes exactly as `encode`."""
-        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template, limit)
+    def encode_messages(
+        self, messages: list[dict[str, str]], limit: PromptLimit | None = None, turn: ChatTurn = ChatTurn()
+    ) -> torch.Tensor:
+        """A conversation through the chat template, ending as `turn` says; one user turn encodes exactly as
+        `encode`."""
+        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template, limit, turn)
 
     @cached_property
     def prompt_limit(self) -> PromptLimit:

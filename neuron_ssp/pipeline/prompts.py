@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+from jinja2.exceptions import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.prompt_length import PromptLimit
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """How a rendered conversation ends: vLLM's request fields of the same names, passed to the chat template."""
+
+    add_generation_prompt: bool = True  # open the assistant's turn
+    continue_final_message: bool = False  # leave the last message open, for the model to continue
 
 
 def encode_prompt(
@@ -34,15 +44,48 @@ def encode_messages(
     messages: list[dict[str, str]],
     chat_template: bool,
     limit: PromptLimit | None = None,
+    turn: ChatTurn = ChatTurn(),
 ) -> torch.Tensor:
-    """A chat conversation as ids: the tokenizer's template, else the turns' text one per line; with a `limit`, a
-    rendered conversation that cannot fit is refused before it is tokenized."""
+    """A chat conversation as ids: the tokenizer's template, else the turns' text one per line (which ends with the
+    last message, so `turn` changes nothing there); with a `limit`, a rendered conversation that cannot fit is
+    refused before it is tokenized."""
     if not any(m["content"].strip() for m in messages):
         raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
     if chat_template and getattr(tokenizer, "chat_template", None):
-        text = str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        try:
+            text = str(
+                tokenizer.apply_chat_template(
+                    messages,
+                    tokenize=False,
+                    add_generation_prompt=turn.add_generation_prompt,
+                    continue_final_message=turn.continue_final_message,
+                )
+            )
+        except TemplateError as exc:  # the template's own raise_exception (e.g. roles that must alternate)
+            raise UsageError(
+                Problem("messages", _roles(messages), f"the model's chat template refused them: {exc}", _TEMPLATE_FIX)
+            ) from None
+        except ValueError as exc:  # transformers: with continue_final_message, the last message is not found verbatim
+            if not turn.continue_final_message:
+                raise
+            raise UsageError(
+                Problem(
+                    "continue_final_message",
+                    True,
+                    f"the chat template cannot leave the last message open: {exc}",
+                    "send the last message's text without leading or trailing white space, or leave "
+                    "continue_final_message out",
+                )
+            ) from None
         return _tokenize(tokenizer, text, False, limit, "messages")
     return _tokenize(tokenizer, "\n".join(m["content"] for m in messages), True, limit, "messages")
+
+
+_TEMPLATE_FIX = "send the roles in an order the model's chat template takes (its tokenizer_config.json holds it)"
+
+
+def _roles(messages: list[dict[str, str]]) -> list[str]:
+    return [m["role"] for m in messages]
 
 
 def _tokenize(

@@ -33,6 +33,7 @@ from neuron_ssp.config import Config, SamplingConfig, ServeConfig
 from neuron_ssp.drafters.registry import drafter_kind
 from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
+from neuron_ssp.pipeline.prompts import ChatTurn
 from neuron_ssp.serve import openapi
 from neuron_ssp.serve.errors import ApiError, error_response
 from neuron_ssp.serve.gate import CLIENT_CLOSED, MAX_BODY_BYTES, Gate, body_too_large
@@ -109,8 +110,9 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
                     f"send model '{model_name}' (GET /v1/models lists it)",
                 ),
             )
-        prompt_ids = await asyncio.get_running_loop().run_in_executor(encoder, _encode, pipeline, spec)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
+        _refuse_asked(pipeline, spec, max_tokens)
+        prompt_ids = await asyncio.get_running_loop().run_in_executor(encoder, _encode, pipeline, spec)
         _check_room(pipeline, prompt_ids, max_tokens, spec)
         sampling = _sampling(pipeline, spec)
         timeout = settings.timeout_s
@@ -124,6 +126,8 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
             timeout,
             asyncio.get_running_loop(),
             spec.top_logprobs if spec.logprobs else None,
+            spec.controls,
+            spec.include_stop_str,
         )
         worker.submit(job)
         log.info(
@@ -192,7 +196,9 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         return HTMLResponse(page.replace("{{MODEL}}", model_name))
 
     largest = max_new_tokens_within(pipeline.target.n_positions, 1, pipeline.extra_slots)  # for a 1-token prompt
-    app.openapi = lambda: openapi.document(app, model_name, largest)  # type: ignore[method-assign]
+    refused = openapi.refused_controls(pipeline)
+    vocab = pipeline.target.vocab_size
+    app.openapi = lambda: openapi.document(app, model_name, largest, vocab, refused)  # type: ignore[method-assign]
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
     return app
 
@@ -227,14 +233,36 @@ async def _read_json(request: Request) -> dict[str, Any]:
 
 def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
     """The prompt's ids (run on the encoder thread), or a 400 naming the field the client sent."""
+    if spec.prompt_ids is not None:
+        return _token_ids(pipeline, spec.prompt_ids, spec.prompt_ids_field)
     try:
         if spec.kind == "chat":
-            return pipeline.encode_messages(spec.messages, pipeline.prompt_limit)
+            turn = ChatTurn(spec.add_generation_prompt, spec.continue_final_message)
+            return pipeline.encode_messages(spec.messages, pipeline.prompt_limit, turn)
         # completions and LMI: raw text, no template
         return pipeline.encode(spec.prompt, chat_template=False, limit=pipeline.prompt_limit)
     except NeuronSSPError as exc:
         field = {"prompt": "inputs"} if spec.kind == "lmi" else {}  # name the field the client sent
         raise ApiError(400, [replace(p, field=field.get(p.field, p.field)) for p in exc.problems]) from None
+
+
+def _token_ids(pipeline: Pipeline, ids: list[int], field: str) -> torch.Tensor:
+    """A prompt sent as token ids (OpenAI's and vLLM's completions take them), each checked against the vocabulary:
+    the model has no embedding for an id past it (vLLM: "Token id ... is out of vocabulary")."""
+    vocab = pipeline.target.vocab_size
+    outside = [i for i, token in enumerate(ids) if token >= vocab]
+    if outside:
+        more = f"; {len(outside) - 1} more lie outside it too, at indices {outside[1:9]}" if len(outside) > 1 else ""
+        raise ApiError(
+            400,
+            Problem(
+                f"{field}.{outside[0]}",
+                ids[outside[0]],
+                f"not a token id of this model: its vocabulary holds ids 0..{vocab - 1}{more}",
+                "send ids from this model's tokenizer, or send the prompt as text",
+            ),
+        )
+    return torch.tensor(ids, dtype=torch.long)
 
 
 def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
@@ -248,6 +276,34 @@ def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
     if spec.logprobs and not pipeline.scores_tokens:
         raise ApiError(400, logprobs_problem(pipeline.config.speculation.engine))
     return sampling
+
+
+def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int) -> None:
+    """Everything the request asks that this server refuses, in one 400 before its prompt is encoded: the fields
+    the body's parsing refused, the pipeline's refusals of its controls (values no model honours, what this engine
+    cannot run) and vLLM's rule between min_tokens and the budget."""
+    refused = pipeline.controls_problems(spec.controls)
+    if spec.kind == "lmi":  # name the field the client sent: TGI's are in `parameters`
+        refused = [
+            p if p.field.startswith("parameters.") else replace(p, field=f"parameters.{p.field}") for p in refused
+        ]
+    problems = spec.problems + refused
+    if spec.controls.min_tokens > max_tokens:
+        budget = (
+            f"{spec.budget_field} = {max_tokens}"
+            if spec.max_tokens is not None
+            else f"the server's default budget, {max_tokens}, as {spec.budget_field} was not sent"
+        )
+        problems.append(
+            Problem(
+                "min_tokens",
+                spec.controls.min_tokens,
+                f"must be <= the request's budget ({budget}; vLLM's rule)",
+                f"lower min_tokens, or send {spec.budget_field} >= {spec.controls.min_tokens}",
+            )
+        )
+    if problems:
+        raise ApiError(400, problems)
 
 
 def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, spec: GenerationRequest) -> None:

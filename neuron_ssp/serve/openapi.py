@@ -1,8 +1,10 @@
 """The API described: /openapi.json (and the /docs page FastAPI renders from it) for every route.
 
 Request bodies come from the pydantic models the server validates with (serve/schemas.py), so every limit a
-field's check enforces is stated by the same declaration; two depend on the running server and are stated
-from the values its checks use: the one model it serves, and the largest budget any prompt leaves. Response
+field's check enforces is stated by the same declaration; the rest depend on the running server and are stated
+from the values its checks use: the one model it serves, the largest budget any prompt leaves, the vocabulary
+(token ids), and which controls its pipeline runs (a control it refuses is stated as taking only the values that
+ask for nothing: `refused_controls` asks the pipeline, as a request would). Response
 bodies and the error body come from the models below, whose shapes serve/responses.py and serve/sagemaker.py
 build (tests/test_serve_fuzz.py checks real answers against them), streams by their content types. Client
 generators and API fuzzers start from this document, as they do from vLLM's server.
@@ -10,13 +12,17 @@ generators and API fuzzers start from this document, as they do from vLLM's serv
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from neuron_ssp.serve.schemas import INVOCATION_BODIES, ChatCompletionBody, CompletionBody, LmiBody
+from neuron_ssp.speculation.controls import Grammar, RequestControls
+
+if TYPE_CHECKING:
+    from neuron_ssp.pipeline.pipeline import Pipeline
 
 VERSION = "1"
 DESCRIPTION = (
@@ -184,10 +190,12 @@ STREAM_SCHEMAS = {  # OpenAPI 3.1: an event stream's schema describes one event,
     },
     "application/jsonlines": {"type": "string", "description": "one JSON object a line (LMI's stream)"},
 }
-BUDGETS = (
+BUDGETS = (  # and min_tokens, which may not pass the budget
     ("ChatCompletionBody", "max_tokens"),
     ("ChatCompletionBody", "max_completion_tokens"),
+    ("ChatCompletionBody", "min_tokens"),
     ("CompletionBody", "max_tokens"),
+    ("CompletionBody", "min_tokens"),
     ("LmiParameters", "max_new_tokens"),
 )
 GENERATION_ERRORS = {
@@ -234,9 +242,45 @@ def route(kind: str) -> dict[str, Any]:
     return {"responses": simple[kind]}
 
 
-def document(app: FastAPI, model_name: str, largest_budget: int) -> dict[str, Any]:
-    """FastAPI's document for the routes, plus the request bodies' schemas and this server's two limits
-    (built once, then cached)."""
+# a control -> a request that asks for it, and the API fields that ask for it with the values that ask for nothing
+CONTROL_FIELDS: dict[str, tuple[RequestControls, dict[str, list[Any]]]] = {
+    "grammar": (
+        RequestControls(grammar=Grammar("json_object", "", "response_format")),
+        {
+            "response_format": [None, {"type": "text"}],
+            "structured_outputs": [None],
+            "guided_json": [None],
+            "guided_regex": [None],
+            "guided_choice": [None],
+            "guided_grammar": [None],
+            "grammar": [None],  # TGI's, in LMI's parameters
+        },
+    ),
+    "logit_bias": (RequestControls(logit_bias=((0, 1.0),)), {"logit_bias": [None, {}]}),
+    "min_tokens": (RequestControls(min_tokens=1), {"min_tokens": [0]}),
+    "ignore_eos": (RequestControls(ignore_eos=True), {"ignore_eos": [False]}),
+    "stop_token_ids": (RequestControls(stop_token_ids=(0,)), {"stop_token_ids": [None, []]}),
+    "repetition_penalty": (RequestControls(repetition_penalty=1.1), {"repetition_penalty": [None, 1]}),
+    "presence_penalty": (RequestControls(presence_penalty=0.5), {"presence_penalty": [None, 0]}),
+    "frequency_penalty": (RequestControls(frequency_penalty=0.5), {"frequency_penalty": [None, 0]}),
+    "min_p": (RequestControls(min_p=0.1), {"min_p": [None, 0]}),
+}
+
+
+def refused_controls(pipeline: Pipeline) -> dict[str, list[Any]]:
+    """The API fields of the controls `pipeline` refuses -> the values that still pass (those that ask for nothing)."""
+    refused: dict[str, list[Any]] = {}
+    for asks, fields in CONTROL_FIELDS.values():
+        if pipeline.controls_problems(asks):
+            refused.update(fields)
+    return refused
+
+
+def document(
+    app: FastAPI, model_name: str, largest_budget: int, vocab_size: int, refused: dict[str, list[Any]]
+) -> dict[str, Any]:
+    """FastAPI's document for the routes, plus the request bodies' schemas and this server's own limits (built once,
+    then cached)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
@@ -249,9 +293,50 @@ def document(app: FastAPI, model_name: str, largest_budget: int) -> dict[str, An
     for body in ("ChatCompletionBody", "CompletionBody"):  # any other name is a 404
         _branch(components[body]["properties"]["model"], "string")["enum"] = [model_name]
     for body, name in BUDGETS:  # a longer prompt leaves less: the 400 says how much
-        _branch(components[body]["properties"][name], "integer")["maximum"] = largest_budget
+        if name in components[body]["properties"] and name not in refused:
+            _branch(components[body]["properties"][name], "integer")["maximum"] = largest_budget
+    for body in ("ChatCompletionBody", "CompletionBody", "LmiParameters"):
+        fields = components[body]["properties"]
+        for name, passing in refused.items():
+            if name in fields:
+                fields[name] = {"enum": passing, "description": "not supported by this server's engine"}
+    for body in ("ChatCompletionBody", "CompletionBody"):
+        _token_ids_within(components[body]["properties"], vocab_size)
     app.openapi_schema = doc
     return doc
+
+
+def _token_ids_within(fields: dict[str, Any], vocab_size: int) -> None:
+    """Token ids lie in the vocabulary: a prompt's, stop_token_ids and logit_bias's keys (as decimal text)."""
+    for item in _integer_items(fields.get("prompt", {})) + _integer_items(fields["stop_token_ids"]):
+        item["maximum"] = vocab_size - 1
+    for branch in fields["logit_bias"].get("anyOf", []):
+        if branch.get("type") == "object":
+            branch["propertyNames"] = {"pattern": f"^{decimal_pattern(vocab_size - 1)}$"}
+
+
+def _integer_items(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    """The integer schemas of array items anywhere in `schema`'s branches (a prompt: ids, or a list of them)."""
+    found = []
+    for branch in schema.get("anyOf", schema.get("oneOf", [schema])):
+        items = branch.get("items", {}) if branch.get("type") == "array" else {}
+        found += [items] if items.get("type") == "integer" else _integer_items(items) if items else []
+    return found
+
+
+def decimal_pattern(largest: int) -> str:
+    """A regular expression for the decimal numbers 0..largest, without leading zeros."""
+    digits = str(largest)
+    shorter = [f"[1-9][0-9]{{{n - 1}}}" if n > 1 else "[0-9]" for n in range(1, len(digits))]
+    same_length, prefix = [], ""
+    for i, digit in enumerate(digits):
+        low = "1" if i == 0 and len(digits) > 1 else "0"
+        rest = len(digits) - i - 1
+        if int(digit) > int(low):
+            tail = f"[0-9]{{{rest}}}" if rest else ""
+            same_length.append(f"{prefix}[{low}-{int(digit) - 1}]{tail}")
+        prefix += digit
+    return "(?:" + "|".join(shorter + same_length + [digits]) + ")"
 
 
 def _branch(prop: dict[str, Any], json_type: str) -> dict[str, Any]:

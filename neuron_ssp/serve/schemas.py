@@ -5,8 +5,10 @@ booleans, no "3" or true for an integer; finite numbers; 64-bit seeds; valid Uni
 one declaration both checks a body (serve/validation.py turns each error into field, value, rule and fix,
 all at once) and states the limit in /openapi.json. Rules between two fields (DEPENDS_ON) are checked here
 and stated there as `if`/`then`. Unknown fields are accepted and ignored, as OpenAI's and vLLM's servers do,
-except those that would change the answer and that this server cannot honour (NO_OP_VALUES): those are
-refused, unless they carry the value that asks for nothing (what OpenAI clients send as defaults).
+except those that would change the answer and that this server cannot honour (declared with `_refused`): those
+are refused, unless they carry the value that asks for nothing (what OpenAI clients send as defaults). The fields
+that change a request's tokens (vLLM's sampling extras, structured output) become one `RequestControls`
+(serve/controls.py), which the pipeline runs or refuses (`Pipeline.controls_problems`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from neuron_ssp.errors import Problem
+from neuron_ssp.serve.controls import lmi_controls, request_controls
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.validation import validate
+from neuron_ssp.speculation.controls import RequestControls
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5); vLLM's default max_logprobs
@@ -27,19 +31,22 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); t
 # Python's white space (str.isspace, what the prompt checks strip; none lies above U+3000) as a pattern that
 # pydantic's regex and JSON Schema's both read: a text must hold one character outside it
 NOT_BLANK = "[^" + "".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()) + "]"
-# fields that would change the answer and that this server cannot honour -> the values that ask for nothing
-NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "tools": (),
-    "tool_choice": ("none",),
-    "functions": (),
-    "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "logit_bias": ({},),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
-    "echo": (False,),
-    "suffix": ("",),
-    "best_of": (1,),
+REFUSED = "x-refused"  # the JSON Schema keyword that marks a refused field (its `enum`: the values that pass)
+NOT_SUPPORTED = "not supported by this server (docs/serving.md lists the fields it honours)"
+TOOLS_NOT_YET = (
+    "tools are not supported yet: this server neither renders tool definitions into the prompt nor parses tool "
+    "calls out of the answer"
+)
+# why a refused field is refused, where the generic reason is not enough
+REFUSAL_RULES = {
+    "tools": TOOLS_NOT_YET,
+    "tool_choice": TOOLS_NOT_YET,
+    "functions": TOOLS_NOT_YET,
+    "function_call": TOOLS_NOT_YET,
+    "chat_template": (
+        "a chat template sent with a request is a program the server would run (Jinja): like vLLM without "
+        "--trust-request-chat-template, this server renders only the model's own template"
+    ),
 }
 DEPENDS_ON = {"stream_options": "stream", "top_logprobs": "logprobs"}  # allowed only with the other one true
 
@@ -79,11 +86,21 @@ TEMPERATURE = "0 = greedy; 2 at most, OpenAI's range, which vLLM 0.33.0 enforces
 TOP_P, TOP_K = "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field; vLLM prefers 0)"
 
 
-def _refused(name: str) -> Any:
-    """A field this server cannot honour: documented as taking only the values that ask for nothing."""
-    no_ops = NO_OP_VALUES[name]
+def _refused(*no_ops: Any) -> Any:
+    """A field this server cannot honour: documented as taking only the values that ask for nothing (and null)."""
     unless = f" unless {' or '.join(json.dumps(v) for v in no_ops)}" if no_ops else ""
-    return Field(None, description=f"not supported: refused{unless}", json_schema_extra={"enum": [None, *no_ops]})
+    return Field(
+        None, description=f"not supported: refused{unless}", json_schema_extra={"enum": [None, *no_ops], REFUSED: True}
+    )
+
+
+def _refused_fields(model: type[BaseModel]) -> dict[str, list[Any]]:
+    """The model's refused fields -> the values that pass."""
+    return {
+        name: info.json_schema_extra["enum"]
+        for name, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(REFUSED)
+    }
 
 
 def _dependencies(model: type[BaseModel]) -> list[tuple[str, str]]:
@@ -117,13 +134,61 @@ class TextPart(_Body):
     text: Text
 
 
+def _no_tool_messages_yet(schema: dict[str, Any]) -> None:
+    """What /openapi.json promises until tools land: no `tool` role, and text in every message (the server still
+    reads both, to answer them with the tools rule rather than a type error)."""
+    schema["properties"]["role"]["enum"] = [r for r in schema["properties"]["role"]["enum"] if r != "tool"]
+    content = schema["properties"]["content"]
+    content["anyOf"] = [branch for branch in content["anyOf"] if branch.get("type") != "null"]
+    content.pop("default", None)
+    schema["required"] = ["role", "content"]
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Text | list[TextPart]
+    model_config = ConfigDict(json_schema_extra=_no_tool_messages_yet)
+
+    role: Literal["system", "user", "assistant", "developer", "tool"] = Field(
+        description="developer is OpenAI's newer name for system, and is rendered as system"
+    )
+    content: Text | list[TextPart] | None = None
+    tool_calls: Any = _refused()
+    tool_call_id: Any = _refused()
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    name: Text | None = None
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="the JSON Schema the answer follows")
+    strict: bool | None = Field(None, description="constrained either way (as vLLM does)")
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(None, description="with type json_schema")
+
+
+class StructuredOutputs(_Body):
+    """vLLM's `structured_outputs`: one of json, regex, choice, grammar or json_object."""
+
+    json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON Schema (object or its text)")
+    regex: Text | None = None
+    choice: Annotated[list[Text], Field(min_length=1)] | None = None
+    grammar: Text | None = Field(None, description="a grammar in llguidance's Lark dialect")
+    json_object: bool | None = None
+    whitespace_pattern: Any = _refused()
+    disable_any_whitespace: Any = _refused(False)
+    disable_additional_properties: Any = _refused(False)
+    structural_tag: Any = _refused()
+
+
+TokenId = Annotated[int, Field(ge=0), INTEGRAL]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Bias = Annotated[float, Field(ge=-100, le=100)]
+BiasKey = Annotated[str, Field(pattern="^[0-9]+$")]
 
 
 class _Sampling(_Body):
@@ -139,17 +204,48 @@ class _Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     n: One = Field(1, description="one completion per request: send one request per completion")
-    tools: Any = _refused("tools")
-    tool_choice: Any = _refused("tool_choice")
-    functions: Any = _refused("functions")
-    function_call: Any = _refused("function_call")
-    response_format: Any = _refused("response_format")
-    logit_bias: Any = _refused("logit_bias")
-    frequency_penalty: Any = _refused("frequency_penalty")
-    presence_penalty: Any = _refused("presence_penalty")
-    echo: Any = _refused("echo")
-    suffix: Any = _refused("suffix")
-    best_of: Any = _refused("best_of")
+    # what changes the tokens: serve/controls.py turns these into one RequestControls
+    logit_bias: dict[BiasKey, Bias] | None = Field(None, description="token id (as a string) -> bias, -100..100")
+    frequency_penalty: Penalty | None = Field(None, description="OpenAI's; -2..2, 0 = off")
+    presence_penalty: Penalty | None = Field(None, description="OpenAI's; -2..2, 0 = off")
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(None, description="vLLM's; 1 = off")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = Field(None, description="vLLM's; 0 = off")
+    min_tokens: Annotated[int, Field(ge=0), INTEGRAL] = Field(0, description="vLLM's: no EOS before this many")
+    ignore_eos: bool = Field(False, description="vLLM's: EOS does not end the answer (max_tokens does)")
+    stop_token_ids: list[TokenId] | None = Field(None, description="vLLM's: more token ids that end the answer")
+    include_stop_str_in_output: bool = Field(False, description="vLLM's: return the stop string that ended the text")
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's structured output")
+    guided_json: dict[str, Any] | Text | None = Field(None, description="vLLM's legacy name: a JSON Schema")
+    guided_regex: Text | None = Field(None, description="vLLM's legacy name: a regular expression")
+    guided_choice: Annotated[list[Text], Field(min_length=1)] | None = Field(
+        None, description="vLLM's legacy name: one of these strings"
+    )
+    guided_grammar: Text | None = Field(None, description="vLLM's legacy name: a grammar (llguidance's Lark)")
+    # refused unless they ask for nothing
+    tools: Any = _refused()
+    tool_choice: Any = _refused("none")
+    functions: Any = _refused()
+    function_call: Any = _refused("none")
+    echo: Any = _refused(False)
+    suffix: Any = _refused("")
+    best_of: Any = _refused(1)
+    use_beam_search: Any = _refused(False)
+    prompt_logprobs: Any = _refused()
+    logprob_token_ids: Any = _refused()
+    allowed_token_ids: Any = _refused()
+    bad_words: Any = _refused([])
+    skip_special_tokens: Any = _refused(True)
+    spaces_between_special_tokens: Any = _refused(True)
+    truncate_prompt_tokens: Any = _refused()
+    return_tokens_as_token_ids: Any = _refused(False)
+    return_token_ids: Any = _refused(False)
+    repetition_detection: Any = _refused()
+    watermarking: Any = _refused(False)
+    guided_whitespace_pattern: Any = _refused()
+    reasoning_effort: Any = _refused()
+    thinking_token_budget: Any = _refused()
+    vllm_xargs: Any = _refused()
 
 
 def _any_text(schema: dict[str, Any]) -> None:
@@ -167,13 +263,47 @@ class ChatCompletionBody(_Sampling):
     max_completion_tokens: Budget | None = Field(None, description=f"{BUDGET}; wins over max_tokens")
     logprobs: bool = False
     top_logprobs: TopLogprobs | None = Field(None, description="alternatives per token, with logprobs: true")
+    add_generation_prompt: bool | None = Field(
+        None, description="vLLM's: open the assistant's turn (default true; false with continue_final_message)"
+    )
+    continue_final_message: bool = Field(False, description="vLLM's: continue the last message, left open")
+    add_special_tokens: Any = _refused(False)
+    chat_template: Any = _refused()
+    chat_template_kwargs: Any = _refused({})
+    documents: Any = _refused([])
+
+
+def _prompt_shape(value: Any) -> str:
+    """Which of the prompt's four shapes a value is, so that its errors are that shape's (a union's branches would
+    each report their own, and "at most 1 item" is no help for an id out of range)."""
+    if not isinstance(value, list):
+        return "one-text"
+    if value and all(isinstance(v, str) for v in value):
+        return "text-list"
+    return "id-lists" if value and isinstance(value[0], list) else "token-ids"
 
 
 class CompletionBody(_Sampling):
-    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=1)] = Field(
-        description="one text, not only white space; a list holds exactly one (send one request per prompt)"
+    prompt: Annotated[
+        Annotated[Prompt, Tag("one-text")]
+        | Annotated[list[Prompt], Field(min_length=1, max_length=1), Tag("text-list")]
+        | Annotated[list[TokenId], Field(min_length=1), Tag("token-ids")]
+        | Annotated[
+            list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=1), Tag("id-lists")
+        ],
+        Discriminator(_prompt_shape),
+    ] = Field(
+        description="one text, not only white space, or its token ids; a list holds exactly one of either "
+        "(send one request per prompt)"
     )
     logprobs: TopLogprobs | None = Field(None, description="the most likely tokens per position")
+    add_special_tokens: Any = _refused(True)
+    prompt_embeds: Any = _refused()
+
+
+class TgiGrammar(_Body):
+    type: Literal["json", "regex"]
+    value: dict[str, Any] | Text
 
 
 class LmiParameters(_Body):
@@ -188,6 +318,17 @@ class LmiParameters(_Body):
     stop: StopList | None = Field(None, description="TGI's name for stop_sequences")
     stop_sequences: StopList | None = Field(None, description="text that ends the answer (not returned)")
     details: bool = False
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(None, description="TGI's; 1 = off")
+    frequency_penalty: Penalty | None = Field(None, description="TGI's; -2..2, 0 = off")
+    grammar: TgiGrammar | None = Field(None, description="TGI's: a JSON Schema or a regular expression")
+    typical_p: Any = _refused()
+    truncate: Any = _refused()
+    return_full_text: Any = _refused(False)
+    decoder_input_details: Any = _refused(False)
+    top_n_tokens: Any = _refused()
+    best_of: Any = _refused(1)
+    watermark: Any = _refused(False)
+    adapter_id: Any = _refused()
 
 
 class LmiBody(_Body):
@@ -206,7 +347,11 @@ class GenerationRequest:
 
     kind: Literal["chat", "completion", "lmi"]
     prompt: str = ""
+    prompt_ids: list[int] | None = None  # completions: a prompt sent as token ids
+    prompt_ids_field: str = "prompt"  # where those ids are: `prompt`, or `prompt.0` for a list of one list
     messages: list[dict[str, str]] = field(default_factory=list)
+    add_generation_prompt: bool = True  # chat: open the assistant's turn
+    continue_final_message: bool = False  # chat: leave the last message open, to be continued
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -214,12 +359,15 @@ class GenerationRequest:
     top_k: int | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    include_stop_str: bool = False  # vLLM's include_stop_str_in_output
+    controls: RequestControls = field(default_factory=RequestControls)
     stream: bool = False
     include_usage: bool = False
     details: bool = False  # LMI: add `details` to the answer
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per position, with logprobs
     max_tokens_field: str | None = None  # chat: max_completion_tokens when that one set max_tokens
+    problems: list[Problem] = field(default_factory=list)  # refused fields, reported with the pipeline's refusals
 
     @property
     def prompt_field(self) -> str:
@@ -233,25 +381,69 @@ class GenerationRequest:
 
 
 def chat_request(data: dict[str, Any]) -> GenerationRequest:
+    """The chat body's request; what it asks and this server refuses is in `problems` (app.py answers them with the
+    pipeline's refusals of its controls, in one 400)."""
     body = validate(ChatCompletionBody, data)
-    _raise(_sampling_problems(body))
-    messages = [
-        {"role": m.role, "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)}
-        for m in body.messages
-    ]
     request = _common("chat", body)
-    request.messages = messages
+    request.messages, message_problems = _messages(body.messages)
+    request.problems += message_problems
+    request.continue_final_message = body.continue_final_message
+    if body.continue_final_message and body.add_generation_prompt:
+        request.problems.append(
+            Problem(
+                "add_generation_prompt",
+                True,
+                "cannot be true with continue_final_message: true (vLLM's rule): the last message is continued, "
+                "not answered",
+                "leave add_generation_prompt out (it defaults to false with continue_final_message)",
+            )
+        )
+    default = not body.continue_final_message
+    request.add_generation_prompt = default if body.add_generation_prompt is None else body.add_generation_prompt
     if body.max_completion_tokens is not None:
         request.max_tokens, request.max_tokens_field = body.max_completion_tokens, "max_completion_tokens"
     request.logprobs, request.top_logprobs = body.logprobs, body.top_logprobs or 0
     return request
 
 
+def _messages(messages: list[ChatMessage]) -> tuple[list[dict[str, str]], list[Problem]]:
+    """The conversation as the chat template takes it (`developer` as `system`), and what this server cannot read
+    in it yet: tool messages and tool calls."""
+    problems = []
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            problems.append(Problem(f"messages.{i}.role", "tool", TOOLS_NOT_YET, "leave tool messages out"))
+            continue
+        problems += _refusals(m, f"messages.{i}.", TOOLS_NOT_YET)
+        if m.content is None and m.tool_calls is None:
+            problems.append(
+                Problem(
+                    f"messages.{i}.content",
+                    None,
+                    "required: the message's text (only an assistant message with tool_calls may leave it out)",
+                    "send content as a string or a list of text parts",
+                )
+            )
+    turns = [
+        {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or []),
+        }
+        for m in messages
+    ]
+    return turns, problems
+
+
 def completion_request(data: dict[str, Any]) -> GenerationRequest:
     body = validate(CompletionBody, data)
-    _raise(_sampling_problems(body))
     request = _common("completion", body)
-    request.prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    prompt = body.prompt
+    if isinstance(prompt, str) or isinstance(prompt[0], str):
+        request.prompt = prompt if isinstance(prompt, str) else prompt[0]
+    elif isinstance(prompt[0], int):
+        request.prompt_ids = list(prompt)
+    else:
+        request.prompt_ids, request.prompt_ids_field = list(prompt[0]), "prompt.0"
     request.logprobs, request.top_logprobs = body.logprobs is not None, body.logprobs or 0
     return request
 
@@ -260,6 +452,7 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
     body = validate(LmiBody, data)
     p = body.parameters
     sample = p.do_sample if p.do_sample is not None else bool(p.temperature)  # LMI 0.32 infers it
+    controls, problems = lmi_controls(p)
     return GenerationRequest(
         "lmi",
         prompt=body.inputs,
@@ -271,6 +464,8 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
         stop=(p.stop_sequences or p.stop or []),
         stream=body.stream,
         details=p.details,
+        controls=controls,
+        problems=_refusals(p, "parameters.") + problems,
     )
 
 
@@ -300,7 +495,11 @@ def invocation_request(data: dict[str, Any]) -> GenerationRequest:
 
 
 def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationRequest:
+    """The fields chat and completions share, and their problems: the rules between fields, the fields this server
+    refuses rather than ignores, and the controls' own."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    controls, control_problems = request_controls(body)
+    nested = _refusals(body.structured_outputs, "structured_outputs.") if body.structured_outputs else []
     return GenerationRequest(
         kind,
         model=body.model,
@@ -310,8 +509,11 @@ def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationR
         top_k=_top_k(body.top_k),
         seed=body.seed,
         stop=stop,
+        include_stop_str=body.include_stop_str_in_output,
+        controls=controls,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        problems=_dependency_problems(body) + _refusals(body) + nested + control_problems,
     )
 
 
@@ -319,9 +521,9 @@ def _top_k(value: int | None) -> int | None:
     return 0 if value == -1 else value  # -1 is vLLM's "off", and many clients send it
 
 
-def _sampling_problems(body: _Sampling) -> list[Problem]:
-    """The rules between fields, and the fields this server refuses rather than ignores."""
-    dependent = [
+def _dependency_problems(body: _Sampling) -> list[Problem]:
+    """The rules between fields (DEPENDS_ON)."""
+    return [
         Problem(
             name,
             value.model_dump() if isinstance(value, BaseModel) else value,
@@ -331,25 +533,22 @@ def _sampling_problems(body: _Sampling) -> list[Problem]:
         for name, other in _dependencies(type(body))
         if (value := getattr(body, name)) is not None and getattr(body, other) is not True
     ]
-    return dependent + [
+
+
+def _refusals(body: BaseModel, prefix: str = "", rule: str | None = None) -> list[Problem]:
+    """The fields of `body` this server refuses rather than ignores, where they ask for something."""
+    return [
         Problem(
-            name,
+            prefix + name,
             value,
-            "not supported by this server: speculative sampling here returns plain text from "
-            "the model's own distribution (no tool calls, structured output, penalties, biases, echo, suffix "
-            "or best-of)",
-            f"leave {name} out",
+            rule or REFUSAL_RULES.get(name, NOT_SUPPORTED),
+            f"leave {prefix + name} out",
         )
-        for name, no_ops in NO_OP_VALUES.items()
-        if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in no_ops)
+        for name, passing in _refused_fields(type(body)).items()
+        if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in passing)
     ]
 
 
 def _same(value: Any, ok: Any) -> bool:
     """JSON equality: 0 == 0.0, but false is not 0."""
     return value == ok and isinstance(value, bool) == isinstance(ok, bool)
-
-
-def _raise(problems: list[Problem]) -> None:
-    if problems:
-        raise ApiError(400, problems)

@@ -3,7 +3,8 @@
 Origin of a token: "draft" (a drafted token the target accepted), "target" (a token the target chose:
 a rejection's correction, a bonus token or a plain step) or "unknown" (the library engine). While
 streaming, text that could still be the start of a stop string is held back, so a client never
-receives a stop string, not even in part. Decoding is incremental (pipeline/text.py).
+receives a stop string, not even in part, unless the request asked for it (vLLM's include_stop_str_in_output:
+the text then ends with the stop string). Decoding is incremental (pipeline/text.py).
 
 `returned_tokens` counts the tokens whose text is returned: a step commits several tokens at once, and
 the ones after a stop string are neither sent nor counted in `usage` (OpenAI's completion_tokens).
@@ -38,9 +39,10 @@ class TextPiece:
 
 
 class TokenText:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: list[str], include_stop: bool = False):
         self.decoder = IncrementalDecoder(tokenizer)
         self.stop = stop
+        self.include_stop = include_stop  # vLLM's include_stop_str_in_output: the text ends after the stop string
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.starts: list[int] = []  # where each token's text starts in `text`
         self.logprobs: list[TokenLogprob] = []  # per token, when the request asked for them
@@ -86,11 +88,12 @@ class TokenText:
 
     def _cut_at_stop(self, new_from: int) -> None:
         start = max(new_from - self.hold, 0)
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        hits = [(i, len(s)) for s in self.stop if (i := self.text.find(s, start)) >= 0]
         if not hits:
             return
         self.stopped = True
-        self.text = self.text[: min(hits)]
+        at, length = min(hits, key=lambda hit: hit[0])  # the earliest; of two there, the first listed
+        self.text = self.text[: at + length if self.include_stop else at]
         self._trim_pending(len(self.text))
 
     def _trim_pending(self, end: int) -> None:

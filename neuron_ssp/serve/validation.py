@@ -38,6 +38,7 @@ BOUND_RULES = {
     "int_type": ("must be an integer", 'send a JSON integer such as 3 (not "3", 3.5 or true)'),
     "float_type": ("must be a number", 'send a JSON number such as 0.7 (not "0.7" or true)'),
     "bool_type": ("must be true or false", 'send a JSON boolean (not "true" or 1)'),
+    "string_type": ("must be a string", 'send a JSON string such as "Hi"'),
     # a constrained string is checked as UTF-8 before schemas._unicode sees it: the same rule
     "string_unicode": ("holds a lone surrogate: not valid Unicode text", "send valid Unicode text"),
 }

@@ -43,6 +43,7 @@ from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.text import TextPiece, TokenLogprob, TokenText
+from neuron_ssp.speculation.controls import RequestControls
 from neuron_ssp.speculation.stats import GenerationStats
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -97,6 +98,8 @@ class Job:
     timeout_s: float
     loop: asyncio.AbstractEventLoop
     top_logprobs: int | None = None  # None: no logprobs; n: the chosen token and the n most likely
+    controls: RequestControls = field(default_factory=RequestControls)
+    include_stop_str: bool = False  # vLLM's include_stop_str_in_output
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     client_gone: threading.Event = field(default_factory=threading.Event)  # cancelled because the client left
@@ -251,7 +254,7 @@ class GenerationWorker:
         run = self._admit(job)
         if run is None:
             return
-        request = self.pipeline.row_request(job.prompt_ids, job.max_tokens, job.sampling, run.callbacks())
+        request = self.pipeline.row_request(job.prompt_ids, job.max_tokens, job.sampling, run.callbacks(), job.controls)
         row, error = _outcome(partial(loop.join, request))
         if row is not None and not row.finished:
             rows[row] = run
@@ -322,7 +325,7 @@ class JobRun:
     def __init__(self, worker: GenerationWorker, job: Job):
         self.worker = worker
         self.job = job
-        self.text = TokenText(worker.pipeline.tokenizer, job.stop)
+        self.text = TokenText(worker.pipeline.tokenizer, job.stop, job.include_stop_str)
         self.progress = Progress(target_calls=-1)
         self.started = time.perf_counter()  # when it joins the batch
         self.first: float | None = None  # its first token
@@ -387,7 +390,8 @@ class JobRun:
         if pieces or logprobs:
             job.emit(Delta(pieces, Progress(**vars(self.progress)), logprobs, self.text.sent_tokens))
         pipeline = self.worker.pipeline
-        ended_by_model = bool(result.tokens) and result.tokens[-1] in pipeline.eos_token_ids
+        ending = set(job.controls.stop_token_ids) | (set() if job.controls.ignore_eos else pipeline.eos_token_ids)
+        ended_by_model = bool(result.tokens) and result.tokens[-1] in ending
         reason = "stop" if self.text.stopped or ended_by_model else "length"
         self.worker.finish(job, reason, self)
         sampled = job.sampling.temperature > 0 and pipeline.config.speculation.engine != "fused"
