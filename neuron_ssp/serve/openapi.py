@@ -317,7 +317,7 @@ def _token_ids_within(fields: dict[str, Any], vocab_size: int) -> None:
 
 def _integer_items(schema: dict[str, Any]) -> list[dict[str, Any]]:
     """The integer schemas of array items anywhere in `schema`'s branches (a prompt: ids, or a list of them)."""
-    found = []
+    found: list[dict[str, Any]] = []
     for branch in schema.get("anyOf", schema.get("oneOf", [schema])):
         items = branch.get("items", {}) if branch.get("type") == "array" else {}
         found += [items] if items.get("type") == "integer" else _integer_items(items) if items else []

@@ -97,7 +97,7 @@ def _refused(*no_ops: Any) -> Any:
 def _refused_fields(model: type[BaseModel]) -> dict[str, list[Any]]:
     """The model's refused fields -> the values that pass."""
     return {
-        name: info.json_schema_extra["enum"]
+        name: list(info.json_schema_extra["enum"])  # type: ignore[arg-type]  # _refused wrote a list there
         for name, info in model.model_fields.items()
         if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(REFUSED)
     }
