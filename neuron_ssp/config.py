@@ -225,6 +225,8 @@ class ServeConfig(_Strict):
     drain_timeout: float = Field(30.0, ge=0)  # SIGTERM: how long the running request may still take
     api_key_env: str | None = None  # name of the environment variable that holds the API key
     served_model_name: str | None = None  # the `model` clients send; default: the target's name
+    # origins a browser page may call the API from (CORS); vLLM's default, any origin, without credentials
+    allowed_origins: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
 
     @property
     def timeout_s(self) -> float:

@@ -49,6 +49,9 @@ class CharTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(i) for i in ids if i != EOS)
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [chr(i) for i in ids]
+
 
 class ScriptedReply:
     """A row's drafter that knows the reply: it proposes the reply's next tokens (the stand-in target then

@@ -45,3 +45,18 @@ def test_serve_takes_threads_like_every_timing_command(monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     result = CliRunner().invoke(main, ["serve", "--threads", "1", "--api-key-env", "NO_SUCH_KEY_VAR"])
     assert "No such option" not in result.output and "NO_SUCH_KEY_VAR" in result.output
+
+
+def test_allowed_origins_is_a_json_list_as_vllm_takes_it(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    bad = CliRunner().invoke(main, ["serve", "--allowed-origins", "https://a.example"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert "--allowed-origins" in bad.output and "JSON list" in bad.output
+    good = CliRunner().invoke(
+        main, ["serve", "--allowed-origins", '["https://a.example"]', "--api-key-env", "NO_SUCH_KEY_VAR"]
+    )
+    assert "NO_SUCH_KEY_VAR" in good.output  # past the flag, stopped before loading by the missing key
+    assert load_config(None, {"serve.allowed_origins": ["https://a.example"]}).serve.allowed_origins == [
+        "https://a.example"
+    ]
+    assert load_config(None).serve.allowed_origins == ["*"]

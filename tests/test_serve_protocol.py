@@ -220,9 +220,10 @@ def test_openapi_states_the_limits_the_server_enforces():
     assert _branch(chat["model"], "string")["enum"] == ["fake-model"]
     assert (_branch(chat["frequency_penalty"], "number")["minimum"], chat["echo"]["enum"]) == (-2, [None, False])
     needs = doc["components"]["schemas"]["ChatCompletionBody"]["allOf"]
-    assert {(r["if"]["required"][0], r["then"]["required"][0]) for r in needs} == {
+    assert {(r["if"]["required"][0], next(iter(r["then"]["properties"]))) for r in needs} == {
         ("stream_options", "stream"),
         ("top_logprobs", "logprobs"),
+        ("continue_final_message", "add_generation_prompt"),
     }
     ok = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(ok) == {"application/json", "text/event-stream"}

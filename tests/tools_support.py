@@ -34,6 +34,9 @@ class CharTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(32 + i % 90) for i in ids if i != EOS or not skip_special_tokens)
 
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self.decode([i], skip_special_tokens=False) for i in ids]
+
 
 def tiny_config(**sections: Any) -> Config:
     data: dict[str, Any] = {

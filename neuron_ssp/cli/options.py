@@ -12,6 +12,7 @@ import click
 import torch
 
 from neuron_ssp.config import Config, ResolvedConfig, load_config, resolve_config
+from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS
 
 # flag name -> dotted config field it overrides
@@ -120,3 +121,18 @@ def prompts_option(func: Callable[..., Any]) -> Callable[..., Any]:
 def set_threads(threads: int | None) -> None:
     if threads is not None:
         torch.set_num_threads(threads)
+
+
+def json_list(value: str | None, flag: str) -> list[str] | None:
+    """A flag that takes a JSON list of strings, as vLLM's list flags do (`--allowed-origins '["https://a.b"]'`)."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not (isinstance(parsed, list) and parsed and all(isinstance(v, str) for v in parsed)):
+        raise UsageError(
+            Problem(flag, value, "must be a non-empty JSON list of strings (vLLM's form)", f"""e.g. {flag} '["*"]'""")
+        )
+    return parsed

@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 
 from neuron_ssp.cli.generate import load_with_status
-from neuron_ssp.cli.options import echo_json, prompts_option, set_threads, threads_option
+from neuron_ssp.cli.options import echo_json, json_list, prompts_option, set_threads, threads_option
 from neuron_ssp.cli.report import console, describe, status_console
 from neuron_ssp.config import Config, load_config
 from neuron_ssp.errors import Problem, RuntimeProblem, UsageError
@@ -30,6 +30,7 @@ SERVE_OVERRIDES = (
     "request_timeout",
     "api_key_env",
     "served_model_name",
+    "allowed_origins",
 )
 
 
@@ -62,6 +63,11 @@ SERVE_OVERRIDES = (
 )
 @click.option("--api-key-env", help="Name of the environment variable holding the API key clients must send.")
 @click.option("--served-model-name", help="The `model` name clients send (default: the target's name).")
+@click.option(
+    "--allowed-origins",
+    callback=lambda ctx, param, value: json_list(value, "--allowed-origins"),
+    help="Origins a browser page may call the API from, as a JSON list (CORS; default '[\"*\"]', as vLLM).",
+)
 @threads_option
 def serve(config_path: Path | None, threads: int | None, **flags: object) -> None:
     """Serve the model pair over HTTP: OpenAI /v1/chat/completions and /v1/completions, /v1/models,

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -46,6 +47,7 @@ from neuron_ssp.serve.schemas import (
     invocation_request,
 )
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
+from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary
 from neuron_ssp.serve.validation import parse_json
 from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
 from neuron_ssp.topology.positions import max_new_tokens_within
@@ -100,16 +102,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
 
     async def generate(request: Request, spec: GenerationRequest) -> Response:
         request_id = request.state.request_id
-        if spec.model is not None and spec.model != model_name:
-            raise ApiError(
-                404,
-                Problem(
-                    "model",
-                    spec.model,
-                    "no such model on this server",
-                    f"send model '{model_name}' (GET /v1/models lists it)",
-                ),
-            )
+        _check_model(spec.model, model_name)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
         _refuse_asked(pipeline, spec, max_tokens)
         prompt_ids = await asyncio.get_running_loop().run_in_executor(encoder, _encode, pipeline, spec)
@@ -164,16 +157,36 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     async def invocations(request: Request) -> Response:
         return await generate(request, invocation_request(await _read_json(request)))
 
-    @app.get("/v1/models", **openapi.route("models"))
-    async def models() -> dict[str, Any]:
-        card = {
+    def card() -> dict[str, Any]:
+        return {
             "id": model_name,
             "object": "model",
             "created": int(time.time()),
             "owned_by": "neuron-ssp",
             "max_model_len": pipeline.target.n_positions,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models", **openapi.route("models"))
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}", **openapi.route("model"))
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != model_name:
+            raise ApiError(404, _unknown_model(model_id, model_name, "model_id"))
+        return card()
+
+    @app.post("/tokenize", **openapi.route("tokenize"))
+    async def tokenize_route(request: Request) -> dict[str, Any]:
+        data = await _read_json(request)
+        _check_model(data.get("model") if isinstance(data.get("model"), str) else None, model_name)  # else a 400
+        return await asyncio.get_running_loop().run_in_executor(encoder, tokenize, pipeline, data)
+
+    @app.post("/detokenize", **openapi.route("detokenize"))
+    async def detokenize_route(request: Request) -> dict[str, Any]:
+        data = await _read_json(request)
+        _check_model(data.get("model") if isinstance(data.get("model"), str) else None, model_name)  # else a 400
+        return await asyncio.get_running_loop().run_in_executor(encoder, detokenize, pipeline, data)
 
     @app.get("/health", **openapi.route("health"))
     async def health() -> Response:
@@ -200,7 +213,20 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     vocab = pipeline.target.vocab_size
     app.openapi = lambda: openapi.document(app, model_name, largest, vocab, refused)  # type: ignore[method-assign]
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
+    # outermost: a browser's preflight (OPTIONS, no key) is answered before the gate, and every answer carries the
+    # headers; vLLM's defaults (--allowed-origins '["*"]', no credentials, any method and header)
+    app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"], allow_headers=["*"])
     return app
+
+
+def _check_model(asked: Any, model_name: str) -> None:
+    """A 404 for a model this server does not serve (None, or no `model`, means the one it serves)."""
+    if asked is not None and asked != model_name:
+        raise ApiError(404, _unknown_model(asked, model_name, "model"))
+
+
+def _unknown_model(asked: Any, model_name: str, field: str) -> Problem:
+    return Problem(field, asked, "no such model on this server", f"send model '{model_name}' (GET /v1/models lists it)")
 
 
 def draft_positions(config: Config) -> int:
@@ -234,7 +260,7 @@ async def _read_json(request: Request) -> dict[str, Any]:
 def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
     """The prompt's ids (run on the encoder thread), or a 400 naming the field the client sent."""
     if spec.prompt_ids is not None:
-        return _token_ids(pipeline, spec.prompt_ids, spec.prompt_ids_field)
+        return within_vocabulary(pipeline, spec.prompt_ids, spec.prompt_ids_field)
     try:
         if spec.kind == "chat":
             turn = ChatTurn(spec.add_generation_prompt, spec.continue_final_message)
@@ -244,25 +270,6 @@ def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
     except NeuronSSPError as exc:
         field = {"prompt": "inputs"} if spec.kind == "lmi" else {}  # name the field the client sent
         raise ApiError(400, [replace(p, field=field.get(p.field, p.field)) for p in exc.problems]) from None
-
-
-def _token_ids(pipeline: Pipeline, ids: list[int], field: str) -> torch.Tensor:
-    """A prompt sent as token ids (OpenAI's and vLLM's completions take them), each checked against the vocabulary:
-    the model has no embedding for an id past it (vLLM: "Token id ... is out of vocabulary")."""
-    vocab = pipeline.target.vocab_size
-    outside = [i for i, token in enumerate(ids) if token >= vocab]
-    if outside:
-        more = f"; {len(outside) - 1} more lie outside it too, at indices {outside[1:9]}" if len(outside) > 1 else ""
-        raise ApiError(
-            400,
-            Problem(
-                f"{field}.{outside[0]}",
-                ids[outside[0]],
-                f"not a token id of this model: its vocabulary holds ids 0..{vocab - 1}{more}",
-                "send ids from this model's tokenizer, or send the prompt as text",
-            ),
-        )
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:

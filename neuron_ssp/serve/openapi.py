@@ -19,6 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from neuron_ssp.serve.schemas import INVOCATION_BODIES, ChatCompletionBody, CompletionBody, LmiBody
+from neuron_ssp.serve.tokens import DetokenizeBody, TokenizeChatBody, TokenizeCompletionBody
 from neuron_ssp.speculation.controls import Grammar, RequestControls
 
 if TYPE_CHECKING:
@@ -145,6 +146,17 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 class Health(BaseModel):
     status: Literal["ok", "draining"]
     queue_depth: int | None = None
@@ -170,17 +182,34 @@ REQUEST_BODIES: dict[str, dict[str, Any]] = {
     "chat": _ref(ChatCompletionBody),
     "completion": _ref(CompletionBody),
     "invocations": _invocation_body(),
+    # a body with `messages` is a chat body (serve/tokens.py), any other a completions body
+    "tokenize": {
+        "oneOf": [
+            _ref(TokenizeChatBody),
+            {"allOf": [_ref(TokenizeCompletionBody), {"not": {"required": ["messages"]}}]},
+        ]
+    },
+    "detokenize": _ref(DetokenizeBody),
 }
 ANSWERS: dict[str, type[BaseModel] | tuple[type[BaseModel], ...]] = {
     "chat": ChatCompletion,
     "completion": Completion,
     "invocations": (ChatCompletion, Completion, LmiResponse),
+    "tokenize": TokenizeResponse,
+    "detokenize": DetokenizeResponse,
 }
 STREAMS = {
     "chat": ["text/event-stream"],
     "completion": ["text/event-stream"],
     "invocations": ["text/event-stream", "application/jsonlines"],
 }  # with `stream: true` (jsonlines: LMI)
+TOKEN_ERRORS = {
+    400: "a bad body: every problem named (field, value, rule, fix); a token id outside the vocabulary",
+    401: "a missing or wrong API key",
+    404: "an unknown model",
+    413: "a body over 1 MiB",
+    415: "a body that is not JSON",
+}
 STREAM_SCHEMAS = {  # OpenAPI 3.1: an event stream's schema describes one event, as parsed (its `data` text)
     "text/event-stream": {
         "type": "object",
@@ -190,6 +219,7 @@ STREAM_SCHEMAS = {  # OpenAPI 3.1: an event stream's schema describes one event,
     },
     "application/jsonlines": {"type": "string", "description": "one JSON object a line (LMI's stream)"},
 }
+TOKEN_BODIES = ("TokenizeChatBody", "TokenizeCompletionBody", "DetokenizeBody")
 BUDGETS = (  # and min_tokens, which may not pass the budget
     ("ChatCompletionBody", "max_tokens"),
     ("ChatCompletionBody", "max_completion_tokens"),
@@ -213,6 +243,13 @@ GENERATION_ERRORS = {
 def route(kind: str) -> dict[str, Any]:
     """Keyword arguments of a route decorator: its request body (the server parses it itself, with a size cap)
     and its answers."""
+    if kind in ("tokenize", "detokenize"):
+        body = {"required": True, "content": {"application/json": {"schema": REQUEST_BODIES[kind]}}}
+        token_answers: dict[int | str, Any] = {200: {"model": ANSWERS[kind], "description": "the answer"}}
+        token_answers.update(
+            {status: {"model": ErrorResponse, "description": why} for status, why in TOKEN_ERRORS.items()}
+        )
+        return {"openapi_extra": {"requestBody": body}, "responses": token_answers}
     if kind in REQUEST_BODIES:
         body = {"required": True, "content": {"application/json": {"schema": REQUEST_BODIES[kind]}}}
         answer = ANSWERS[kind]
@@ -230,6 +267,10 @@ def route(kind: str) -> dict[str, Any]:
         return {"openapi_extra": {"requestBody": body}, "responses": responses}
     simple: dict[str, dict[int | str, Any]] = {
         "models": {200: {"model": ModelList, "description": "the served model"}},
+        "model": {
+            200: {"model": ModelCard, "description": "the served model"},
+            404: {"model": ErrorResponse, "description": "another model id"},
+        },
         "health": {
             200: {"model": Health, "description": "serving"},
             503: {"model": Health, "description": "draining after SIGTERM"},
@@ -285,13 +326,28 @@ def document(
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = doc.setdefault("components", {}).setdefault("schemas", {})
-    extra = (ChatCompletion, Completion, LmiResponse, ChatCompletionBody, CompletionBody, LmiBody)
+    extra = (
+        ChatCompletion,
+        Completion,
+        LmiResponse,
+        ChatCompletionBody,
+        CompletionBody,
+        LmiBody,
+        TokenizeChatBody,
+        TokenizeCompletionBody,
+        DetokenizeBody,
+    )
     for model in extra:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="validation")
         components.update(schema.pop("$defs", {}))
         components[model.__name__] = schema
-    for body in ("ChatCompletionBody", "CompletionBody"):  # any other name is a 404
+    for body in ("ChatCompletionBody", "CompletionBody", *TOKEN_BODIES):  # any other name is a 404
         _branch(components[body]["properties"]["model"], "string")["enum"] = [model_name]
+    card = doc["paths"]["/v1/models/{model_id}"]["get"]
+    for parameter in card["parameters"]:
+        parameter["schema"]["enum"] = [model_name]
+    card["responses"].pop("422", None)  # FastAPI's for a path parameter: any text is a model id, answered 200 or 404
+    components["DetokenizeBody"]["properties"]["tokens"]["items"]["maximum"] = vocab_size - 1
     for body, name in BUDGETS:  # a longer prompt leaves less: the 400 says how much
         if name in components[body]["properties"] and name not in refused:
             _branch(components[body]["properties"][name], "integer")["maximum"] = largest_budget

@@ -5,7 +5,7 @@ booleans, no "3" or true for an integer; finite numbers; 64-bit seeds; valid Uni
 one declaration both checks a body (serve/validation.py turns each error into field, value, rule and fix,
 all at once) and states the limit in /openapi.json. Rules between two fields (DEPENDS_ON) are checked here
 and stated there as `if`/`then`. Unknown fields are accepted and ignored, as OpenAI's and vLLM's servers do,
-except those that would change the answer and that this server cannot honour (declared with `_refused`): those
+except those that would change the answer and that this server cannot honour (declared with `refused`): those
 are refused, unless they carry the value that asks for nothing (what OpenAI clients send as defaults). The fields
 that change a request's tokens (vLLM's sampling extras, structured output) become one `RequestControls`
 (serve/controls.py), which the pipeline runs or refuses (`Pipeline.controls_problems`).
@@ -49,6 +49,7 @@ REFUSAL_RULES = {
     ),
 }
 DEPENDS_ON = {"stream_options": "stream", "top_logprobs": "logprobs"}  # allowed only with the other one true
+EXCLUSIVE = (("continue_final_message", "add_generation_prompt"),)  # not both true (vLLM's rule)
 
 
 def _unicode(text: str) -> str:
@@ -86,7 +87,7 @@ TEMPERATURE = "0 = greedy; 2 at most, OpenAI's range, which vLLM 0.33.0 enforces
 TOP_P, TOP_K = "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field; vLLM prefers 0)"
 
 
-def _refused(*no_ops: Any) -> Any:
+def refused(*no_ops: Any) -> Any:
     """A field this server cannot honour: documented as taking only the values that ask for nothing (and null)."""
     unless = f" unless {' or '.join(json.dumps(v) for v in no_ops)}" if no_ops else ""
     return Field(
@@ -97,7 +98,7 @@ def _refused(*no_ops: Any) -> Any:
 def _refused_fields(model: type[BaseModel]) -> dict[str, list[Any]]:
     """The model's refused fields -> the values that pass."""
     return {
-        name: list(info.json_schema_extra["enum"])  # type: ignore[arg-type]  # _refused wrote a list there
+        name: list(info.json_schema_extra["enum"])  # type: ignore[arg-type]  # refused wrote a list there
         for name, info in model.model_fields.items()
         if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(REFUSED)
     }
@@ -112,24 +113,33 @@ def _dependencies(model: type[BaseModel]) -> list[tuple[str, str]]:
     ]
 
 
-def _state_dependencies(schema: dict[str, Any], model: type[BaseModel]) -> None:
-    """The model's dependencies in JSON Schema: a field that is set (not null) requires the other one true."""
-    rules = [
+def state_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The model's rules between fields in JSON Schema: a field that is set (not null) requires the other one true;
+    of two EXCLUSIVE fields, the second may not be true when the first is."""
+    rules: list[dict[str, Any]] = [
         {
             "if": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]},
             "then": {"properties": {other: {"const": True}}, "required": [other]},
         }
         for name, other in _dependencies(model)
     ]
+    rules += [
+        {
+            "if": {"properties": {first: {"const": True}}, "required": [first]},
+            "then": {"properties": {second: {"not": {"const": True}}}},
+        }
+        for first, second in EXCLUSIVE
+        if first in model.model_fields and second in model.model_fields
+    ]
     if rules:
         schema["allOf"] = rules
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
-class TextPart(_Body):
+class TextPart(Body):
     type: Literal["text"]
     text: Text
 
@@ -144,34 +154,34 @@ def _no_tool_messages_yet(schema: dict[str, Any]) -> None:
     schema["required"] = ["role", "content"]
 
 
-class ChatMessage(_Body):
+class ChatMessage(Body):
     model_config = ConfigDict(json_schema_extra=_no_tool_messages_yet)
 
     role: Literal["system", "user", "assistant", "developer", "tool"] = Field(
         description="developer is OpenAI's newer name for system, and is rendered as system"
     )
     content: Text | list[TextPart] | None = None
-    tool_calls: Any = _refused()
-    tool_call_id: Any = _refused()
+    tool_calls: Any = refused()
+    tool_call_id: Any = refused()
 
 
-class StreamOptions(_Body):
+class StreamOptions(Body):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Body):
+class JsonSchemaFormat(Body):
     name: Text | None = None
     description: Text | None = None
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="the JSON Schema the answer follows")
     strict: bool | None = Field(None, description="constrained either way (as vLLM does)")
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(Body):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = Field(None, description="with type json_schema")
 
 
-class StructuredOutputs(_Body):
+class StructuredOutputs(Body):
     """vLLM's `structured_outputs`: one of json, regex, choice, grammar or json_object."""
 
     json_: dict[str, Any] | Text | None = Field(None, alias="json", description="a JSON Schema (object or its text)")
@@ -179,10 +189,10 @@ class StructuredOutputs(_Body):
     choice: Annotated[list[Text], Field(min_length=1)] | None = None
     grammar: Text | None = Field(None, description="a grammar in llguidance's Lark dialect")
     json_object: bool | None = None
-    whitespace_pattern: Any = _refused()
-    disable_any_whitespace: Any = _refused(False)
-    disable_additional_properties: Any = _refused(False)
-    structural_tag: Any = _refused()
+    whitespace_pattern: Any = refused()
+    disable_any_whitespace: Any = refused(False)
+    disable_additional_properties: Any = refused(False)
+    structural_tag: Any = refused()
 
 
 TokenId = Annotated[int, Field(ge=0), INTEGRAL]
@@ -191,8 +201,8 @@ Bias = Annotated[float, Field(ge=-100, le=100)]
 BiasKey = Annotated[str, Field(pattern="^[0-9]+$")]
 
 
-class _Sampling(_Body):
-    model_config = ConfigDict(json_schema_extra=_state_dependencies)
+class _Sampling(Body):
+    model_config = ConfigDict(json_schema_extra=state_rules)
 
     model: Text | None = Field(None, description="the served model (GET /v1/models)")
     max_tokens: Budget | None = Field(None, description=BUDGET)
@@ -223,32 +233,32 @@ class _Sampling(_Body):
     )
     guided_grammar: Text | None = Field(None, description="vLLM's legacy name: a grammar (llguidance's Lark)")
     # refused unless they ask for nothing
-    tools: Any = _refused()
-    tool_choice: Any = _refused("none")
-    functions: Any = _refused()
-    function_call: Any = _refused("none")
-    echo: Any = _refused(False)
-    suffix: Any = _refused("")
-    best_of: Any = _refused(1)
-    use_beam_search: Any = _refused(False)
-    prompt_logprobs: Any = _refused()
-    logprob_token_ids: Any = _refused()
-    allowed_token_ids: Any = _refused()
-    bad_words: Any = _refused([])
-    skip_special_tokens: Any = _refused(True)
-    spaces_between_special_tokens: Any = _refused(True)
-    truncate_prompt_tokens: Any = _refused()
-    return_tokens_as_token_ids: Any = _refused(False)
-    return_token_ids: Any = _refused(False)
-    repetition_detection: Any = _refused()
-    watermarking: Any = _refused(False)
-    guided_whitespace_pattern: Any = _refused()
-    reasoning_effort: Any = _refused()
-    thinking_token_budget: Any = _refused()
-    vllm_xargs: Any = _refused()
+    tools: Any = refused()
+    tool_choice: Any = refused("none")
+    functions: Any = refused()
+    function_call: Any = refused("none")
+    echo: Any = refused(False)
+    suffix: Any = refused("")
+    best_of: Any = refused(1)
+    use_beam_search: Any = refused(False)
+    prompt_logprobs: Any = refused()
+    logprob_token_ids: Any = refused()
+    allowed_token_ids: Any = refused()
+    bad_words: Any = refused([])
+    skip_special_tokens: Any = refused(True)
+    spaces_between_special_tokens: Any = refused(True)
+    truncate_prompt_tokens: Any = refused()
+    return_tokens_as_token_ids: Any = refused(False)
+    return_token_ids: Any = refused(False)
+    repetition_detection: Any = refused()
+    watermarking: Any = refused(False)
+    guided_whitespace_pattern: Any = refused()
+    reasoning_effort: Any = refused()
+    thinking_token_budget: Any = refused()
+    vllm_xargs: Any = refused()
 
 
-def _any_text(schema: dict[str, Any]) -> None:
+def any_text(schema: dict[str, Any]) -> None:
     """The prompt check's rule for a conversation, stated: some message holds some text."""
     text = {"type": "string", "pattern": NOT_BLANK}
     schema["contains"] = {
@@ -258,7 +268,7 @@ def _any_text(schema: dict[str, Any]) -> None:
 
 class ChatCompletionBody(_Sampling):
     messages: list[ChatMessage] = Field(
-        min_length=1, json_schema_extra=_any_text, description="the conversation; some message must hold some text"
+        min_length=1, json_schema_extra=any_text, description="the conversation; some message must hold some text"
     )
     max_completion_tokens: Budget | None = Field(None, description=f"{BUDGET}; wins over max_tokens")
     logprobs: bool = False
@@ -267,10 +277,10 @@ class ChatCompletionBody(_Sampling):
         None, description="vLLM's: open the assistant's turn (default true; false with continue_final_message)"
     )
     continue_final_message: bool = Field(False, description="vLLM's: continue the last message, left open")
-    add_special_tokens: Any = _refused(False)
-    chat_template: Any = _refused()
-    chat_template_kwargs: Any = _refused({})
-    documents: Any = _refused([])
+    add_special_tokens: Any = refused(False)
+    chat_template: Any = refused()
+    chat_template_kwargs: Any = refused({})
+    documents: Any = refused([])
 
 
 def _prompt_shape(value: Any) -> str:
@@ -297,16 +307,16 @@ class CompletionBody(_Sampling):
         "(send one request per prompt)"
     )
     logprobs: TopLogprobs | None = Field(None, description="the most likely tokens per position")
-    add_special_tokens: Any = _refused(True)
-    prompt_embeds: Any = _refused()
+    add_special_tokens: Any = refused(True)
+    prompt_embeds: Any = refused()
 
 
-class TgiGrammar(_Body):
+class TgiGrammar(Body):
     type: Literal["json", "regex"]
     value: dict[str, Any] | Text
 
 
-class LmiParameters(_Body):
+class LmiParameters(Body):
     """SageMaker LMI (DJL Serving) / TGI `parameters`; LMI <= 0.31 samples only with do_sample."""
 
     max_new_tokens: Budget | None = Field(None, description=BUDGET)
@@ -321,17 +331,17 @@ class LmiParameters(_Body):
     repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(None, description="TGI's; 1 = off")
     frequency_penalty: Penalty | None = Field(None, description="TGI's; -2..2, 0 = off")
     grammar: TgiGrammar | None = Field(None, description="TGI's: a JSON Schema or a regular expression")
-    typical_p: Any = _refused()
-    truncate: Any = _refused()
-    return_full_text: Any = _refused(False)
-    decoder_input_details: Any = _refused(False)
-    top_n_tokens: Any = _refused()
-    best_of: Any = _refused(1)
-    watermark: Any = _refused(False)
-    adapter_id: Any = _refused()
+    typical_p: Any = refused()
+    truncate: Any = refused()
+    return_full_text: Any = refused(False)
+    decoder_input_details: Any = refused(False)
+    top_n_tokens: Any = refused()
+    best_of: Any = refused(1)
+    watermark: Any = refused(False)
+    adapter_id: Any = refused()
 
 
-class LmiBody(_Body):
+class LmiBody(Body):
     inputs: Prompt = Field(description="the raw text, not only white space")
     parameters: LmiParameters = LmiParameters()
     stream: bool = False
@@ -385,7 +395,7 @@ def chat_request(data: dict[str, Any]) -> GenerationRequest:
     pipeline's refusals of its controls, in one 400)."""
     body = validate(ChatCompletionBody, data)
     request = _common("chat", body)
-    request.messages, message_problems = _messages(body.messages)
+    request.messages, message_problems = chat_turns(body.messages)
     request.problems += message_problems
     request.continue_final_message = body.continue_final_message
     if body.continue_final_message and body.add_generation_prompt:
@@ -406,7 +416,7 @@ def chat_request(data: dict[str, Any]) -> GenerationRequest:
     return request
 
 
-def _messages(messages: list[ChatMessage]) -> tuple[list[dict[str, str]], list[Problem]]:
+def chat_turns(messages: list[ChatMessage]) -> tuple[list[dict[str, str]], list[Problem]]:
     """The conversation as the chat template takes it (`developer` as `system`), and what this server cannot read
     in it yet: tool messages and tool calls."""
     problems = []
@@ -414,7 +424,7 @@ def _messages(messages: list[ChatMessage]) -> tuple[list[dict[str, str]], list[P
         if m.role == "tool":
             problems.append(Problem(f"messages.{i}.role", "tool", TOOLS_NOT_YET, "leave tool messages out"))
             continue
-        problems += _refusals(m, f"messages.{i}.", TOOLS_NOT_YET)
+        problems += refusals(m, f"messages.{i}.", TOOLS_NOT_YET)
         if m.content is None and m.tool_calls is None:
             problems.append(
                 Problem(
@@ -465,7 +475,7 @@ def lmi_request(data: dict[str, Any]) -> GenerationRequest:
         stream=body.stream,
         details=p.details,
         controls=controls,
-        problems=_refusals(p, "parameters.") + problems,
+        problems=refusals(p, "parameters.") + problems,
     )
 
 
@@ -499,7 +509,7 @@ def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationR
     refuses rather than ignores, and the controls' own."""
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     controls, control_problems = request_controls(body)
-    nested = _refusals(body.structured_outputs, "structured_outputs.") if body.structured_outputs else []
+    nested = refusals(body.structured_outputs, "structured_outputs.") if body.structured_outputs else []
     return GenerationRequest(
         kind,
         model=body.model,
@@ -513,7 +523,7 @@ def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationR
         controls=controls,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        problems=_dependency_problems(body) + _refusals(body) + nested + control_problems,
+        problems=_dependency_problems(body) + refusals(body) + nested + control_problems,
     )
 
 
@@ -535,7 +545,7 @@ def _dependency_problems(body: _Sampling) -> list[Problem]:
     ]
 
 
-def _refusals(body: BaseModel, prefix: str = "", rule: str | None = None) -> list[Problem]:
+def refusals(body: BaseModel, prefix: str = "", rule: str | None = None) -> list[Problem]:
     """The fields of `body` this server refuses rather than ignores, where they ask for something."""
     return [
         Problem(
