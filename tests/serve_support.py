@@ -169,9 +169,15 @@ class FakePipeline:
         return encode_prompt(self.tokenizer, prompt, False, limit)
 
     def encode_messages(
-        self, messages: list[dict[str, str]], limit: PromptLimit | None = None, turn: ChatTurn = ChatTurn()
+        self,
+        messages: list[dict[str, Any]],
+        limit: PromptLimit | None = None,
+        turn: ChatTurn = ChatTurn(),
+        tools: list[dict[str, Any]] | None = None,
     ) -> torch.Tensor:
-        return encode_messages(self.tokenizer, messages, True, limit, turn)  # the template, where the tokenizer has one
+        return encode_messages(self.tokenizer, messages, True, limit, turn, tools)  # the template, where there is one
+
+    template_renders_tools = Pipeline.template_renders_tools  # the real one: it reads the tokenizer and .config
 
     extra_slots = 0  # the native loop's rule
     prompt_limit = Pipeline.prompt_limit  # the real one: it reads target.n_positions, extra_slots and the tokenizer

@@ -445,24 +445,6 @@ def test_top_k_minus_one_means_off_and_stream_options_need_stream():
     assert lonely.status_code == 400 and lonely.json()["error"]["param"] == "stream_options"
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("tool_choice", "auto"),
-    ],
-)
-def test_tools_are_refused_not_ignored(field, value):
-    with running_server(FakePipeline()) as url:
-        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, field: value})
-        harmless = httpx.post(
-            f"{url}/v1/chat/completions", json={**CHAT, "response_format": {"type": "text"}, "tool_choice": "none"}
-        )
-    assert r.status_code == 400 and r.json()["error"]["param"] == field
-    assert "tools are not supported yet" in r.json()["error"]["message"]
-    assert harmless.status_code == 200
-
-
 def test_a_sampled_request_without_seed_gets_a_fresh_one_and_reports_it():
     pipeline = FakePipeline()
     with running_server(pipeline) as url:

@@ -192,35 +192,6 @@ def test_token_ids_outside_the_vocabulary_are_a_400_naming_the_index(prompt, par
     assert all(word in r.json()["error"]["message"] for word in words), r.text
 
 
-@pytest.mark.parametrize(
-    "messages, param",
-    [
-        (
-            [
-                {"role": "user", "content": "What is the weather?"},
-                {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]},
-            ],
-            "messages.1.tool_calls",
-        ),
-        (
-            [{"role": "user", "content": "x"}, {"role": "tool", "content": "18 C", "tool_call_id": "1"}],
-            "messages.1.role",
-        ),
-    ],
-)
-def test_tool_messages_are_refused_as_not_supported_yet(messages, param):
-    with running_server(FakePipeline()) as url:
-        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "messages": messages})
-        tools = httpx.post(
-            f"{url}/v1/chat/completions",
-            json={**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"},
-        )
-    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    assert "tools are not supported yet" in r.json()["error"]["message"]
-    assert tools.status_code == 400 and tools.json()["error"]["param"] == "tools"
-    assert "tools are not supported yet" in tools.json()["error"]["message"]
-
-
 def test_a_message_without_content_or_tool_calls_names_its_content():
     with running_server(FakePipeline()) as url:
         r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "messages": [*CHAT["messages"], {"role": "user"}]})

@@ -153,6 +153,70 @@ def test_logprobs_come_from_the_target_and_sampled_requests_get_fresh_seeds(clie
     assert again.choices[0].message.content == hot[0].choices[0].message.content  # the reported seed reproduces it
 
 
+PLACE = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},
+    "required": ["city", "year"],
+    "additionalProperties": False,
+}
+EIFFEL = "The Eiffel Tower was finished in Paris in 1889. Give the city and the year as JSON."
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_json_schema_answer_is_schema_valid_greedy_with_speculation_on(client):
+    jsonschema = pytest.importorskip("jsonschema")
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": EIFFEL}],
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": PLACE, "strict": True}},
+    )
+    answer = json.loads(reply.choices[0].message.content)
+    jsonschema.validate(answer, PLACE)
+    assert reply.choices[0].finish_reason == "stop" and reply.model_extra["speculative"]["draft_tokens"] > 0
+    choice = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Is Paris in France? Answer yes or no."}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
+    assert choice.choices[0].message.content in ("yes", "no")
+
+
+def test_a_required_tool_call_is_a_valid_call_plain_and_streamed(client):
+    jsonschema = pytest.importorskip("jsonschema")
+    asked = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "max_tokens": 48,
+        "temperature": 0,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
+    reply = client.chat.completions.create(**asked)
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and reply.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    chunks = list(client.chat.completions.create(**asked, stream=True))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather" and deltas[0].index == 0
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+
+
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 

@@ -224,6 +224,7 @@ def test_openapi_states_the_limits_the_server_enforces():
         ("stream_options", "stream"),
         ("top_logprobs", "logprobs"),
         ("continue_final_message", "add_generation_prompt"),
+        ("tool_choice", "tools"),
     }
     ok = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
     assert set(ok) == {"application/json", "text/event-stream"}

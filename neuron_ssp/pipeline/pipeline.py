@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -20,7 +21,7 @@ from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.pipeline.build import Shared, engine_controls_problems, refuse_unhonoured, request_settings
 from neuron_ssp.pipeline.controls import Grammars, processor_for, stop_ids
 from neuron_ssp.pipeline.prompt_length import PromptLimit, token_reach
-from neuron_ssp.pipeline.prompts import ChatTurn, encode_messages, encode_prompt
+from neuron_ssp.pipeline.prompts import ChatTurn, encode_messages, encode_prompt, renders_tools
 from neuron_ssp.pipeline.text import TextCallback, TextStream
 from neuron_ssp.speculation.controls import RequestControls, value_problems
 from neuron_ssp.topology.positions import (
@@ -62,11 +63,20 @@ class Pipeline:
         return encode_prompt(self.tokenizer, prompt, use_template, limit)
 
     def encode_messages(
-        self, messages: list[dict[str, str]], limit: PromptLimit | None = None, turn: ChatTurn = ChatTurn()
+        self,
+        messages: list[dict[str, Any]],
+        limit: PromptLimit | None = None,
+        turn: ChatTurn = ChatTurn(),
+        tools: list[dict[str, Any]] | None = None,
     ) -> torch.Tensor:
-        """A conversation through the chat template, ending as `turn` says; one user turn encodes exactly as
-        `encode`."""
-        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template, limit, turn)
+        """A conversation through the chat template, ending as `turn` says, with `tools` passed to the template;
+        one user turn encodes exactly as `encode`."""
+        return encode_messages(self.tokenizer, messages, self.config.generation.chat_template, limit, turn, tools)
+
+    @cached_property
+    def template_renders_tools(self) -> bool:
+        """Whether the chat template renders tools itself (else the server renders them: serve/tool_calls.py)."""
+        return renders_tools(self.tokenizer, self.config.generation.chat_template)
 
     @cached_property
     def prompt_limit(self) -> PromptLimit:

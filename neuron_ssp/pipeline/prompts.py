@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jinja2.exceptions import TemplateError
@@ -41,14 +42,15 @@ def encode_prompt(
 
 def encode_messages(
     tokenizer: PreTrainedTokenizerBase,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     chat_template: bool,
     limit: PromptLimit | None = None,
     turn: ChatTurn = ChatTurn(),
+    tools: list[dict[Any, Any]] | None = None,
 ) -> torch.Tensor:
     """A chat conversation as ids: the tokenizer's template, else the turns' text one per line (which ends with the
-    last message, so `turn` changes nothing there); with a `limit`, a rendered conversation that cannot fit is
-    refused before it is tokenized."""
+    last message, so `turn` changes nothing there); `tools` (OpenAI's definitions) go to the template; with a
+    `limit`, a rendered conversation that cannot fit is refused before it is tokenized."""
     if not any(m["content"].strip() for m in messages):
         raise UsageError(Problem("messages", messages, "every message is empty", "send some text to answer"))
     if chat_template and getattr(tokenizer, "chat_template", None):
@@ -59,6 +61,7 @@ def encode_messages(
                     tokenize=False,
                     add_generation_prompt=turn.add_generation_prompt,
                     continue_final_message=turn.continue_final_message,
+                    tools=list(tools) if tools is not None else None,
                 )
             )
         except TemplateError as exc:  # the template's own raise_exception (e.g. roles that must alternate)
@@ -84,7 +87,26 @@ def encode_messages(
 _TEMPLATE_FIX = "send the roles in an order the model's chat template takes (its tokenizer_config.json holds it)"
 
 
-def _roles(messages: list[dict[str, str]]) -> list[str]:
+PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe_tool_4f1c", "description": "a probe", "parameters": {"type": "object"}},
+}
+
+
+def renders_tools(tokenizer: PreTrainedTokenizerBase, chat_template: bool) -> bool:
+    """Whether the chat template renders the tools transformers passes it (Llama-3.1's does, SmolLM2's ignores them):
+    a conversation rendered with a probe tool names it."""
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return False
+    probe = [{"role": "user", "content": "Hi"}]
+    try:
+        text = tokenizer.apply_chat_template(probe, tools=[PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    except (TemplateError, ValueError, TypeError):  # a template that cannot take tools renders none
+        return False
+    return PROBE_TOOL["function"]["name"] in str(text)  # type: ignore[index]
+
+
+def _roles(messages: list[dict[str, Any]]) -> list[str]:
     return [m["role"] for m in messages]
 
 

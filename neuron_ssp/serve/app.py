@@ -48,6 +48,7 @@ from neuron_ssp.serve.schemas import (
 )
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
 from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary
+from neuron_ssp.serve.tool_calls import conversation
 from neuron_ssp.serve.validation import parse_json
 from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
 from neuron_ssp.topology.positions import max_new_tokens_within
@@ -61,6 +62,7 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     worker = GenerationWorker(pipeline, metrics, settings.max_queue)
     encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-encoder")
     limit = pipeline.prompt_limit  # read here, once: it walks the vocabulary
+    log.info("tools rendered by %s", "the chat template" if pipeline.template_renders_tools else "the server")
     if limit.reach is None:
         log.info("this tokenizer may shorten a text: every prompt is tokenized before its length is checked")
 
@@ -138,7 +140,9 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
                 raise first.error
             if spec.kind == "lmi":
                 return await lmi_answer(job, request, spec, first)
-            fmt = OpenAIFormat(spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage, spec.logprobs)
+            fmt = OpenAIFormat(
+                spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage, spec.logprobs, spec.tools
+            )
             if spec.stream:
                 return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
             return JSONResponse(fmt.final(await collect(job, request, first)))
@@ -263,8 +267,9 @@ def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
         return within_vocabulary(pipeline, spec.prompt_ids, spec.prompt_ids_field)
     try:
         if spec.kind == "chat":
+            messages, template_tools = conversation(spec.turns, spec.tools, pipeline.template_renders_tools)
             turn = ChatTurn(spec.add_generation_prompt, spec.continue_final_message)
-            return pipeline.encode_messages(spec.messages, pipeline.prompt_limit, turn)
+            return pipeline.encode_messages(messages, pipeline.prompt_limit, turn, template_tools)
         # completions and LMI: raw text, no template
         return pipeline.encode(spec.prompt, chat_template=False, limit=pipeline.prompt_limit)
     except NeuronSSPError as exc:

@@ -30,15 +30,7 @@ def request_controls(body: _Sampling) -> tuple[RequestControls, list[Problem]]:
     """The body's controls, and the problems of the fields that ask for them (all at once)."""
     grammars, problems = _grammars(body)
     if len(grammars) > 1:
-        fields = [g.field for g in grammars]
-        problems.append(
-            Problem(
-                ", ".join(fields),
-                [g.kind for g in grammars],
-                "one structured-output constraint per request (vLLM's rule too)",
-                f"send one of {', '.join(fields)}",
-            )
-        )
+        problems.append(one_constraint(grammars))
     controls = RequestControls(
         grammar=grammars[0] if len(grammars) == 1 else None,
         logit_bias=tuple((int(token), float(bias)) for token, bias in (body.logit_bias or {}).items()),
@@ -51,6 +43,18 @@ def request_controls(body: _Sampling) -> tuple[RequestControls, list[Problem]]:
         min_p=_or(body.min_p, 0.0),
     )
     return controls, problems
+
+
+def one_constraint(grammars: list[Grammar]) -> Problem:
+    """Two constraints or more in one request (structured output, tools that need one): a 400 naming each field."""
+    fields = [g.field for g in grammars]
+    return Problem(
+        ", ".join(fields),
+        [g.kind for g in grammars],
+        "one structured-output constraint per request (vLLM's rule too; tools with tool_choice required, a named "
+        "function or a strict tool under auto are constrained too)",
+        f"send one of {', '.join(fields)}",
+    )
 
 
 def lmi_controls(parameters: LmiParameters) -> tuple[RequestControls, list[Problem]]:

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from neuron_ssp.serve.fields import REFUSED
 from neuron_ssp.serve.schemas import INVOCATION_BODIES, ChatCompletionBody, CompletionBody, LmiBody
 from neuron_ssp.serve.tokens import DetokenizeBody, TokenizeChatBody, TokenizeCompletionBody
 from neuron_ssp.speculation.controls import Grammar, RequestControls
@@ -82,15 +83,27 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class CalledFunctionOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunctionOut
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None  # None: an answer of calls alone
+    tool_calls: list[ToolCallOut] | None = None  # with tools, when the answer called them (serve/tool_calls.py)
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: ChatLogprobs | None
 
 
@@ -295,6 +308,8 @@ CONTROL_FIELDS: dict[str, tuple[RequestControls, dict[str, list[Any]]]] = {
             "guided_choice": [None],
             "guided_grammar": [None],
             "grammar": [None],  # TGI's, in LMI's parameters
+            "tool_choice": [None, "none", "auto"],  # required and a named function are constrained
+            "strict": [None, False],  # a tool's: strict tools under auto are constrained (FunctionDef)
         },
     ),
     "logit_bias": (RequestControls(logit_bias=((0, 1.0),)), {"logit_bias": [None, {}]}),
@@ -351,10 +366,10 @@ def document(
     for body, name in BUDGETS:  # a longer prompt leaves less: the 400 says how much
         if name in components[body]["properties"] and name not in refused:
             _branch(components[body]["properties"][name], "integer")["maximum"] = largest_budget
-    for body in ("ChatCompletionBody", "CompletionBody", "LmiParameters"):
+    for body in ("ChatCompletionBody", "CompletionBody", "LmiParameters", "FunctionDef"):
         fields = components[body]["properties"]
         for name, passing in refused.items():
-            if name in fields:
+            if name in fields and not fields[name].get(REFUSED):  # a field refused anyway keeps its own values
                 fields[name] = {"enum": passing, "description": "not supported by this server's engine"}
     for body in ("ChatCompletionBody", "CompletionBody"):
         _token_ids_within(components[body]["properties"], vocab_size)

@@ -18,6 +18,7 @@ from typing import Any
 
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.text import TokenLogprob
+from neuron_ssp.serve.tool_calls import CallStream, ToolUse, finish_reason, read_calls
 from neuron_ssp.serve.worker import Delta, Done
 from neuron_ssp.speculation.stats import GenerationStats
 
@@ -74,9 +75,12 @@ class OpenAIFormat:
         prompt_tokens: int,
         include_usage: bool = False,
         logprobs: bool = False,
+        tools: ToolUse | None = None,
     ):
         self.chat = kind == "chat"
         self.logprobs = logprobs
+        self.tools = tools if tools is not None and tools.parsed else None  # the answer is read as calls
+        self.calls = CallStream(self.tools) if self.tools else None
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
         self.model = model
         self.prompt_tokens = prompt_tokens
@@ -92,6 +96,15 @@ class OpenAIFormat:
         }
         if self.chat:
             choice["message"] = {"role": "assistant", "content": done.text}
+            if self.tools:
+                calls, content = read_calls(done.text, self.tools)
+                if calls:
+                    choice["message"] = {
+                        "role": "assistant",
+                        "content": content,
+                        "tool_calls": [c.body() for c in calls],
+                    }
+                choice["finish_reason"] = finish_reason(self.tools, calls, done.finish_reason)
         else:
             choice["text"] = done.text
         return {
@@ -107,7 +120,9 @@ class OpenAIFormat:
             return None
         return sse(self._chunk({"role": "assistant", "content": ""}, None, {"tokens": []}))
 
-    def delta_chunk(self, delta: Delta) -> str:
+    def delta_chunks(self, delta: Delta) -> list[str]:
+        """The step's text as one chunk; with tools, the text that is not held back as a call, and a chunk per delta
+        of each call it completed (vLLM's shape: the call's index, id, type and name, then its arguments)."""
         pieces, progress = delta.pieces, delta.progress
         self.returned = delta.returned
         text = "".join(p.text for p in pieces)
@@ -117,25 +132,34 @@ class OpenAIFormat:
             "accepted_tokens": progress.accepted,
             "target_calls": max(progress.target_calls, 0),
         }
-        return sse(
-            self._chunk(
-                {"content": text} if self.chat else text,
-                None,
-                extra,
-                self._logprobs(delta.logprobs if self.logprobs else None),
-            )
-        )
+        logprobs = self._logprobs(delta.logprobs if self.logprobs else None)
+        if self.calls is None:
+            return [sse(self._chunk({"content": text} if self.chat else text, None, extra, logprobs))]
+        content, calls = self.calls.add(text)
+        chunks = [sse(self._chunk({"content": content}, None, extra, logprobs))] if content or not calls else []
+        first = len(self.calls.calls) - len(calls)
+        for index, call in enumerate(calls, first):
+            named = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name}}
+            chunks.append(sse(self._chunk({"tool_calls": [named]}, None, extra if not chunks else {"tokens": []})))
+            arguments = {"index": index, "function": {"arguments": call.arguments}}
+            chunks.append(sse(self._chunk({"tool_calls": [arguments]}, None, {"tokens": []})))
+        return chunks
 
     def last_chunks(self, done: Done) -> list[str]:
-        chunks = [
+        reason = done.finish_reason
+        held = self.calls.finish() if self.calls else ""
+        if self.tools and self.calls:
+            reason = finish_reason(self.tools, self.calls.calls, done.finish_reason)
+        chunks = [sse(self._chunk({"content": held}, None, {"tokens": []}))] if held else []
+        chunks.append(
             sse(
                 self._chunk(
                     {} if self.chat else "",
-                    done.finish_reason,
+                    reason,
                     {"tokens": [], **speculative_stats(done.stats, done.seed)},
                 )
             )
-        ]
+        )
         if self.include_usage:
             chunks.append(self._usage_chunk(done.completion_tokens))
         return [*chunks, DONE_LINE]

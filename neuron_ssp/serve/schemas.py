@@ -13,15 +13,16 @@ that change a request's tokens (vLLM's sampling extras, structured output) becom
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from neuron_ssp.errors import Problem
-from neuron_ssp.serve.controls import lmi_controls, request_controls
+from neuron_ssp.serve.controls import lmi_controls, one_constraint, request_controls
 from neuron_ssp.serve.errors import ApiError
+from neuron_ssp.serve.fields import Body, Text, refused, refused_fields, unicode_text
+from neuron_ssp.serve.tool_calls import CallIn, NamedToolChoice, ToolDef, ToolUse, Turn, tool_use
 from neuron_ssp.serve.validation import validate
 from neuron_ssp.speculation.controls import RequestControls
 
@@ -31,18 +32,14 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); t
 # Python's white space (str.isspace, what the prompt checks strip; none lies above U+3000) as a pattern that
 # pydantic's regex and JSON Schema's both read: a text must hold one character outside it
 NOT_BLANK = "[^" + "".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()) + "]"
-REFUSED = "x-refused"  # the JSON Schema keyword that marks a refused field (its `enum`: the values that pass)
 NOT_SUPPORTED = "not supported by this server (docs/serving.md lists the fields it honours)"
-TOOLS_NOT_YET = (
-    "tools are not supported yet: this server neither renders tool definitions into the prompt nor parses tool "
-    "calls out of the answer"
-)
-# why a refused field is refused, where the generic reason is not enough
+CHAT_ONLY = "tools are for /v1/chat/completions: a completions prompt has no conversation to render them in"
+DEPRECATED = "OpenAI's deprecated function calling: this server takes its successor, tools and tool_choice"
 REFUSAL_RULES = {
-    "tools": TOOLS_NOT_YET,
-    "tool_choice": TOOLS_NOT_YET,
-    "functions": TOOLS_NOT_YET,
-    "function_call": TOOLS_NOT_YET,
+    "tools": CHAT_ONLY,
+    "tool_choice": CHAT_ONLY,
+    "functions": DEPRECATED,
+    "function_call": DEPRECATED,
     "chat_template": (
         "a chat template sent with a request is a program the server would run (Jinja): like vLLM without "
         "--trust-request-chat-template, this server renders only the model's own template"
@@ -52,24 +49,14 @@ DEPENDS_ON = {"stream_options": "stream", "top_logprobs": "logprobs"}  # allowed
 EXCLUSIVE = (("continue_final_message", "add_generation_prompt"),)  # not both true (vLLM's rule)
 
 
-def _unicode(text: str) -> str:
-    """JSON may escape a lone surrogate ("\\ud800"): not text a tokenizer can encode or a reply can hold."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"holds a lone surrogate at character {exc.start}: not valid Unicode text") from None
-    return text
-
-
 def _integral(value: Any) -> Any:
     """JSON Schema's integer: 3.0 is one (Python's parser reads it as a float), "3" and true are not."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 INTEGRAL = BeforeValidator(_integral)  # after a type's constraints, so that JSON Schema states them
-Text = Annotated[str, AfterValidator(_unicode)]
-Prompt = Annotated[str, Field(pattern=NOT_BLANK), AfterValidator(_unicode)]  # constraints first: then the
-StopString = Annotated[str, Field(min_length=1), AfterValidator(_unicode)]  # JSON Schema states them too
+Prompt = Annotated[str, Field(pattern=NOT_BLANK), AfterValidator(unicode_text)]  # constraints first: then the
+StopString = Annotated[str, Field(min_length=1), AfterValidator(unicode_text)]  # JSON Schema states them too
 StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX), INTEGRAL]
 Budget = Annotated[int, Field(ge=1), INTEGRAL]
@@ -85,23 +72,6 @@ SEED = "64-bit: send it back to reproduce a sample"
 BUDGET = "tokens to generate at most: with the prompt's they must fit the model's context (max_model_len)"
 TEMPERATURE = "0 = greedy; 2 at most, OpenAI's range, which vLLM 0.33.0 enforces too"
 TOP_P, TOP_K = "nucleus sampling: 1 = off", "0 or -1 = off (vLLM's extra field; vLLM prefers 0)"
-
-
-def refused(*no_ops: Any) -> Any:
-    """A field this server cannot honour: documented as taking only the values that ask for nothing (and null)."""
-    unless = f" unless {' or '.join(json.dumps(v) for v in no_ops)}" if no_ops else ""
-    return Field(
-        None, description=f"not supported: refused{unless}", json_schema_extra={"enum": [None, *no_ops], REFUSED: True}
-    )
-
-
-def _refused_fields(model: type[BaseModel]) -> dict[str, list[Any]]:
-    """The model's refused fields -> the values that pass."""
-    return {
-        name: list(info.json_schema_extra["enum"])  # type: ignore[arg-type]  # refused wrote a list there
-        for name, info in model.model_fields.items()
-        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(REFUSED)
-    }
 
 
 def _dependencies(model: type[BaseModel]) -> list[tuple[str, str]]:
@@ -126,17 +96,21 @@ def state_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
     rules += [
         {
             "if": {"properties": {first: {"const": True}}, "required": [first]},
-            "then": {"properties": {second: {"not": {"const": True}}}},
+            "then": {"properties": {second: {"enum": [False, None]}}},
         }
         for first, second in EXCLUSIVE
         if first in model.model_fields and second in model.model_fields
     ]
+    if "tools" in model.model_fields and "tools" not in refused_fields(model):  # tool_choice needs tools, unless none
+        chooses = {"anyOf": [{"enum": ["auto", "required"]}, {"type": "object"}]}
+        rules.append(
+            {
+                "if": {"properties": {"tool_choice": chooses}, "required": ["tool_choice"]},
+                "then": {"properties": {"tools": {"type": "array"}}, "required": ["tools"]},
+            }
+        )
     if rules:
         schema["allOf"] = rules
-
-
-class Body(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
 
 class TextPart(Body):
@@ -144,25 +118,28 @@ class TextPart(Body):
     text: Text
 
 
-def _no_tool_messages_yet(schema: dict[str, Any]) -> None:
-    """What /openapi.json promises until tools land: no `tool` role, and text in every message (the server still
-    reads both, to answer them with the tools rule rather than a type error)."""
-    schema["properties"]["role"]["enum"] = [r for r in schema["properties"]["role"]["enum"] if r != "tool"]
-    content = schema["properties"]["content"]
-    content["anyOf"] = [branch for branch in content["anyOf"] if branch.get("type") != "null"]
-    content.pop("default", None)
-    schema["required"] = ["role", "content"]
+def _text_or_calls(schema: dict[str, Any]) -> None:
+    """The rule on a message, stated: text (content), or calls (an assistant message's tool_calls)."""
+    schema["anyOf"] = [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {
+            "required": ["role", "tool_calls"],
+            "properties": {"role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}},
+        },
+    ]
 
 
 class ChatMessage(Body):
-    model_config = ConfigDict(json_schema_extra=_no_tool_messages_yet)
+    model_config = ConfigDict(json_schema_extra=_text_or_calls)
 
     role: Literal["system", "user", "assistant", "developer", "tool"] = Field(
         description="developer is OpenAI's newer name for system, and is rendered as system"
     )
-    content: Text | list[TextPart] | None = None
-    tool_calls: Any = refused()
-    tool_call_id: Any = refused()
+    content: Text | list[TextPart] | None = Field(None, description="may be null in an assistant message with calls")
+    tool_calls: Annotated[list[CallIn], Field(min_length=1)] | None = Field(
+        None, description="an assistant message's calls (ignored in other messages)"
+    )
+    tool_call_id: Text | None = Field(None, description="in a tool message: the call it answers")
 
 
 class StreamOptions(Body):
@@ -276,6 +253,13 @@ class ChatCompletionBody(_Sampling):
     add_generation_prompt: bool | None = Field(
         None, description="vLLM's: open the assistant's turn (default true; false with continue_final_message)"
     )
+    tools: Annotated[list[ToolDef], Field(min_length=1)] | None = Field(
+        None, description="functions the model may call (docs/serving.md: Tools)"
+    )
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default auto with tools, none without (needs tools unless none)"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="default true: several calls in one answer")
     continue_final_message: bool = Field(False, description="vLLM's: continue the last message, left open")
     add_special_tokens: Any = refused(False)
     chat_template: Any = refused()
@@ -359,7 +343,8 @@ class GenerationRequest:
     prompt: str = ""
     prompt_ids: list[int] | None = None  # completions: a prompt sent as token ids
     prompt_ids_field: str = "prompt"  # where those ids are: `prompt`, or `prompt.0` for a list of one list
-    messages: list[dict[str, str]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)  # chat: the conversation
+    tools: ToolUse | None = None  # chat: the tools and what the model may do with them
     add_generation_prompt: bool = True  # chat: open the assistant's turn
     continue_final_message: bool = False  # chat: leave the last message open, to be continued
     model: str | None = None
@@ -395,8 +380,14 @@ def chat_request(data: dict[str, Any]) -> GenerationRequest:
     pipeline's refusals of its controls, in one 400)."""
     body = validate(ChatCompletionBody, data)
     request = _common("chat", body)
-    request.messages, message_problems = chat_turns(body.messages)
-    request.problems += message_problems
+    request.turns, message_problems = chat_turns(body.messages)
+    request.tools, tool_problems = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
+    request.problems += message_problems + tool_problems
+    asked = request.tools.grammar() if request.tools and not tool_problems else None
+    if asked is not None and request.controls.grammar is not None:
+        request.problems.append(one_constraint([request.controls.grammar, asked]))
+    elif asked is not None:
+        request.controls = replace(request.controls, grammar=asked)
     request.continue_final_message = body.continue_final_message
     if body.continue_final_message and body.add_generation_prompt:
         request.problems.append(
@@ -416,29 +407,26 @@ def chat_request(data: dict[str, Any]) -> GenerationRequest:
     return request
 
 
-def chat_turns(messages: list[ChatMessage]) -> tuple[list[dict[str, str]], list[Problem]]:
-    """The conversation as the chat template takes it (`developer` as `system`), and what this server cannot read
-    in it yet: tool messages and tool calls."""
-    problems = []
-    for i, m in enumerate(messages):
-        if m.role == "tool":
-            problems.append(Problem(f"messages.{i}.role", "tool", TOOLS_NOT_YET, "leave tool messages out"))
-            continue
-        problems += refusals(m, f"messages.{i}.", TOOLS_NOT_YET)
-        if m.content is None and m.tool_calls is None:
-            problems.append(
-                Problem(
-                    f"messages.{i}.content",
-                    None,
-                    "required: the message's text (only an assistant message with tool_calls may leave it out)",
-                    "send content as a string or a list of text parts",
-                )
-            )
+def chat_turns(messages: list[ChatMessage]) -> tuple[list[Turn], list[Problem]]:
+    """The conversation as messages for the chat template (`developer` as `system`), and the messages without text
+    or calls."""
+    problems = [
+        Problem(
+            f"messages.{i}.content",
+            None,
+            "required: the message's text (only an assistant message with tool_calls may leave it out)",
+            "send content as a string or a list of text parts",
+        )
+        for i, m in enumerate(messages)
+        if m.content is None and not (m.role == "assistant" and m.tool_calls)
+    ]
     turns = [
-        {
-            "role": "system" if m.role == "developer" else m.role,
-            "content": m.content if isinstance(m.content, str) else "".join(p.text for p in m.content or []),
-        }
+        Turn(
+            "system" if m.role == "developer" else m.role,
+            m.content if isinstance(m.content, str) or m.content is None else "".join(p.text for p in m.content),
+            list(m.tool_calls or []) if m.role == "assistant" else [],
+            m.tool_call_id if m.role == "tool" else None,
+        )
         for m in messages
     ]
     return turns, problems
@@ -554,7 +542,7 @@ def refusals(body: BaseModel, prefix: str = "", rule: str | None = None) -> list
             rule or REFUSAL_RULES.get(name, NOT_SUPPORTED),
             f"leave {prefix + name} out",
         )
-        for name, passing in _refused_fields(type(body)).items()
+        for name, passing in refused_fields(type(body)).items()
         if (value := getattr(body, name)) is not None and not any(_same(value, ok) for ok in passing)
     ]
 

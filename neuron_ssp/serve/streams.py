@@ -69,7 +69,8 @@ async def sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event
             yield first
         while True:
             if isinstance(event, Delta) and (event.pieces or event.logprobs):
-                yield fmt.delta_chunk(event)
+                for chunk in fmt.delta_chunks(event):
+                    yield chunk
             elif isinstance(event, Done):
                 for chunk in fmt.last_chunks(event):
                     yield chunk

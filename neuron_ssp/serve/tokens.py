@@ -11,7 +11,7 @@ inverse of /tokenize). Neither checks the context: a count is what a client asks
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from pydantic import ConfigDict, Field
@@ -20,17 +20,9 @@ from neuron_ssp.errors import NeuronSSPError, Problem
 from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import ChatTurn
 from neuron_ssp.serve.errors import ApiError
-from neuron_ssp.serve.schemas import (
-    Body,
-    ChatMessage,
-    Prompt,
-    TokenId,
-    any_text,
-    chat_turns,
-    refusals,
-    refused,
-    state_rules,
-)
+from neuron_ssp.serve.fields import Body, refused
+from neuron_ssp.serve.schemas import ChatMessage, Prompt, TokenId, any_text, chat_turns, refusals, state_rules
+from neuron_ssp.serve.tool_calls import ToolDef, conversation, tool_use
 from neuron_ssp.serve.validation import validate
 
 
@@ -55,7 +47,9 @@ class TokenizeChatBody(Body):
     return_token_strs: bool = Field(False, description="also return each token's string")
     add_special_tokens: Any = refused(False)
     chat_template: Any = refused()
-    tools: Any = refused()
+    tools: Annotated[list[ToolDef], Field(min_length=1)] | None = Field(
+        None, description="rendered as chat renders them"
+    )
 
 
 class DetokenizeBody(Body):
@@ -67,7 +61,9 @@ def tokenize(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, Any]:
     """The answer to a /tokenize body (run on the encoder thread), or a 400 naming every problem."""
     if "messages" in data:
         chat = validate(TokenizeChatBody, data)
-        messages, problems = chat_turns(chat.messages)
+        turns, problems = chat_turns(chat.messages)
+        use, tool_problems = tool_use(chat.tools, None, None)
+        problems += tool_problems
         if chat.continue_final_message and chat.add_generation_prompt:
             problems.append(
                 Problem(
@@ -80,7 +76,8 @@ def tokenize(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, Any]:
         _raise(refusals(chat) + problems)
         opened = not chat.continue_final_message if chat.add_generation_prompt is None else chat.add_generation_prompt
         turn = ChatTurn(opened, chat.continue_final_message)
-        ids = _encoded(lambda: pipeline.encode_messages(messages, None, turn))
+        messages, template_tools = conversation(turns, use, pipeline.template_renders_tools)
+        ids = _encoded(lambda: pipeline.encode_messages(messages, None, turn, template_tools))
         wants_strs = chat.return_token_strs
     else:
         body = validate(TokenizeCompletionBody, data)
