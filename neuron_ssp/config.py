@@ -61,6 +61,13 @@ class PlatformConfig(_Strict):
     # (a batch reads every sequence's cache each step); attention still computes in fp32 (docs/benchmarks.md,
     # "The KV cache's dtype": agreement with a float32 cache over the dev prompts)
     kv_dtype: Literal["float32", "bfloat16"] = "float32"
+    # prefix caching across the requests of one loop (the server's): a request starts from the longest prefix of its
+    # prompt that a free slot's cache or the prefix pool holds (engines/slot_caches.py). None: on where the backend
+    # supports it (the torch backend's compact forward), off elsewhere; true refuses a backend without it
+    prefix_cache: bool | None = None
+    # host memory for the prefix pool, whole blocks of committed keys and values beyond the slots, least recently
+    # used out; None: a quarter of the memory available at start, at most 4096 MB; 0: warm slots only, no pool
+    prefix_pool_mb: int | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _compile_needs_compact(self) -> PlatformConfig:

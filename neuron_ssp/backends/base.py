@@ -23,6 +23,19 @@ Scored = tuple[torch.Tensor, torch.Tensor | None]  # logits, and the taps of the
 
 
 @dataclass(frozen=True)
+class KvBlock:
+    """A copy of one block of positions of a slot's KV cache, every layer, in the backend's own layout: what a
+    `PrefixBlocks` backend reads out and writes back (the prefix pool holds them, opaque)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+@dataclass(frozen=True)
 class Segment:
     """One sequence's part of a batched call: `tokens` (m,) int64 written at positions start..start+m-1 of
     cache slot `slot`. `logits_rows`: how many of its LAST rows' logits the call returns (None: all m); a
@@ -93,6 +106,23 @@ class HiddenStates(Protocol):
 
     def score_batch_hidden(self, segments: Sequence[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
         """`score_batch`, and the taps of each segment's last `hidden_rows` rows, in segment order."""
+        ...
+
+
+@runtime_checkable
+class PrefixBlocks(Protocol):
+    """A backend whose cache a later request may start from (prefix caching): what a slot holds stays there after its
+    request ends, valid for the next request in that slot up to the positions both share, and whole blocks of
+    `block_positions` positions copy out of a slot and back into any slot bit for bit (engines/slot_caches.py)."""
+
+    block_positions: int
+
+    def read_block(self, slot: int, index: int) -> KvBlock:
+        """A copy of positions index*block_positions.. of `slot`."""
+        ...
+
+    def write_block(self, slot: int, index: int, block: KvBlock) -> None:
+        """`block` (from read_block) into positions index*block_positions.. of `slot`."""
         ...
 
 

@@ -89,6 +89,16 @@ class ReadsHiddenStates(Protocol):
         """The target's taps (n, taps x hidden) at positions start..start+n-1, whose tokens are all committed."""
         ...
 
+    @property
+    def fed_positions(self) -> int:
+        """Positions of its head's cache that hold committed tokens (what a later request in the slot may reuse)."""
+        ...
+
+    def resume_at(self, position: int) -> None:
+        """After `begin`: its head's cache of the slot already holds the prompt's positions before `position` (a
+        warm slot, engines/slot_caches.py), so the target's taps start there."""
+        ...
+
 
 # (V,) draft logits of the token after the committed tokens and `drafted` (this proposal's tokens so far) -> the
 # logits the row's processors leave (its grammar's mask, its controls): a sampled draft is drafted under the mask

@@ -85,6 +85,13 @@ class LookupOrHead:
         self.head.take_hidden(start, hidden)
 
     @property
+    def fed_positions(self) -> int:
+        return self.head.fed_positions
+
+    def resume_at(self, position: int) -> None:
+        self.head.resume_at(position)
+
+    @property
     def mask(self) -> DraftMask | None:
         """The head drafts under the row's processors; prompt lookup's point masses are cut by the loop."""
         return self.head.mask

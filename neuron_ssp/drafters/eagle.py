@@ -145,6 +145,13 @@ class EagleDrafter:
         self._fed, self._pending = 0, []
         self._noise, self._prompt_len = noise, prompt_ids.shape[0]
 
+    @property
+    def fed_positions(self) -> int:
+        return self._fed
+
+    def resume_at(self, position: int) -> None:
+        self._fed, self._pending = position, []
+
     def take_hidden(self, start: int, hidden: torch.Tensor) -> None:
         """The target's taps (n, taps x hidden) at positions start..start+n-1, all of committed tokens; what was
         kept from `start` on is stale (a rolled-back position)."""

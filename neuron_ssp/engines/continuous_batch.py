@@ -27,6 +27,7 @@ from neuron_ssp.backends.base import ModelBackend, Segment
 from neuron_ssp.drafters.base import Draft, Drafter, LockStep, ReadsHiddenStates, SamplesDrafts
 from neuron_ssp.engines.base import check_finite, check_room
 from neuron_ssp.engines.rows import Row, RowRequest, RowSlots, SlotLoop
+from neuron_ssp.engines.slot_caches import SlotCaches
 from neuron_ssp.errors import Problem, RuntimeProblem
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -38,11 +39,14 @@ class ContinuousBatchLoop(SlotLoop):
     """Rows of one target, at most `target.slots` at once, prompts prefilled first come, first served. One loop per
     target at a time: it owns the slots."""
 
-    def __init__(self, target: ModelBackend, k: int, cost: WidthCost | None = None):
+    def __init__(self, target: ModelBackend, k: int, cost: WidthCost | None = None, caches: SlotCaches | None = None):
+        """`caches`: what the slots hold, for prefix caching across this loop's requests (slot_caches.py); None:
+        every prompt prefilled from position 0."""
         super().__init__(RowSlots(target.slots, getattr(target, "release_slot", None)))
         self.target = target
         self.k = k
         self.cost = cost  # the target's call cost by rows and context: goodput windows (cost policy rows)
+        self.caches = caches or SlotCaches(target.slots)
         # prompt tokens scored per step beside the running rows' windows (chunked prefill: a joining prompt no
         # longer stalls every running row for a whole prefill); None: a prompt whole, in its own call at join.
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
@@ -53,12 +57,23 @@ class ContinuousBatchLoop(SlotLoop):
         prefill its prompt in its own call and commit its first token. A request that ends there (EOS, a
         budget of one) is returned finished, not running."""
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
-        return self.slot_rows.start(lambda slot: Row(request, slot, self.k, self.target.vocab_size), self._begin)
+        admission = self.caches.admit(self.slot_rows.free_slots, request.prompt_ids)
+
+        def make_row(slot: int) -> Row:
+            row = Row(request, slot, self.k, self.target.vocab_size)
+            row.prefilled = admission.head if _reads_hidden(row) else admission.reused
+            row.stats.cached_tokens = row.prefilled
+            return row
+
+        row = self.slot_rows.start(make_row, self._begin, admission.slot)
+        if row.finished:
+            self._left([row])
+        return row
 
     def step(self) -> list[Row]:
         """One target call for every running row (windows, and prompt chunks of rows still prefilling);
         returns the rows that finished (cancelled ones included)."""
-        cancelled = self.slot_rows.leave_cancelled()
+        cancelled = self._left(self.slot_rows.leave_cancelled())
         if not self.rows:
             return cancelled
         chunks = self._prompt_chunks()
@@ -87,7 +102,19 @@ class ContinuousBatchLoop(SlotLoop):
                     row.drafter.take_hidden(segment.start, rows_hidden[:committed])  # type: ignore[union-attr]
             except Exception as exc:  # this row's failure (non-finite logits, a callback): the others go on
                 row.error = exc
-        return cancelled + self.slot_rows.leave_finished()
+            else:
+                self.caches.written(row.slot, _valid_tokens(row))
+        return cancelled + self._left(self.slot_rows.leave_finished())
+
+    def _left(self, rows: list[Row]) -> list[Row]:
+        """Rows that left: what their slots now hold, for the requests after them (nothing after an error)."""
+        for row in rows:
+            if row.error is not None:
+                self.caches.lost(row.slot)
+            else:
+                fed = row.drafter.fed_positions if isinstance(row.drafter, ReadsHiddenStates) else 0
+                self.caches.left(row.slot, _valid_tokens(row), fed)
+        return rows
 
     def _score(self, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
         """ONE target call: the logits, and the taps of the rows the segments ask for (0 rows where none do)."""
@@ -102,17 +129,25 @@ class ContinuousBatchLoop(SlotLoop):
         begin = time.perf_counter()
         if row.drafter is not None:
             row.drafter.begin(request.prompt_ids, request.max_new_tokens, row.noise)
+            if isinstance(row.drafter, ReadsHiddenStates):  # its head's cache holds the positions the prefill skips
+                row.drafter.resume_at(row.prefilled)
         prefilled = time.perf_counter()
         row.stats.time_draft_s += prefilled - begin
         if self.prefill_chunk is not None:
             return  # the prompt goes in chunks beside the running rows (step)
+        start, rest = row.prefilled, request.prompt_ids[row.prefilled :]
         if _reads_hidden(row):  # the prompt's taps for the row's drafter
-            logits, hidden = self.target.prefill_slot_hidden(row.slot, request.prompt_ids)  # type: ignore[attr-defined]
-            row.drafter.take_hidden(0, hidden)  # type: ignore[union-attr]
+            if start:
+                logits, hidden = self._score([Segment(row.slot, start, rest, logits_rows=1, hidden_rows=len(rest))])
+            else:
+                logits, hidden = self.target.prefill_slot_hidden(row.slot, rest)  # type: ignore[attr-defined]
+            row.drafter.take_hidden(start, hidden)  # type: ignore[union-attr]
+        elif start:  # the rest of a prompt whose start the slot's cache holds (slot_caches.py)
+            logits = self.target.score_batch([Segment(row.slot, start, rest, logits_rows=1)])
         else:
-            logits = self.target.prefill_slot(row.slot, request.prompt_ids)
+            logits = self.target.prefill_slot(row.slot, rest)
         row.stats.time_target_s += time.perf_counter() - prefilled
-        self._prefilled(row, row.seq.prompt_len, logits.view(1, -1))
+        self._prefilled(row, len(rest), logits.view(1, -1))
 
     def _prompt_chunks(self) -> dict[Row, Segment]:
         """This step's prompt chunks: `prefill_chunk` tokens in all, to the rows still prefilling in joining
@@ -284,6 +319,12 @@ def _window(row: Row) -> Segment:
     drafter reads the target's hidden states."""
     tokens = torch.cat([torch.tensor([row.seq.last]), row.draft.tokens])
     return Segment(row.slot, row.seq.length - 1, tokens, hidden_rows=len(tokens) if _reads_hidden(row) else 0)
+
+
+def _valid_tokens(row: Row) -> torch.Tensor:
+    """The row's tokens whose keys and values its slot holds: the prompt prefilled so far, then every committed token
+    but the last (the next call writes it)."""
+    return row.seq.committed()[: row.prefilled if row.prefilling else row.seq.length - 1]
 
 
 def _reads_hidden(row: Row) -> bool:

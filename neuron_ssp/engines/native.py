@@ -19,7 +19,9 @@ from neuron_ssp.config import SamplingConfig
 from neuron_ssp.drafters.base import Drafter
 from neuron_ssp.engines.base import GenerationResult, TokenCallback, sampling_params
 from neuron_ssp.engines.continuous_batch import ContinuousBatchLoop
+from neuron_ssp.engines.prefix_pool import PrefixPool
 from neuron_ssp.engines.rows import Generator, RowCallbacks, RowSettings
+from neuron_ssp.engines.slot_caches import SlotCaches
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import TokenAcceptor
 from neuron_ssp.speculation.call_cost import WidthCost
@@ -40,8 +42,11 @@ class SpeculativeGenerator(Generator):
         k: int,
         rng: torch.Generator | None = None,
         cost: WidthCost | None = None,
+        prefix_pool_bytes: int | None = None,
     ):
-        """`cost`: the target's call cost per row count, for a batch's goodput windows (`row_loop`)."""
+        """`cost`: the target's call cost per row count, for a batch's goodput windows (`row_loop`);
+        `prefix_pool_bytes`: prefix caching across a loop's requests with a pool of that many bytes (0: warm slots
+        only), where the target's cache allows it (slot_caches.py); None: off."""
         if target.max_score_width is not None and k > target.max_score_width:
             raise UsageError(
                 Problem(
@@ -59,6 +64,7 @@ class SpeculativeGenerator(Generator):
         self.params = sampling_params(sampling)
         self.k = k
         self.cost = cost
+        self.prefix_pool_bytes = prefix_pool_bytes
         # for acceptors and drafters that draw from a generator rather than the per-position noise
         self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
@@ -77,7 +83,14 @@ class SpeculativeGenerator(Generator):
     def row_loop(self) -> ContinuousBatchLoop:
         """Requests as rows of our loop over the target's slots, windows chosen by goodput where the policy weighs
         so: one request alone chooses them as it would among others (the server's continuous batching)."""
-        return ContinuousBatchLoop(self.target, self.k, self.cost)
+        return ContinuousBatchLoop(self.target, self.k, self.cost, self._slot_caches())
+
+    def _slot_caches(self) -> SlotCaches | None:
+        """A new loop's caches: it starts knowing nothing of an earlier loop's requests."""
+        if self.prefix_pool_bytes is None:
+            return None
+        pool = PrefixPool(self.prefix_pool_bytes) if self.prefix_pool_bytes else None
+        return SlotCaches(self.target.slots, getattr(self.target, "prefix_blocks", None), pool)
 
 
 def plain_generate(

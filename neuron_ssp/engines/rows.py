@@ -156,12 +156,20 @@ class RowSlots:
     def free(self) -> int:
         return len(self._free)
 
-    def start(self, make_row: Callable[[int], Row], begin: Callable[[Row], None]) -> Row:
-        """A new row in a free slot, begun (its prefill, its first token): running, or left at once when it ended
-        there (EOS, a budget of one). The slot comes back if `begin` fails."""
+    @property
+    def free_slots(self) -> list[int]:
+        """The free slots, the next one `start` takes last."""
+        return list(self._free)
+
+    def start(self, make_row: Callable[[int], Row], begin: Callable[[Row], None], slot: int | None = None) -> Row:
+        """A new row in a free slot (`slot`, or the next one), begun (its prefill, its first token): running, or left
+        at once when it ended there (EOS, a budget of one). The slot comes back if `begin` fails."""
         if not self._free:
             raise RuntimeError(f"no free slot: {self.count} requests are running")
-        row = make_row(self._free.pop())
+        if slot is None:
+            slot = self._free[-1]
+        self._free.remove(slot)
+        row = make_row(slot)
         try:
             begin(row)
         except Exception:

@@ -26,6 +26,7 @@ from neuron_ssp.drafters.suffix_store import HistoryFile
 from neuron_ssp.embedded.heads import resolve_head_path
 from neuron_ssp.engines.base import sampling_params
 from neuron_ssp.engines.native import SpeculativeGenerator
+from neuron_ssp.engines.prefix_pool import MB, default_budget_bytes
 from neuron_ssp.engines.rows import Generator, ProcessorFor, RowSettings
 from neuron_ssp.errors import Problem, UsageError
 from neuron_ssp.speculation.acceptors import build_acceptor
@@ -97,7 +98,18 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         if shared.drafter is not None or not drafter_kind(spec.drafter).drafts
         else build_drafter(config, target, draft, rng)
     )
-    return SpeculativeGenerator(target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost)
+    return SpeculativeGenerator(
+        target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost, prefix_pool_bytes(config)
+    )
+
+
+def prefix_pool_bytes(config: Config) -> int | None:
+    """Our loop's prefix caching (platform.prefix_cache; the backend decides where it runs): the pool's budget in
+    bytes, 0 for warm slots alone; None when off."""
+    platform = config.platform
+    if platform.prefix_cache is False:
+        return None
+    return default_budget_bytes() if platform.prefix_pool_mb is None else platform.prefix_pool_mb * MB
 
 
 def request_settings(

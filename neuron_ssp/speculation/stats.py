@@ -43,6 +43,7 @@ class GenerationStats:
     time_target_s: float = 0.0
     wall_s: float = 0.0
     tokens_after_eos: int = 0  # generated past an EOS the engine could not stop at (cut on the host)
+    cached_tokens: int = 0  # prompt tokens not prefilled: their keys and values were in the cache (prefix caching)
 
     def __post_init__(self) -> None:
         self.proposed_at = self.proposed_at or [0] * max(self.k - 1, 0)

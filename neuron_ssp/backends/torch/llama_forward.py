@@ -44,9 +44,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F  # noqa: N812  (torch's own spelling)
 
-from neuron_ssp.backends.base import Scored, Segment
+from neuron_ssp.backends.base import KvBlock, Scored, Segment
 from neuron_ssp.backends.torch.llama_weights import LlamaWeights
 from neuron_ssp.backends.torch.row_kernel import (
+    KEY_TILE,
     MAX_ROWS,
     KernelModel,
     LayerCache,
@@ -63,7 +64,9 @@ Span = tuple[int, int, int]  # one segment of a call: (cache slot, first positio
 class CompactLlama:
     """`slots` sequences: their KV cache, keys and values of (slots, kv_heads, n_positions, head_dim) per layer, in
     `kv_dtype`. With the row kernel it is laid out as llama_layer.c reads it (row_kernel.LayerCache: keys in tiles of
-    positions); `keys` gives them in the usual shape either way."""
+    positions); `keys` gives them in the usual shape either way. A base.PrefixBlocks of one key tile a block."""
+
+    block_positions = KEY_TILE
 
     def __init__(
         self,
@@ -85,6 +88,7 @@ class CompactLlama:
             keys, self.values = allocate_caches(
                 len(weights.layers), slots, weights.kv_heads, n_positions, weights.head_dim, kv_dtype
             )
+            self._tiled_keys = keys  # (layers, slots, kv_heads, tiles, head_dim, KEY_TILE): every layer's tiles
             self.caches = [LayerCache(k, v) for k, v in zip(keys.unbind(0), self.values.unbind(0), strict=True)]
             shape = LayerShape(
                 hidden=int(weights.embed.shape[1]),
@@ -107,12 +111,31 @@ class CompactLlama:
             self._layers = list(zip(weights.layers, self._keys.unbind(0), self.values.unbind(0), strict=True))
 
     @property
+    def on_row_kernel(self) -> bool:
+        return self._kernel is not None
+
+    @property
     def keys(self) -> torch.Tensor:
         """The keys, (layers, slots, kv_heads, n_positions, head_dim): the cache itself on the torch path, a copy of
         the row kernel's tiles."""
         if self._kernel is None:
             return self._keys
         return torch.stack([cache.standard_keys() for cache in self.caches])
+
+    def read_block(self, slot: int, index: int) -> KvBlock:
+        """A copy of the keys and values of positions index*KEY_TILE.. (one key tile) of `slot`, every layer: a
+        block of the prefix pool (engines/prefix_pool.py)."""
+        positions = slice(index * KEY_TILE, (index + 1) * KEY_TILE)
+        keys = self._tiled_keys[:, slot, :, index] if self._kernel is not None else self._keys[:, slot, :, positions]
+        values = self.values[:, slot, :, positions]
+        return KvBlock(keys.to("cpu", copy=True), values.to("cpu", copy=True))  # host memory, wherever the cache is
+
+    def write_block(self, slot: int, index: int, block: KvBlock) -> None:
+        """`read_block`'s copy back into positions index*KEY_TILE.. of `slot` (any slot: the bytes are the same)."""
+        positions = slice(index * KEY_TILE, (index + 1) * KEY_TILE)
+        keys = self._tiled_keys[:, slot, :, index] if self._kernel is not None else self._keys[:, slot, :, positions]
+        keys.copy_(block.keys)
+        self.values[:, slot, :, positions].copy_(block.values)
 
     def prefill(self, slot: int, prompt_ids: torch.Tensor, hidden: bool = False) -> Scored:
         """The prompt into positions 0.. of `slot`: the last row's logits, and with `hidden` every row's taps."""

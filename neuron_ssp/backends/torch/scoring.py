@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from transformers import PreTrainedModel
 
-from neuron_ssp.backends.base import Segment, check_slots
+from neuron_ssp.backends.base import PrefixBlocks, Segment, check_slots
 from neuron_ssp.backends.torch.hf_forward import HfForward
 from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
@@ -89,6 +89,15 @@ class TorchBackend:
         within rounding (llama_forward.py, hf_forward.py say why)."""
         check_slots([segment.slot for segment in segments], self.slots)
         return self._forward.score(segments)[0].float()
+
+    @property
+    def prefix_blocks(self) -> PrefixBlocks | None:
+        """The cache as a base.PrefixBlocks (prefix caching): the compact forward's on the row kernel, whose rows do
+        not depend on the call they are in, so a position's keys and values are the same whichever request wrote
+        them. None elsewhere: the torch path's GEMMs round differently for other row counts (a hit could change an
+        answer in its last bits), and Hugging Face's DynamicCache is rebuilt at each prefill."""
+        forward = self._forward
+        return forward if isinstance(forward, CompactLlama) and forward.on_row_kernel else None
 
     @property
     def num_layers(self) -> int:
