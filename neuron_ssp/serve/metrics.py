@@ -128,6 +128,9 @@ class VllmMetrics:
             "Batch slots in use over the serving batch (a slot holds one row's KV cache). 1 means every slot.",
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
+        # vLLM's names and unit (tokens): the prompt tokens looked up in the prefix cache, and those found there
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated (past a stop string too).")
         success = Counter(
             "vllm:request_success",

@@ -45,10 +45,15 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose keys and values came from the prefix cache (not prefilled again)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int  # tokens whose text is returned (none past a stop string)
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # absent in a stream cut short
 
 
 class SpeculativeStats(BaseModel):

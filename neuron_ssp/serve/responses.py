@@ -56,12 +56,17 @@ def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage; `cached_tokens`: the prompt tokens that came from the prefix cache (None: not known, as in
+    a stream cut short before its end)."""
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counts
 
 
 class OpenAIFormat:
@@ -110,7 +115,7 @@ class OpenAIFormat:
         return {
             **self._head(stream=False),
             "choices": [choice],
-            "usage": usage(self.prompt_tokens, done.completion_tokens),
+            "usage": usage(self.prompt_tokens, done.completion_tokens, done.stats.cached_tokens),
             "speculative": speculative_stats(done.stats, done.seed),
         }
 
@@ -161,7 +166,7 @@ class OpenAIFormat:
             )
         )
         if self.include_usage:
-            chunks.append(self._usage_chunk(done.completion_tokens))
+            chunks.append(self._usage_chunk(done.completion_tokens, done.stats.cached_tokens))
         return [*chunks, DONE_LINE]
 
     def failed_chunks(self, error: ApiError) -> list[str]:
@@ -171,8 +176,9 @@ class OpenAIFormat:
         usage_chunk = [self._usage_chunk(self.returned)] if self.include_usage else []
         return [*usage_chunk, sse(error.body()), DONE_LINE]
 
-    def _usage_chunk(self, completion_tokens: int) -> str:
-        return sse({**self._head(stream=True), "choices": [], "usage": usage(self.prompt_tokens, completion_tokens)})
+    def _usage_chunk(self, completion_tokens: int, cached_tokens: int | None = None) -> str:
+        counts = usage(self.prompt_tokens, completion_tokens, cached_tokens)
+        return sse({**self._head(stream=True), "choices": [], "usage": counts})
 
     def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if entries is None:

@@ -256,6 +256,9 @@ class GenerationWorker:
             return
         request = self.pipeline.row_request(job.prompt_ids, job.max_tokens, job.sampling, run.callbacks(), job.controls)
         row, error = _outcome(partial(loop.join, request))
+        if row is not None:
+            self.metrics.vllm.prefix_cache_queries.inc(int(job.prompt_ids.shape[0]))
+            self.metrics.vllm.prefix_cache_hits.inc(row.stats.cached_tokens)
         if row is not None and not row.finished:
             rows[row] = run
             self.active.append(run)
