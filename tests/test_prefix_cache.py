@@ -284,3 +284,27 @@ def test_an_eagle_rows_reuse_stops_where_its_heads_cache_pairs_a_token_the_new_p
     assert (admission.reused, admission.head) == (shared, shared - 1)
     caches.left(0, new, head=20)  # a head that fed only 20 positions
     assert caches.admit([0], new).head == 20
+
+
+def test_requests_that_join_together_with_one_system_prompt_prefill_it_once():
+    backend = target(3, chunk=8)
+    loop = ContinuousBatchLoop(backend, K, caches=caches_of(backend))
+    prompts = [turn(seed) for seed in (2, 3, 4)]
+    rows = [loop.join(request(prompt, GREEDY, [])) for prompt in prompts]
+    assert [row.stats.cached_tokens for row in rows] == [0, 0, 0]  # nothing held when they joined
+    scored = 0  # prompt tokens the target scored
+    score_batch = backend.score_batch
+
+    def counted(segments):
+        nonlocal scored
+        scored += sum(len(segment.tokens) for segment in segments if segment.logits_rows is not None)
+        return score_batch(segments)
+
+    backend.score_batch = counted
+    while not all(row.finished for row in rows):
+        loop.step()
+    whole = len(SYSTEM) // BLOCK * BLOCK
+    assert [row.stats.cached_tokens for row in rows] == [0, whole, whole]  # copied from the first one's blocks
+    assert scored == sum(len(p) for p in prompts) - 2 * whole
+    for row, prompt in zip(rows, prompts, strict=True):
+        assert row.result().tokens == alone(prompt, GREEDY, chunk=8)[0]

@@ -34,7 +34,12 @@ def test_chat_non_stream_carries_usage_finish_reason_and_speculative_stats():
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "olleh"}
     assert body["choices"][0]["finish_reason"] == "stop"  # the fake ends with EOS
-    usage = {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, "prompt_tokens_details": {"cached_tokens": 0}}
+    usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": 6,
+        "total_tokens": 11,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert body["usage"] == usage
     assert set(body["speculative"]) == {
         "acceptance_rate",

@@ -159,6 +159,10 @@ class ContinuousBatchLoop(SlotLoop):
             if budget == 0:
                 break
             if row.prefilling:
+                if not _reads_hidden(row):  # what the rows before it prefilled meanwhile (slot_caches.catch_up)
+                    held = self.caches.catch_up(row.slot, row.request.prompt_ids, row.prefilled)
+                    row.stats.cached_tokens += held - row.prefilled
+                    row.prefilled = held
                 end = min(row.prefilled + budget, row.seq.prompt_len)
                 chunks[row] = Segment(
                     row.slot,

@@ -12,7 +12,8 @@ last committed token's keys and values are written by the next call, so a row ho
   the logits of the first new token.
 - The prefix pool (prefix_pool.py): every whole block of valid positions is copied into host memory as it fills, so
   a request can start from a prefix that no free slot holds (another running request's system prompt, a slot
-  since overwritten); restored by copy into the slot it gets.
+  since overwritten); restored by copy into the slot it gets, at admission and again before each of its prompt
+  chunks (`catch_up`), so requests that arrive together with one system prompt compute it once.
 - An EAGLE-3 head's cache is not pooled: a row that drafts from hidden states starts where the head's cache of its
   slot is valid too (`Admission.head`), and the target re-scores from there, so the head receives the target's taps
   of the boundary again (vLLM drops the last matched block for EAGLE likewise, PR #17137).
@@ -89,6 +90,19 @@ class SlotCaches:
             self._restore(best, prompt, held, pooled)
             return self._take(best, pooled, head, pooled - held)
         return self._take(best, held, head)
+
+    def catch_up(self, slot: int, prompt: torch.Tensor, prefilled: int) -> int:
+        """A prompt still being prefilled in chunks: the pool's blocks of it past `prefilled` (another request has
+        prefilled them since this one joined: requests that share a system prompt and arrive together compute it
+        once) copied into its slot; how many prompt positions its slot now holds."""
+        if self.pool is None or self.blocks is None:
+            return prefilled
+        room = prompt.shape[0] - 1
+        pooled = self._pooled(prompt[:room])
+        if pooled <= prefilled:
+            return prefilled
+        self._restore(slot, prompt, prefilled, pooled)
+        return pooled
 
     def written(self, slot: int, tokens: torch.Tensor) -> None:
         """After a call: the committed `tokens` whose keys and values the slot now holds (the prompt prefilled so
