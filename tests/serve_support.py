@@ -92,6 +92,7 @@ class ScriptedRows(RowSlots):
         self.pipeline = pipeline
 
     free_slots = RowSlots.free  # RowLoop's name for it
+    prefix_pool_bytes = 0  # it keeps no prefix pool
 
     def join(self, request: RowRequest) -> Row:
         check_room(self.pipeline.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")

@@ -52,12 +52,16 @@ class ContinuousBatchLoop(SlotLoop):
         # The backend's, so every loop over a target (plain, speculative, alone, batched) cuts prompts alike
         self.prefill_chunk: int | None = getattr(target, "prompt_chunk", None)
 
+    @property
+    def prefix_pool_bytes(self) -> int:
+        return self.caches.pool.bytes if self.caches.pool is not None else 0
+
     def join(self, request: RowRequest) -> Row:
         """Start a request: check its room, take a free slot, start its drafter and (without chunked prefill)
         prefill its prompt in its own call and commit its first token. A request that ends there (EOS, a
         budget of one) is returned finished, not running."""
         check_room(self.target, request.prompt_ids.shape[0], request.max_new_tokens, "target.n_positions")
-        admission = self.caches.admit(self.slot_rows.free_slots, request.prompt_ids)
+        admission = self.caches.admit(self.slot_rows.free_slot_ids, request.prompt_ids)
 
         def make_row(slot: int) -> Row:
             row = Row(request, slot, self.k, self.target.vocab_size)

@@ -157,7 +157,7 @@ class RowSlots:
         return len(self._free)
 
     @property
-    def free_slots(self) -> list[int]:
+    def free_slot_ids(self) -> list[int]:
         """The free slots, the next one `start` takes last."""
         return list(self._free)
 
@@ -222,6 +222,11 @@ class SlotLoop:
     def free_slots(self) -> int:
         return self.slot_rows.free
 
+    @property
+    def prefix_pool_bytes(self) -> int:
+        """Host memory its prefix pool holds (continuous_batch.py's loop; 0 where it keeps none)."""
+        return 0
+
     def join(self, request: RowRequest) -> Row:
         raise NotImplementedError
 
@@ -251,6 +256,9 @@ class RowLoop(Protocol):
 
     @property
     def free_slots(self) -> int: ...
+
+    @property
+    def prefix_pool_bytes(self) -> int: ...
 
     def join(self, request: RowRequest) -> Row:
         """Start a request in a free slot; a request that ends at once (EOS, budget 1) comes back finished."""

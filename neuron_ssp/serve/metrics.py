@@ -286,6 +286,11 @@ class ServerMetrics:
             buckets=GOODPUT_BUCKETS,
             registry=r,
         )
+        self.prefix_pool_bytes = Gauge(
+            "neuron_ssp_prefix_pool_bytes",
+            "Host memory the prefix pool holds: whole blocks of committed keys and values (platform.prefix_pool_mb).",
+            registry=r,
+        )
         self.vllm = VllmMetrics(r, model_name, max_model_len, draft_positions)
 
     def watch(self, queue_depth: Callable[[], float], running: Callable[[], float], slots: int) -> None:

@@ -271,6 +271,7 @@ class GenerationWorker:
         begin = time.perf_counter()
         finished = loop.step()
         seconds = time.perf_counter() - begin
+        self.metrics.prefix_pool_bytes.set(loop.prefix_pool_bytes)
         committed = sum(row.seq.length for row in loop.rows + finished) - committed
         self.metrics.step_goodput.observe(committed / seconds if seconds > 0 else 0.0)
         for row in finished:

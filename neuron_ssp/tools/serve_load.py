@@ -47,6 +47,7 @@ class Outcome:
     ttft_s: float = 0.0
     e2e_s: float = 0.0
     error: str = ""
+    cached_tokens: int = 0
 
 
 @dataclass
@@ -111,7 +112,12 @@ def chat_body(prompt: str, max_tokens: int, stream: bool, sampling: dict[str, An
 
 def stream_chat(client: httpx.Client, url: str, prompt: str, max_tokens: int, timeout_s: float) -> Outcome:
     """One streamed /v1/chat/completions request, timed from the client's side."""
-    body = chat_body(prompt, max_tokens, stream=True)
+    return stream_body(client, url, chat_body(prompt, max_tokens, stream=True), timeout_s)
+
+
+def stream_body(client: httpx.Client, url: str, body: dict[str, Any], timeout_s: float) -> Outcome:
+    """One streamed /v1/chat/completions request of `body` (with stream_options.include_usage), timed from the
+    client's side; `cached_tokens`: the prompt tokens its usage says came from the prefix cache."""
     start = time.perf_counter()
     parts: list[str] = []
     outcome = Outcome(0)
@@ -136,6 +142,9 @@ def stream_chat(client: httpx.Client, url: str, prompt: str, max_tokens: int, ti
                             parts.append(text)
                     if chunk.get("usage"):
                         outcome.tokens = chunk["usage"]["completion_tokens"]
+                        outcome.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get(
+                            "cached_tokens", 0
+                        )
     except httpx.HTTPError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"[:200]
     outcome.e2e_s = time.perf_counter() - start
