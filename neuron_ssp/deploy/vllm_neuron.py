@@ -5,7 +5,8 @@ aws-neuron-sdk 81ce03ae vllm-neuron/docs/getting-started/migration-nxdi-to-vllm-
 tutorial passes them (vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-decoding-llama-3-1.md:176-188):
 - `--tensor-parallel-size` target.tp_degree, `--max-num-seqs` target.batch_size (the decode concurrency,
   tutorial :52-59), `--max-model-len` target.n_positions, `--dtype` target.dtype, `--no-enable-prefix-caching`
-  (the tutorial's setting; vllm-neuron enables prefix caching by default, migration-nxdi-to-vllm-neuron.md:46);
+  (the tutorial's setting; vllm-neuron enables prefix caching by default, migration-nxdi-to-vllm-neuron.md:46), or
+  `--enable-prefix-caching` with platform.prefix_cache true (topology/prefix_rules.py refuses it at one sequence);
 - `--speculative-config '{"method": "eagle3", "model": <draft.path>, "num_speculative_tokens": k - 1}'`: vLLM's
   SpeculativeConfig (vllm/config/speculative.py at vllm-project/vllm 002e77c1: `num_speculative_tokens` "The
   number of speculative tokens" (Field gt=0), `model` "The name of the draft model, eagle head", `method` one of
@@ -45,6 +46,7 @@ VLLM_FLAGS = {
     "--max-num-seqs": f"{_TUTORIAL}:179",
     "--max-model-len": f"{_TUTORIAL}:180",
     "--no-enable-prefix-caching": f"{_TUTORIAL}:181",
+    "--enable-prefix-caching": "vLLM EngineArgs.enable_prefix_caching (vllm/engine/arg_utils.py)",
     "--speculative-config": f"{_TUTORIAL}:182-186; vLLM SpeculativeConfig (vllm/config/speculative.py)",
     "--port": f"{_TUTORIAL}:187",
     "--additional-config": "tutorial-eagle3-speculative-decoding-gpt-oss.md:203-207; reference-configuration.md:49",
@@ -104,7 +106,7 @@ def vllm_serve_args(config: Config) -> list[str]:
         str(target.n_positions),
         "--dtype",
         DTYPES[target.dtype],
-        "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if config.platform.prefix_cache else "--no-enable-prefix-caching",
     ]
     extra = additional_config(config)
     if extra is not None:

@@ -99,16 +99,28 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         else build_drafter(config, target, draft, rng)
     )
     return SpeculativeGenerator(
-        target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost, prefix_pool_bytes(config)
+        target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost, prefix_pool_bytes(config, target)
     )
 
 
-def prefix_pool_bytes(config: Config) -> int | None:
-    """Our loop's prefix caching (platform.prefix_cache; the backend decides where it runs): the pool's budget in
-    bytes, 0 for warm slots alone; None when off."""
+def prefix_pool_bytes(config: Config, target: ModelBackend) -> int | None:
+    """Our loop's prefix caching (platform.prefix_cache): the pool's budget in bytes, 0 for warm slots alone; None
+    when off. `true` on a backend that offers no blocks (the torch path: CUDA, no C compiler) is refused here, the
+    first place that knows (topology/prefix_rules.py refuses what a config alone shows)."""
     platform = config.platform
     if platform.prefix_cache is False:
         return None
+    if platform.prefix_cache and getattr(target, "prefix_blocks", None) is None:
+        raise UsageError(
+            Problem(
+                "platform.prefix_cache",
+                True,
+                f"{target.name} offers no cache blocks to reuse: prefix caching needs the row kernel, whose rows do "
+                "not depend on the call they are in (on CUDA or without a C compiler a hit could change an answer "
+                "in its last bits)",
+                "run on a CPU with a C compiler (cc), or leave platform.prefix_cache out",
+            )
+        )
     return default_budget_bytes() if platform.prefix_pool_mb is None else platform.prefix_pool_mb * MB
 
 

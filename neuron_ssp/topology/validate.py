@@ -26,6 +26,7 @@ from neuron_ssp.topology.neuron_rules import (
 from neuron_ssp.topology.nxdi_rules import check_nxdi_settings
 from neuron_ssp.topology.parallelism import KV_PADDING
 from neuron_ssp.topology.placement import core_set, load_order, loaded_models
+from neuron_ssp.topology.prefix_rules import check_prefix_cache
 from neuron_ssp.topology.report import ValidationReport
 from neuron_ssp.topology.vllm_neuron import check_vllm_neuron
 
@@ -54,6 +55,7 @@ def validate_config(
     check_engine(config, models, architectures, report)
     check_acceptor(config, report)
     check_nxdi_settings(config, models, report)
+    check_prefix_cache(config, report)
     if on_neuron:
         _check_neuron(
             config,
