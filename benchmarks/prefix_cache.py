@@ -32,7 +32,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from neuron_ssp.tools.serve_load import Outcome, ServerProcess, percentile, start_server, stream_body
+from neuron_ssp.tools.serve_load import (
+    Outcome,
+    ServerProcess,
+    percentile,
+    prefix_cache_counts,
+    start_server,
+    stream_body,
+)
 
 HERE = Path(__file__).parent
 PROMPTS = [json.loads(line) for line in (HERE / "prompts_more.jsonl").read_text().splitlines()]
@@ -117,16 +124,12 @@ def users(servers: dict[str, ServerProcess], progress: Progress) -> dict[str, li
 
 
 def scraped(server: ServerProcess) -> dict[str, float]:
+    queries, hits = prefix_cache_counts(server.url)
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-
-    def total(name: str) -> float:
-        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name))
-
-    return {
-        "queries": total("vllm:prefix_cache_queries_total"),
-        "hits": total("vllm:prefix_cache_hits_total"),
-        "pool_bytes": total("neuron_ssp_prefix_pool_bytes"),
-    }
+    pool = [
+        float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("neuron_ssp_prefix_pool_bytes ")
+    ]
+    return {"queries": queries, "hits": hits, "pool_bytes": pool[0] if pool else 0.0}
 
 
 def prompt_tokens(server: ServerProcess, offset: int) -> int:

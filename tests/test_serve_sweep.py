@@ -102,3 +102,13 @@ def test_process_cpu_time_counts_this_process_and_is_none_without_a_process():
     after = process_cpu_s(os.getpid())
     assert before is not None and after is not None and after - before >= 0.15
     assert process_cpu_s(2**22 + 12345) is None  # above Linux's pid_max: no such process
+
+
+def test_the_sweeps_servers_run_without_prefix_caching_unless_the_config_asks_for_it(tmp_path: Path):
+    """Every pass serves the same prompts: with a warm cache the later passes would prefill nearly nothing."""
+    import yaml
+
+    for asked, expected in ((None, False), (True, True)):
+        overrides = {} if asked is None else {"platform.prefix_cache": asked}
+        paths = serve_sweep.mode_configs(load_config(None, overrides), 4, tmp_path)
+        assert {yaml.safe_load(p.read_text())["platform"]["prefix_cache"] for p in paths.values()} == {expected}

@@ -313,7 +313,9 @@ def sweep_tables(result: SweepResult) -> Group:
     for name, measured, goal, met in serve_sweep.targets(result):
         goals.add_row(name, measured, goal, "yes" if met else "[red]no[/red]")
     codes = "; ".join(f"{mode}: {code}" for mode, code in result.exit_codes.items())
-    return Group(load, goals, f"servers' exit codes on SIGTERM: {codes}")
+    hits = max(m.get("prefix_cache_hit_rate", 0.0) for runs in result.runs.values() for m in runs.values())
+    caching = f"prefix caching {'on' if result.settings.get('prefix_cache') else 'off'} (highest hit rate {hits:.3f})"
+    return Group(load, goals, f"servers' exit codes on SIGTERM: {codes}; {caching}")
 
 
 def serve_bench_tables(r: dict[str, Any]) -> Group:
@@ -363,7 +365,9 @@ def serve_bench_tables(r: dict[str, Any]) -> Group:
             str(s["errors"]),
             str(s["http_503"]),
         )
-    return Group(targets, load)
+    rates = " / ".join(f"{rate:.3f}" for rate in c["prefix_cache_hit_rate"])
+    hits = f"prefix-cache hit rate (prompt tokens found / looked up), sequential / concurrent / sequential: {rates}"
+    return Group(targets, load, hits)
 
 
 def repeated_table(r: dict[str, Any]) -> Table:

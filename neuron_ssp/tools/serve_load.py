@@ -17,6 +17,7 @@ Every request has a timeout and the counts are bounded, so the benchmark always 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -283,9 +284,13 @@ def measure_concurrency(
     url: str, prompts: list[str], clients: int, requests: int, max_tokens: int, timeout_s: float, step: Step
 ) -> dict[str, Any]:
     """Sequential pass, concurrent pass, sequential pass: the two sequential ones bracket any drift."""
+    counts = [prefix_cache_counts(url)]
     before, before_wall = run_clients(url, prompts, 1, clients * requests, max_tokens, timeout_s, step)
+    counts.append(prefix_cache_counts(url))
     during, during_wall = run_clients(url, prompts, clients, requests, max_tokens, timeout_s, step)
+    counts.append(prefix_cache_counts(url))
     after, after_wall = run_clients(url, prompts, 1, clients * requests, max_tokens, timeout_s, step)
+    counts.append(prefix_cache_counts(url))
     sequential = summary(before[0] + after[0], before_wall + after_wall)
     concurrent = summary([o for c in during for o in c], during_wall)
     reference = [o.text for o in before[0]]
@@ -299,6 +304,8 @@ def measure_concurrency(
         "lost": lost,
         "outputs_differing": mismatches,
         "sequential_passes_equal": [o.text for o in before[0]] == [o.text for o in after[0]],
+        # the same prompts pass three times: later passes find them in the prefix cache (platform.prefix_cache)
+        "prefix_cache_hit_rate": [hit_rate(a, b) for a, b in itertools.pairwise(counts)],
         "throughput_ratio": concurrent["output_tokens_per_s"] / sequential["output_tokens_per_s"]
         if sequential["output_tokens_per_s"]
         else 0.0,
@@ -438,6 +445,22 @@ def _one_pass(
         "errors": errors,
         "tokens_per_call": tokens / calls if calls else 0.0,
     }
+
+
+def prefix_cache_counts(url: str) -> tuple[float, float]:
+    """The server's prompt tokens looked up in its prefix cache and found there so far (vLLM's counters)."""
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+
+    def total(name: str) -> float:
+        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + "{"))
+
+    return total("vllm:prefix_cache_queries_total"), total("vllm:prefix_cache_hits_total")
+
+
+def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Prompt tokens found in the prefix cache over those looked up, between two `prefix_cache_counts`."""
+    queries = after[0] - before[0]
+    return (after[1] - before[1]) / queries if queries else 0.0
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -24,7 +24,16 @@ from typing import Any
 import yaml
 
 from neuron_ssp.config import Config
-from neuron_ssp.tools.serve_load import Outcome, ServerProcess, Step, percentile, serve_requests, start_server
+from neuron_ssp.tools.serve_load import (
+    Outcome,
+    ServerProcess,
+    Step,
+    hit_rate,
+    percentile,
+    prefix_cache_counts,
+    serve_requests,
+    start_server,
+)
 
 CONCURRENCY = (1, 2, 4, 8, 16)
 MODES = ("batch-1 speculation", "batching, no speculation", "batching + speculation")
@@ -57,6 +66,9 @@ def mode_configs(config: Config, max_batch: int, out_dir: Path) -> dict[str, Pat
     for mode in MODES:
         data = config.model_dump(mode="json", exclude_none=True)
         data["serve"]["max_batch"] = 1 if mode == MODES[0] else max_batch
+        # every pass serves the same prompts: a warm prefix cache would make each later pass's prefills vanish, so
+        # the levels would not compare; off unless the config asks for it
+        data["platform"].setdefault("prefix_cache", False)
         if mode == MODES[1]:
             data["speculation"]["drafter"] = "none"
         paths[mode] = out_dir / f"mode-{MODES.index(mode)}.yaml"
@@ -91,11 +103,11 @@ def timed_pass(
     server: ServerProcess, prompts: list[str], c: int, max_tokens: int, timeout_s: float, step: Step
 ) -> tuple[list[Outcome], dict[str, Any]]:
     """The requests through one server by c clients: the outcomes in request order and the pass's figures."""
-    cpu_before = server.cpu_s()
+    cpu_before, counts_before = server.cpu_s(), prefix_cache_counts(server.url)
     outcomes, wall = serve_requests(server.url, prompts, c, max_tokens, timeout_s, step)
-    cpu_after = server.cpu_s()
+    cpu_after, counts_after = server.cpu_s(), prefix_cache_counts(server.url)
     cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
-    return outcomes, measures(outcomes, wall, cpu)
+    return outcomes, {**measures(outcomes, wall, cpu), "prefix_cache_hit_rate": hit_rate(counts_before, counts_after)}
 
 
 def run_sweep(
@@ -123,6 +135,7 @@ def run_sweep(
             "config": config.name,
             "drafter": config.speculation.drafter,
             "policy": config.speculation.policy,
+            "prefix_cache": bool(config.platform.prefix_cache),
             "k": config.speculation.k,
         }
     )
