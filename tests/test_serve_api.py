@@ -131,7 +131,7 @@ LONG = "x" * 300
         ("/v1/chat/completions", {**CHAT, "temperature": -1}, 400, "temperature", ["must be >= 0", "Fix:"]),
         ("/v1/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p", ["must be > 0", "nucleus sampling"]),
         ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, 400, "top_p", ["must be <= 1", "Fix: send a value <= 1"]),
-        ("/v1/chat/completions", {**CHAT, "n": 2}, 400, "n", ["must be <= 1", "one completion per request"]),
+        ("/v1/chat/completions", {**CHAT, "n": 50}, 400, "n", ["must be <= 24", "each choice is a row of the batch"]),
         (
             "/v1/completions",
             {"prompt": LONG[:200], "max_tokens": 100},
@@ -165,9 +165,9 @@ def test_bad_requests_get_openai_error_bodies_that_name_field_value_rule_and_fix
 
 def test_several_problems_are_reported_at_once():
     with running_server(FakePipeline()) as url:
-        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": -1, "top_p": 3, "n": 4})
+        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "temperature": -1, "top_p": 3, "n": 500})
     message = r.json()["error"]["message"]
-    assert all(f in message for f in ("temperature = -1", "top_p = 3", "n = 4"))
+    assert all(f in message for f in ("temperature = -1", "top_p = 3", "n = 500"))
 
 
 def test_the_n_positions_rule_is_the_clis():

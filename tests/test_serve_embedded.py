@@ -217,6 +217,17 @@ def test_a_required_tool_call_is_a_valid_call_plain_and_streamed(client):
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
 
 
+def test_each_of_n_sampled_choices_is_the_single_request_with_its_derived_seed(client):
+    import hashlib
+
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16, "temperature": 1.0}
+    both = client.chat.completions.create(**asked, n=2, seed=7)
+    second_seed = int.from_bytes(hashlib.sha256(b"7:1").digest()[:8], "big") >> 1
+    alone = [client.chat.completions.create(**asked, seed=seed) for seed in (7, second_seed)]
+    assert [c.message.content for c in both.choices] == [a.choices[0].message.content for a in alone]
+    assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 
@@ -245,7 +256,7 @@ def test_sagemaker_ping_and_invocations_with_both_body_styles(server):
     [
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": -0.5}, 400, "temperature"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, 400, "top_p"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 500}, 400, "n"),
         ({"model": MODEL, "messages": "hi"}, 400, "messages"),
         ({"model": "llama-2-70b", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
         (
@@ -316,7 +327,7 @@ def test_metrics_counters_match_the_requests_sent(server):
             ).status_code
             == 200
         )
-    httpx.post(f"{server}/v1/completions", json={"prompt": "Paris is", "n": 2})
+    httpx.post(f"{server}/v1/completions", json={"prompt": "Paris is", "n": 500})
     after = metric_values(server)
     delta = {name: after.get(name, 0) - before.get(name, 0) for name in after}
     assert delta[f"neuron_ssp_requests_total{ok}"] == 2 and delta[f"neuron_ssp_requests_total{bad}"] == 1

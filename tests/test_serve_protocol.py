@@ -204,7 +204,7 @@ def test_openapi_states_the_limits_the_server_enforces():
     assert _branch(chat["temperature"], "number")["minimum"] == 0
     top_p = _branch(chat["top_p"], "number")
     assert (top_p["exclusiveMinimum"], top_p["maximum"]) == (0, 1)
-    assert chat["n"]["minimum"] == chat["n"]["maximum"] == 1
+    assert (chat["n"]["minimum"], chat["n"]["maximum"]) == (1, 24)  # serve.max_batch 8 + max_queue 16
     for prop in (
         chat["max_tokens"],
         chat["max_completion_tokens"],

@@ -14,6 +14,7 @@ is refused before it is tokenized (pipeline/prompt_length.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -50,7 +51,7 @@ from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event
 from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary
 from neuron_ssp.serve.tool_calls import conversation
 from neuron_ssp.serve.validation import parse_json
-from neuron_ssp.serve.worker import Failed, GenerationWorker, Job
+from neuron_ssp.serve.worker import Event, Failed, GenerationWorker, Job, JobGroup
 from neuron_ssp.topology.positions import max_new_tokens_within
 
 log = logging.getLogger("neuron_ssp.serve")
@@ -106,46 +107,56 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
         request_id = request.state.request_id
         _check_model(spec.model, model_name)
         max_tokens = spec.max_tokens or pipeline.config.generation.max_new_tokens
-        _refuse_asked(pipeline, spec, max_tokens)
+        _refuse_asked(pipeline, spec, max_tokens, worker.capacity)
         prompt_ids = await asyncio.get_running_loop().run_in_executor(encoder, _encode, pipeline, spec)
         _check_room(pipeline, prompt_ids, max_tokens, spec)
         sampling = _sampling(pipeline, spec)
         timeout = settings.timeout_s
-        job = Job(
-            request_id,
-            prompt_ids,
-            max_tokens,
-            sampling,
-            spec.stop,
-            time.monotonic() + timeout,
-            timeout,
-            asyncio.get_running_loop(),
-            spec.top_logprobs if spec.logprobs else None,
-            spec.controls,
-            spec.include_stop_str,
+        deadline, loop, events = time.monotonic() + timeout, asyncio.get_running_loop(), asyncio.Queue[Event]()
+        group = JobGroup(
+            [
+                Job(
+                    request_id,
+                    prompt_ids,
+                    max_tokens,
+                    choice_sampling(sampling, choice),
+                    spec.stop,
+                    deadline,
+                    timeout,
+                    loop,
+                    spec.top_logprobs if spec.logprobs else None,
+                    spec.controls,
+                    spec.include_stop_str,
+                    choice,
+                    events,
+                )
+                for choice in range(spec.n)
+            ],
+            worker,
         )
-        worker.submit(job)
+        worker.submit(group.jobs)
         log.info(
-            "request %s queued: %s, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
+            "request %s queued: %s, n %d, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
             request_id,
             spec.kind,
+            spec.n,
             len(prompt_ids),
             max_tokens,
             spec.stream,
             request.state.client_request_id,
         )
         try:
-            first = await next_event(job, request)
+            first = await next_event(group, request)
             if isinstance(first, Failed):
                 raise first.error
             if spec.kind == "lmi":
-                return await lmi_answer(job, request, spec, first)
+                return await lmi_answer(group, request, spec, first)
             fmt = OpenAIFormat(
                 spec.kind, request_id, model_name, len(prompt_ids), spec.include_usage, spec.logprobs, spec.tools
             )
             if spec.stream:
-                return StreamingResponse(sse_stream(job, request, fmt, first), media_type="text/event-stream")
-            return JSONResponse(fmt.final(await collect(job, request, first)))
+                return StreamingResponse(sse_stream(group, request, fmt, first), media_type="text/event-stream")
+            return JSONResponse(fmt.final(await collect(group, request, first)))
         except ClientGone:  # not a server error: counted as aborted by the worker, logged at info
             return Response(status_code=CLIENT_CLOSED)
 
@@ -215,12 +226,25 @@ def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_k
     largest = max_new_tokens_within(pipeline.target.n_positions, 1, pipeline.extra_slots)  # for a 1-token prompt
     refused = openapi.refused_controls(pipeline)
     vocab = pipeline.target.vocab_size
-    app.openapi = lambda: openapi.document(app, model_name, largest, vocab, refused)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.document(  # type: ignore[method-assign]
+        app, model_name, largest, vocab, refused, worker.capacity
+    )
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, sagemaker=settings.sagemaker)
     # outermost: a browser's preflight (OPTIONS, no key) is answered before the gate, and every answer carries the
     # headers; vLLM's defaults (--allowed-origins '["*"]', no credentials, any method and header)
     app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins, allow_methods=["*"], allow_headers=["*"])
     return app
+
+
+def choice_sampling(sampling: SamplingConfig, choice: int) -> SamplingConfig:
+    """Choice `choice`'s sampling: the request's for the first, and for the others a seed derived from the
+    request's: the first 63 bits of SHA-256 of "<seed>:<choice>" (send that seed alone to reproduce the choice).
+    Greedy choices draw nothing (they are all the same answer), and an engine that samples on the device keeps its
+    own seed."""
+    if choice == 0 or sampling.seed is None or sampling.temperature == 0:
+        return sampling
+    digest = hashlib.sha256(f"{sampling.seed}:{choice}".encode()).digest()
+    return sampling.model_copy(update={"seed": int.from_bytes(digest[:8], "big") >> 1})
 
 
 def _check_model(asked: Any, model_name: str) -> None:
@@ -290,7 +314,7 @@ def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
     return sampling
 
 
-def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int) -> None:
+def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int, capacity: int) -> None:
     """Everything the request asks that this server refuses, in one 400 before its prompt is encoded: the fields
     the body's parsing refused, the pipeline's refusals of its controls (values no model honours, what this engine
     cannot run) and vLLM's rule between min_tokens and the budget."""
@@ -300,6 +324,16 @@ def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int) 
             p if p.field.startswith("parameters.") else replace(p, field=f"parameters.{p.field}") for p in refused
         ]
     problems = spec.problems + refused
+    if spec.n > capacity:
+        problems.append(
+            Problem(
+                "n",
+                spec.n,
+                f"must be <= {capacity}: each choice is a row of the batch, and this server holds {capacity} "
+                "(serve.max_batch rows running plus serve.max_queue waiting)",
+                f"send n <= {capacity}, or split the request",
+            )
+        )
     if spec.controls.min_tokens > max_tokens:
         budget = (
             f"{spec.budget_field} = {max_tokens}"

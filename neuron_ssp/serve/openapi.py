@@ -338,7 +338,12 @@ def refused_controls(pipeline: Pipeline) -> dict[str, list[Any]]:
 
 
 def document(
-    app: FastAPI, model_name: str, largest_budget: int, vocab_size: int, refused: dict[str, list[Any]]
+    app: FastAPI,
+    model_name: str,
+    largest_budget: int,
+    vocab_size: int,
+    refused: dict[str, list[Any]],
+    capacity: int,
 ) -> dict[str, Any]:
     """FastAPI's document for the routes, plus the request bodies' schemas and this server's own limits (built once,
     then cached)."""
@@ -378,6 +383,8 @@ def document(
                 fields[name] = {"enum": passing, "description": "not supported by this server's engine"}
     for body in ("ChatCompletionBody", "CompletionBody"):
         _token_ids_within(components[body]["properties"], vocab_size)
+        choices = components[body]["properties"]["n"]  # each choice is a row: the server holds `capacity` at once
+        choices["maximum"] = min(choices["maximum"], capacity)
     app.openapi_schema = doc
     return doc
 

@@ -20,7 +20,7 @@ from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.text import TokenLogprob
 from neuron_ssp.serve.tool_calls import CallStream, ToolUse, finish_reason, read_calls
 from neuron_ssp.serve.worker import Delta, Done
-from neuron_ssp.speculation.stats import GenerationStats
+from neuron_ssp.speculation.stats import GenerationStats, merge_stats
 
 DONE_LINE = "data: [DONE]\n\n"
 
@@ -56,6 +56,11 @@ def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
+def _stats(done: list[Done]) -> GenerationStats:
+    """The request's speculation statistics: its one choice's, or the sums over its choices."""
+    return done[0].stats if len(done) == 1 else merge_stats([d.stats for d in done])
+
+
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI's usage; `cached_tokens`: the prompt tokens that came from the prefix cache (None: not known, as in
     a stream cut short before its end)."""
@@ -70,7 +75,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 class OpenAIFormat:
-    """Bodies for one request of kind "chat" or "completion"."""
+    """Bodies for one request of kind "chat" or "completion", of one choice or `n` (each under its index)."""
 
     def __init__(
         self,
@@ -85,51 +90,54 @@ class OpenAIFormat:
         self.chat = kind == "chat"
         self.logprobs = logprobs
         self.tools = tools if tools is not None and tools.parsed else None  # the answer is read as calls
-        self.calls = CallStream(self.tools) if self.tools else None
+        self.calls: dict[int, CallStream] = {}  # per choice, with tools
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{request_id}"
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.include_usage = include_usage
         self.created = int(time.time())
-        self.returned = 0  # tokens whose text the stream has sent
+        self.returned: dict[int, int] = {}  # per choice: tokens whose text the stream has sent
 
-    def final(self, done: Done) -> dict[str, Any]:
+    def final(self, done: list[Done]) -> dict[str, Any]:
+        """The body of every choice; usage sums their tokens (the prompt's counted once, as OpenAI and vLLM do)."""
+        return {
+            **self._head(stream=False),
+            "choices": [self._choice(d) for d in done],
+            "usage": usage(self.prompt_tokens, sum(d.completion_tokens for d in done), done[0].stats.cached_tokens),
+            "speculative": speculative_stats(_stats(done), done[0].seed),
+        }
+
+    def _choice(self, done: Done) -> dict[str, Any]:
         choice: dict[str, Any] = {
-            "index": 0,
+            "index": done.choice,
             "finish_reason": done.finish_reason,
             "logprobs": self._logprobs(done.logprobs),
         }
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": done.text}
-            if self.tools:
-                calls, content = read_calls(done.text, self.tools)
-                if calls:
-                    choice["message"] = {
-                        "role": "assistant",
-                        "content": content,
-                        "tool_calls": [c.body() for c in calls],
-                    }
-                choice["finish_reason"] = finish_reason(self.tools, calls, done.finish_reason)
-        else:
-            choice["text"] = done.text
-        return {
-            **self._head(stream=False),
-            "choices": [choice],
-            "usage": usage(self.prompt_tokens, done.completion_tokens, done.stats.cached_tokens),
-            "speculative": speculative_stats(done.stats, done.seed),
-        }
-
-    def first_chunk(self) -> str | None:
-        """Chat streams open with the assistant role (as OpenAI and vLLM do); completions have none."""
         if not self.chat:
-            return None
-        return sse(self._chunk({"role": "assistant", "content": ""}, None, {"tokens": []}))
+            choice["text"] = done.text
+            return choice
+        choice["message"] = {"role": "assistant", "content": done.text}
+        if self.tools:
+            calls, content = read_calls(done.text, self.tools)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": [c.body() for c in calls]}
+            choice["finish_reason"] = finish_reason(self.tools, calls, done.finish_reason)
+        return choice
+
+    def first_chunks(self, choices: int) -> list[str]:
+        """Chat streams open each choice with the assistant role (as OpenAI and vLLM do); completions have none."""
+        if not self.chat:
+            return []
+        return [
+            sse(self._chunk({"role": "assistant", "content": ""}, None, {"tokens": []}, index=i))
+            for i in range(choices)
+        ]
 
     def delta_chunks(self, delta: Delta) -> list[str]:
         """The step's text as one chunk; with tools, the text that is not held back as a call, and a chunk per delta
         of each call it completed (vLLM's shape: the call's index, id, type and name, then its arguments)."""
-        pieces, progress = delta.pieces, delta.progress
-        self.returned = delta.returned
+        pieces, progress, index = delta.pieces, delta.progress, delta.choice
+        self.returned[index] = delta.returned
         text = "".join(p.text for p in pieces)
         extra = {
             "tokens": [{"text": p.text, "origin": p.origin} for p in pieces],
@@ -138,42 +146,43 @@ class OpenAIFormat:
             "target_calls": max(progress.target_calls, 0),
         }
         logprobs = self._logprobs(delta.logprobs if self.logprobs else None)
-        if self.calls is None:
-            return [sse(self._chunk({"content": text} if self.chat else text, None, extra, logprobs))]
-        content, calls = self.calls.add(text)
-        chunks = [sse(self._chunk({"content": content}, None, extra, logprobs))] if content or not calls else []
-        first = len(self.calls.calls) - len(calls)
-        for index, call in enumerate(calls, first):
-            named = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name}}
-            chunks.append(sse(self._chunk({"tool_calls": [named]}, None, extra if not chunks else {"tokens": []})))
-            arguments = {"index": index, "function": {"arguments": call.arguments}}
-            chunks.append(sse(self._chunk({"tool_calls": [arguments]}, None, {"tokens": []})))
+        if self.tools is None:
+            return [sse(self._chunk({"content": text} if self.chat else text, None, extra, logprobs, index))]
+        stream = self.calls.setdefault(index, CallStream(self.tools))
+        content, calls = stream.add(text)
+        chunks = [sse(self._chunk({"content": content}, None, extra, logprobs, index))] if content or not calls else []
+        first = len(stream.calls) - len(calls)
+        for number, call in enumerate(calls, first):
+            named = {"index": number, "id": call.id, "type": "function", "function": {"name": call.name}}
+            said = extra if not chunks else {"tokens": []}
+            chunks.append(sse(self._chunk({"tool_calls": [named]}, None, said, index=index)))
+            arguments = {"index": number, "function": {"arguments": call.arguments}}
+            chunks.append(sse(self._chunk({"tool_calls": [arguments]}, None, {"tokens": []}, index=index)))
         return chunks
 
-    def last_chunks(self, done: Done) -> list[str]:
-        reason = done.finish_reason
-        held = self.calls.finish() if self.calls else ""
-        if self.tools and self.calls:
-            reason = finish_reason(self.tools, self.calls.calls, done.finish_reason)
-        chunks = [sse(self._chunk({"content": held}, None, {"tokens": []}))] if held else []
-        chunks.append(
-            sse(
-                self._chunk(
-                    {} if self.chat else "",
-                    reason,
-                    {"tokens": [], **speculative_stats(done.stats, done.seed)},
-                )
-            )
-        )
-        if self.include_usage:
-            chunks.append(self._usage_chunk(done.completion_tokens, done.stats.cached_tokens))
-        return [*chunks, DONE_LINE]
+    def choice_end_chunks(self, done: Done) -> list[str]:
+        """A choice's last chunks: what it held back that is not a call, then its finish_reason and statistics."""
+        reason, index = done.finish_reason, done.choice
+        stream = self.calls.get(index)
+        held = stream.finish() if stream else ""
+        if self.tools:
+            reason = finish_reason(self.tools, stream.calls if stream else [], done.finish_reason)
+        chunks = [sse(self._chunk({"content": held}, None, {"tokens": []}, index=index))] if held else []
+        stats = {"tokens": [], **speculative_stats(done.stats, done.seed)}
+        chunks.append(sse(self._chunk({} if self.chat else "", reason, stats, index=index)))
+        return chunks
+
+    def last_chunks(self, done: list[Done]) -> list[str]:
+        """After every choice's end: the usage when asked, then [DONE]."""
+        tokens, cached = sum(d.completion_tokens for d in done), done[0].stats.cached_tokens  # the prompt's, once
+        usage_chunk = [self._usage_chunk(tokens, cached)] if self.include_usage else []
+        return [*usage_chunk, DONE_LINE]
 
     def failed_chunks(self, error: ApiError) -> list[str]:
         """A stream that ends in an error (a timeout, the drain's cut, a failure): the usage of what was sent when
         asked, then the error, then [DONE]. The usage comes first: an OpenAI client raises at the error chunk
         (openai 3.57.0, _streaming.py:96-107) and reads nothing after it."""
-        usage_chunk = [self._usage_chunk(self.returned)] if self.include_usage else []
+        usage_chunk = [self._usage_chunk(sum(self.returned.values()))] if self.include_usage else []
         return [*usage_chunk, sse(error.body()), DONE_LINE]
 
     def _usage_chunk(self, completion_tokens: int, cached_tokens: int | None = None) -> str:
@@ -191,8 +200,9 @@ class OpenAIFormat:
         finish_reason: str | None,
         extra: dict[str, Any],
         logprobs: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": logprobs}
+        choice: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": logprobs}
         if self.chat:
             choice["delta"] = delta
         else:

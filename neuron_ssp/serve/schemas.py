@@ -27,6 +27,7 @@ from neuron_ssp.serve.validation import validate
 from neuron_ssp.speculation.controls import RequestControls
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+MAX_CHOICES = 128  # OpenAI's limit on n (the server's capacity may be less: /openapi.json states it)
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat (completions: 5); vLLM's default max_logprobs
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM's seed bounds (torch.long); torch seeds take any of them
 # Python's white space (str.isspace, what the prompt checks strip; none lies above U+3000) as a pattern that
@@ -64,7 +65,7 @@ Temperature = Annotated[float, Field(ge=0, le=2)]
 TopP = Annotated[float, Field(gt=0, le=1)]
 TopK = Annotated[int, Field(ge=-1), INTEGRAL]
 TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), INTEGRAL]
-One = Annotated[int, Field(ge=1, le=1), INTEGRAL]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), INTEGRAL]
 
 
 # what a sampling field is for: the OpenAPI description, and the reason a message gives with a field's rule
@@ -190,7 +191,7 @@ class _Sampling(Body):
     stop: StopString | StopList | None = Field(None, description="text that ends the answer (not returned)")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
-    n: One = Field(1, description="one completion per request: send one request per completion")
+    n: Choices = Field(1, description="choices: n rows of the batch, a seed each derived from the request's")
     # what changes the tokens: serve/controls.py turns these into one RequestControls
     logit_bias: dict[BiasKey, Bias] | None = Field(None, description="token id (as a string) -> bias, -100..100")
     frequency_penalty: Penalty | None = Field(None, description="OpenAI's; -2..2, 0 = off")
@@ -362,6 +363,7 @@ class GenerationRequest:
     logprobs: bool = False
     top_logprobs: int = 0  # alternatives per position, with logprobs
     max_tokens_field: str | None = None  # chat: max_completion_tokens when that one set max_tokens
+    n: int = 1  # choices
     problems: list[Problem] = field(default_factory=list)  # refused fields, reported with the pipeline's refusals
 
     @property
@@ -509,6 +511,7 @@ def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationR
         stop=stop,
         include_stop_str=body.include_stop_str_in_output,
         controls=controls,
+        n=body.n,
         stream=body.stream,
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         problems=_dependency_problems(body) + refusals(body) + nested + control_problems,

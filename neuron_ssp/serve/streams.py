@@ -1,8 +1,10 @@
-"""Answers built from a job's events: one JSON body, SSE chunks (OpenAI) or JSON lines (LMI).
+"""Answers built from a request's events: one JSON body, SSE chunks (OpenAI) or JSON lines (LMI).
 
+A request is a group of jobs, one per choice (`n`), whose events arrive on one queue marked with their choice.
 While it waits, a route checks its client every DISCONNECT_POLL_S and enforces request_timeout; a
-client that left, or a route that gives up, cancels the job (the worker stops at the next iteration).
-A client that left is not a server error: the job is marked so, and the worker counts it as aborted.
+client that left, or a route that gives up, cancels the jobs (the worker stops at the next iteration).
+A client that left is not a server error: the jobs are marked so, and the worker counts them as aborted. One
+choice that fails fails the request.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from neuron_ssp.serve import sagemaker
 from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.schemas import GenerationRequest
 from neuron_ssp.serve.text import TextPiece
-from neuron_ssp.serve.worker import Delta, Done, Event, Failed, Job, timeout_error
+from neuron_ssp.serve.worker import Delta, Done, Event, Failed, JobGroup, timeout_error
 
 log = logging.getLogger("neuron_ssp.serve")
 DISCONNECT_POLL_S = 0.25
@@ -29,77 +31,88 @@ class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
 
 
-async def next_event(job: Job, request: Request) -> Event:
-    """The job's next event; checks for a disconnect every DISCONNECT_POLL_S and enforces request_timeout."""
+async def next_event(group: JobGroup, request: Request) -> Event:
+    """The request's next event; checks for a disconnect every DISCONNECT_POLL_S and enforces request_timeout."""
     while True:
         now = time.monotonic()
-        if now - job.client_seen >= DISCONNECT_POLL_S:
+        if now - group.client_seen >= DISCONNECT_POLL_S:
             if await request.is_disconnected():
-                job.leave()
-                log.info("request %s: client disconnected, cancelled", job.request_id)
+                group.leave()
+                log.info("request %s: client disconnected, cancelled", group.request_id)
                 raise ClientGone
-            job.client_seen = now
-        remaining = job.deadline - now
+            group.client_seen = now
+        remaining = group.deadline - now
         if remaining <= 0:
-            job.cancelled.set()
-            return Failed(timeout_error(job))
+            group.cancel()
+            return Failed(timeout_error(group))
         try:
-            return await asyncio.wait_for(job.events.get(), min(DISCONNECT_POLL_S, remaining))
+            return await asyncio.wait_for(group.events.get(), min(DISCONNECT_POLL_S, remaining))
         except asyncio.TimeoutError:
             continue
 
 
-async def collect(job: Job, request: Request, event: Event) -> Done:
+async def collect(group: JobGroup, request: Request, event: Event) -> list[Done]:
+    """Every choice's last event, in choice order; the first failure raises."""
+    done: dict[int, Done] = {}
     try:
-        while not isinstance(event, Done):
+        while True:
             if isinstance(event, Failed):
                 raise event.error
-            event = await next_event(job, request)
-        return event
+            if isinstance(event, Done):
+                done[event.choice] = event
+                if len(done) == len(group.jobs):
+                    return [done[i] for i in range(len(done))]
+            event = await next_event(group, request)
     finally:
-        job.cancelled.set()  # no-op once done; stops the worker if this route gives up
+        group.cancel()  # no-op once done; stops the worker if this route gives up
 
 
-async def sse_stream(job: Job, request: Request, fmt: OpenAIFormat, event: Event) -> AsyncIterator[str]:
-    """SSE chunks until `data: [DONE]`; a disconnect cancels the task here, and `finally` cancels the job."""
+async def sse_stream(group: JobGroup, request: Request, fmt: OpenAIFormat, event: Event) -> AsyncIterator[str]:
+    """SSE chunks until `data: [DONE]`, each choice's under its index; a disconnect cancels the task here, and
+    `finally` cancels the jobs."""
     ended = False
+    finished: list[Done] = []
     try:
-        first = fmt.first_chunk()
-        if first:
+        for first in fmt.first_chunks(len(group.jobs)):
             yield first
         while True:
             if isinstance(event, Delta) and (event.pieces or event.logprobs):
                 for chunk in fmt.delta_chunks(event):
                     yield chunk
             elif isinstance(event, Done):
-                for chunk in fmt.last_chunks(event):
+                finished.append(event)
+                for chunk in fmt.choice_end_chunks(event):
                     yield chunk
-                ended = True
-                return
+                if len(finished) == len(group.jobs):
+                    for chunk in fmt.last_chunks(finished):
+                        yield chunk
+                    ended = True
+                    return
             elif isinstance(event, Failed):
                 for chunk in fmt.failed_chunks(event.error):
                     yield chunk
                 ended = True
                 return
-            event = await next_event(job, request)
+            event = await next_event(group, request)
     except ClientGone:
         return
     finally:
-        _release(job, request, ended)
+        _release(group, request, ended)
 
 
-def _release(job: Job, request: Request, ended: bool) -> None:
-    """A stream that stops before its last event stops because its client left (the task was cancelled): the job
-    is cancelled as aborted, and the request is marked so for the status counter (serve/gate.py: 499)."""
+def _release(group: JobGroup, request: Request, ended: bool) -> None:
+    """A stream that stops before its last event stops because its client left (the task was cancelled): the jobs
+    are cancelled as aborted, and the request is marked so for the status counter (serve/gate.py: 499)."""
     if not ended:
-        job.leave()
+        group.leave()
         request.state.client_gone = True
-    job.cancelled.set()  # a no-op once the job is done
+    group.cancel()  # a no-op once the jobs are done
 
 
-async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first: Event) -> Response:
+async def lmi_answer(group: JobGroup, request: Request, spec: GenerationRequest, first: Event) -> Response:
+    """LMI's answer (one choice: its bodies have no n)."""
     if not spec.stream:
-        done = await collect(job, request, first)
+        [done] = await collect(group, request, first)
         return JSONResponse(sagemaker.lmi_body(done, spec.prompt, spec.details))
 
     async def lines(event: Event) -> AsyncIterator[str]:
@@ -120,10 +133,10 @@ async def lmi_answer(job: Job, request: Request, spec: GenerationRequest, first:
                     yield sagemaker.lmi_error_line(event.error)
                     ended = True
                     return
-                event = await next_event(job, request)
+                event = await next_event(group, request)
         except ClientGone:
             return
         finally:
-            _release(job, request, ended)
+            _release(group, request, ended)
 
     return StreamingResponse(lines(first), media_type=sagemaker.JSONLINES)

@@ -67,6 +67,7 @@ class Delta:
     progress: Progress
     logprobs: list[TokenLogprob] = field(default_factory=list)
     returned: int = 0  # tokens whose text has been handed out so far, these pieces included
+    choice: int = 0  # the request's choice (of n) whose job sent it
 
 
 @dataclass
@@ -77,11 +78,13 @@ class Done:
     stats: GenerationStats
     seed: int | None = None  # what the sampler was seeded with (None: the engine samples on its own)
     logprobs: list[TokenLogprob] | None = None  # per returned token, when the request asked
+    choice: int = 0
 
 
 @dataclass
 class Failed:
     error: ApiError
+    choice: int = 0
 
 
 Event = Delta | Done | Failed
@@ -100,13 +103,16 @@ class Job:
     top_logprobs: int | None = None  # None: no logprobs; n: the chosen token and the n most likely
     controls: RequestControls = field(default_factory=RequestControls)
     include_stop_str: bool = False  # vLLM's include_stop_str_in_output
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    choice: int = 0  # which of the request's n choices this job generates
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)  # shared by the request's jobs
+    released: bool = False  # its place given back (guarded by the worker's held_lock)
     cancelled: threading.Event = field(default_factory=threading.Event)
     client_gone: threading.Event = field(default_factory=threading.Event)  # cancelled because the client left
     arrived: float = field(default_factory=time.perf_counter)
     client_seen: float = field(default_factory=time.monotonic)  # when the route last found the client connected
 
     def emit(self, event: Event) -> None:
+        event.choice = self.choice
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -119,6 +125,33 @@ class Job:
         """The client disconnected: cancel, and let the worker count the request as aborted."""
         self.client_gone.set()
         self.cancelled.set()
+
+
+class JobGroup:
+    """One request's jobs, a row of the batch per choice (`n`), answered from one event queue: what the routes
+    wait on, cancel and time out together."""
+
+    def __init__(self, jobs: list[Job], worker: GenerationWorker):
+        self.jobs = jobs
+        self.worker = worker
+        self.events = jobs[0].events
+        self.request_id = jobs[0].request_id
+        self.deadline = jobs[0].deadline
+        self.timeout_s = jobs[0].timeout_s
+        self.client_seen = time.monotonic()  # when the route last found the client connected
+
+    def leave(self) -> None:
+        """The client disconnected: every job is cancelled as aborted, and the queued ones give their places back."""
+        for job in self.jobs:
+            job.leave()
+        self.worker.give_back(self.jobs)
+
+    def cancel(self) -> None:
+        """The route is done with the request (answered, failed, timed out): jobs still going stop at the next step,
+        queued ones give their places back."""
+        for job in self.jobs:
+            job.cancelled.set()
+        self.worker.give_back(self.jobs)
 
 
 class PrefillCost:
@@ -161,28 +194,56 @@ class GenerationWorker:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue a job, or refuse it at once when the server already holds its slots plus its queue."""
+    @property
+    def capacity(self) -> int:
+        """Jobs the server holds at most: its rows plus its queue (a request with n choices takes n)."""
+        return self.max_rows + self.max_queue
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs, or refuse them all at once when the server cannot hold them beside what it holds
+        (its slots plus its queue)."""
         if not self.accepting:
             raise _unavailable(
                 "the server is shutting down (SIGTERM)", "send the request to another instance", self.retry_after_s
             )
         with self.held_lock:
-            if self.held >= self.max_rows + self.max_queue:
+            if self.held + len(jobs) > self.capacity:
                 raise _unavailable(
                     f"the queue is full: {self.max_rows} requests run at once and {self.max_queue} wait behind "
                     "them (serve.max_batch, serve.max_queue)",
                     f"retry after {self.retry_after_s} s, or raise serve.max_queue",
                     self.retry_after_s,
                 )
-            self.held += 1
-        self.queue.put_nowait(job)
+            self.held += len(jobs)
+        for job in jobs:
+            self.queue.put_nowait(job)
 
     def finish(self, job: Job, reason: str, run: JobRun | None = None) -> None:
         """A held job's end, just before its last event: its place goes to the next request, and it is counted under
-        what ended it (stop, length, abort, timeout, drain, error); `run` is None for a job that never started."""
+        what ended it (stop, length, abort, timeout, drain, error); `run` is None for a job that never started. A job
+        whose place was given back (`give_back`) was counted then."""
         with self.held_lock:
+            if job.released:
+                return
+            job.released = True
             self.held -= 1
+        self._count(job, reason, run)
+
+    def give_back(self, jobs: list[Job]) -> None:
+        """A request nobody waits for any more (its client left, or its route gave up, its jobs cancelled): their
+        places go to the next request now, not when the worker reaches them: a queued job is skipped then, a running
+        one leaves at the next step. A request of n choices holds n places, and a client that leaves a stream would
+        otherwise keep them a step or a queue's wait longer."""
+        for job in jobs:
+            with self.held_lock:
+                if job.released:
+                    continue
+                job.released = True
+                self.held -= 1
+            gone, late = job.client_gone.is_set(), time.monotonic() > job.deadline
+            self._count(job, "abort" if gone else "timeout" if late else "error", None)
+
+    def _count(self, job: Job, reason: str, run: JobRun | None) -> None:
         self.metrics.finished.labels(reason).inc()
         now = time.perf_counter()
         prefill_decode = None
@@ -281,6 +342,8 @@ class GenerationWorker:
 
     def _admit(self, job: Job) -> JobRun | None:
         """The job's run, or None when it was answered without starting (abandoned, or too late to prefill)."""
+        if job.released:  # given back: nobody waits for it
+            return None
         error = timeout_error(job) if job.abandoned() else self._too_late(job)
         if error is None:
             return JobRun(self, job)
@@ -489,7 +552,7 @@ def _unavailable(rule: str, fix: str, retry_after_s: int) -> ApiError:
     return ApiError(503, Problem("server", "busy", rule, fix), headers={"Retry-After": str(retry_after_s)})
 
 
-def timeout_error(job: Job) -> ApiError:
+def timeout_error(job: Job | JobGroup) -> ApiError:
     return ApiError(
         504,
         Problem(
