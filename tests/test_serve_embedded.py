@@ -470,3 +470,34 @@ def test_playground_sends_and_shows_64_bit_seeds_exactly(server, tmp_path):
     assert fits, "the seed box cuts its placeholder off"
     assert typed_seed == "9223372036854775807" and typed == api(2**63 - 1)
     assert fresh_seed.lstrip("-").isdigit() and fresh == api(int(fresh_seed))  # the shown seed reproduces it
+
+
+def test_playground_sends_a_json_schema_and_shows_the_answer_follows_it(server, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium_driver(tmp_path)
+    try:
+        driver.get(f"{server}/")
+        prompt = driver.find_element(By.ID, "prompt")
+        prompt.clear()
+        prompt.send_keys(EIFFEL)
+        driver.find_element(By.CSS_SELECTOR, "#structured summary").click()  # open the schema box
+        driver.find_element(By.ID, "schema").send_keys(json.dumps(PLACE))
+        driver.find_element(By.ID, "run").click()
+        WebDriverWait(driver, 900, poll_frequency=0.5).until(
+            lambda d: d.find_element(By.ID, "status").text in ("done", "error")
+        )
+        error = driver.find_element(By.ID, "error").text
+        answer = driver.execute_script("return document.getElementById('output').textContent")
+        check = driver.find_element(By.ID, "json_check").text
+        driver.find_element(By.ID, "schema").send_keys("}")  # no longer JSON: refused before anything is sent
+        driver.find_element(By.ID, "run").click()
+        WebDriverWait(driver, 60, poll_frequency=0.2).until(lambda d: d.find_element(By.ID, "status").text == "error")
+        refused = driver.find_element(By.ID, "error").text
+    finally:
+        driver.quit()
+    assert error == "" and check == "parses"
+    jsonschema.validate(json.loads(answer), PLACE)
+    assert "not JSON" in refused
