@@ -13,7 +13,7 @@ import pytest
 from sagemaker_fixtures import StubbedSageMaker, assert_valid_request, endpoint_plan
 
 from neuron_ssp.config import load_config
-from neuron_ssp.deploy.vllm_neuron import VLLM_FLAGS, command_text, vllm_serve_args
+from neuron_ssp.deploy.vllm_neuron import TOOL_ARGS, VLLM_FLAGS, command_text, vllm_serve_args
 
 pytest_plugins = ["sagemaker_fixtures"]
 REPO = Path(__file__).resolve().parents[1]
@@ -41,9 +41,17 @@ TUTORIAL_ARGS = [
 ]
 
 
+def with_tools(args: list[str]) -> list[str]:
+    """A tutorial command with our tool flags before its address (they are not the tutorial's)."""
+    at = args.index("--host")
+    return [*args[:at], *TOOL_ARGS, *args[at:]]
+
+
 def test_the_tutorial_config_renders_the_tutorials_command() -> None:
+    """The tutorial's command, and the tool flags that serve tools as `neuron-ssp serve` does (features-guide.md,
+    "Tool calling": auto and none read by vLLM's Llama3JsonToolParser)."""
     args = vllm_serve_args(load_config(TUTORIAL))
-    assert args == TUTORIAL_ARGS
+    assert args == with_tools(TUTORIAL_ARGS)
     assert {a for a in args if a.startswith("--")} <= set(VLLM_FLAGS)
     assert "num_speculative_tokens" in command_text(load_config(TUTORIAL))
 
@@ -77,7 +85,9 @@ FOUR_ROWS_ARGS = [
 
 
 def test_more_rows_than_the_tutorial_render_the_decode_batch_buckets() -> None:
-    assert vllm_serve_args(load_config(TUTORIAL, {"target.batch_size": 4, "draft.batch_size": 4})) == FOUR_ROWS_ARGS
+    assert vllm_serve_args(load_config(TUTORIAL, {"target.batch_size": 4, "draft.batch_size": 4})) == with_tools(
+        FOUR_ROWS_ARGS
+    )
     six = vllm_serve_args(load_config(TUTORIAL, {"target.batch_size": 6, "draft.batch_size": 6}))
     extra = json.loads(six[six.index("--additional-config") + 1])
     assert extra == {"neuron_config": {"num_seqs_buckets": [1, 2, 4, 6]}}
@@ -139,7 +149,7 @@ def test_serve_execs_vllm_serve_with_the_key_from_the_environment(tmp_path: Path
     )
     assert result.returncode == 0, result.stderr
     ran = json.loads((tmp_path / "ran.json").read_text())
-    assert ran["argv"] == [*TUTORIAL_ARGS[1:-1], "9001"] and ran["key"] == "secret-key"
+    assert ran["argv"] == [*with_tools(TUTORIAL_ARGS)[1:-1], "9001"] and ran["key"] == "secret-key"
     assert "secret-key" not in result.stdout + result.stderr  # never on the command line
 
 

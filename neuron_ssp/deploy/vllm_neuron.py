@@ -18,6 +18,15 @@ tutorial passes them (vllm-neuron/docs/tutorials/tutorial-eagle3-speculative-dec
   plugin's `--override-neuron-config` is gone), as AWS's GPT-OSS EAGLE-3 tutorial passes them
   (tutorial-eagle3-speculative-decoding-gpt-oss.md:203-207): powers of two below --max-num-seqs, then
   --max-num-seqs itself, which must be the largest (guides/reference-configuration.md:49);
+- `--enable-auto-tool-choice --tool-call-parser llama3_json`: tools as `neuron-ssp serve` takes them. vllm-neuron's
+  features guide (guides/features-guide.md, "Structured outputs and tool calling") reads `tool_choice` auto and
+  none with vLLM's `Llama3JsonToolParser` and constrains required and a named function through its structured-output
+  bitmask; vLLM answers `tool_choice: "auto"` only with both flags set (FrontendArgs.enable_auto_tool_choice and
+  tool_call_parser, vllm/entrypoints/openai/cli_args.py). The call format is the one our server uses
+  (serve/tool_calls.py: Llama-3.1 JSON calls). Structured output itself needs no flag there: the guide enables it
+  by default ("No additional configuration is needed") and names no backend to choose, so none is rendered: vLLM's
+  default backend serves `response_format` and `structured_outputs`, and a grammar written for this server
+  (llguidance's Lark) may read otherwise there;
 - `--host`, `--port`, `--served-model-name` from serve:. SageMaker: 0.0.0.0:8080, where vLLM's server answers
   /ping and /invocations (vllm/entrypoints/sagemaker/api_router.py:49-55, :57-69 at 09cb327f). The API key is never on
   the command line: `VLLM_API_KEY` is set from serve.api_key_env's variable in the server's environment.
@@ -53,7 +62,10 @@ VLLM_FLAGS = {
     "--dtype": "vLLM EngineArgs.dtype (vllm/engine/arg_utils.py)",
     "--host": "vLLM's OpenAI server --host (vllm/entrypoints/openai/cli_args.py)",
     "--served-model-name": "vLLM EngineArgs.served_model_name (vllm/engine/arg_utils.py)",
+    "--enable-auto-tool-choice": "guides/features-guide.md 'Tool calling'; vLLM FrontendArgs.enable_auto_tool_choice",
+    "--tool-call-parser": "guides/features-guide.md 'Tool calling'; vLLM FrontendArgs.tool_call_parser",
 }
+TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]  # Llama-3.1 JSON calls, as ours
 TUTORIAL_MAX_NUM_SEQS = 2  # the decode concurrency AWS's EAGLE-3 tutorial compiles and measured (:52-60)
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000  # ours (serve:), also vLLM's default port
 SAGEMAKER_HOST, SAGEMAKER_PORT = "0.0.0.0", 8080  # noqa: S104  (SageMaker's container contract)
@@ -114,7 +126,7 @@ def vllm_serve_args(config: Config) -> list[str]:
     spec = speculative_config(config)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec)]
-    args += ["--host", host, "--port", str(port)]
+    args += [*TOOL_ARGS, "--host", host, "--port", str(port)]
     if config.serve.served_model_name:
         args += ["--served-model-name", config.serve.served_model_name]
     return args
