@@ -32,6 +32,7 @@ from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompt_length import PromptLimit
 from neuron_ssp.pipeline.prompts import ChatTurn, encode_messages, encode_prompt
 from neuron_ssp.serve.app import create_app
+from neuron_ssp.serve.served_pipeline import ServedPipeline
 from neuron_ssp.speculation.controls import RequestControls, value_problems
 from neuron_ssp.speculation.position_noise import PositionNoise
 
@@ -73,6 +74,12 @@ class ScriptedReply:
         pass
 
 
+def scripted(row: Row) -> ScriptedReply:
+    """The row's reply, which FakePipeline gives every row as its drafter."""
+    assert isinstance(row.drafter, ScriptedReply)
+    return row.drafter
+
+
 def made_up_logits(tokens: list[int]) -> torch.Tensor:
     """The 'target's' logits for `tokens`: the chosen token 0, every other one -10."""
     rows = torch.full((len(tokens), max(tokens) + 1), -10.0)
@@ -109,7 +116,7 @@ class ScriptedRows(RowSlots):
             if self.pipeline.error is not None and self.pipeline.error_at == "step":
                 row.error = self.pipeline.error
                 continue
-            draft = row.drafter.propose(row.seq.committed(), WINDOW)
+            draft = scripted(row).propose(row.seq.committed(), WINDOW)
             tokens = draft.tokens.tolist()
             accepted = len(tokens) - 1
             row.stats.record_call(
@@ -128,8 +135,9 @@ class ScriptedRows(RowSlots):
         time.sleep(pipeline.prefill_s_per_token * row.seq.prompt_len)
         if pipeline.error is not None and pipeline.error_at == "join":
             raise pipeline.error
-        row.drafter.begin(row.request.prompt_ids, row.request.max_new_tokens)
-        first = [row.drafter.ids[0]]
+        reply = scripted(row)
+        reply.begin(row.request.prompt_ids, row.request.max_new_tokens)
+        first = [reply.ids[0]]
         row.seq.extend(first, logits=made_up_logits(first))
 
 
@@ -149,7 +157,7 @@ class FakePipeline:
     ):
         self.config = load_config(None, {"serve.max_batch": max_batch})
         self.max_batch = max_batch
-        self.tokenizer = tokenizer or CharTokenizer()
+        self.tokenizer: Any = tokenizer or CharTokenizer()
         self.eos_token_ids = {EOS}
         self.target = SimpleNamespace(n_positions=n_positions, max_score_width=None, vocab_size=0x110000)  # characters
         # the engine whose refusals of RequestControls it answers with (native: none; the scripted loop ignores them)
@@ -215,6 +223,10 @@ class FakePipeline:
         return RowRequest(prompt_ids, max_new_tokens, self.eos_token_ids, settings, heard)
 
 
+# the type checker holds the stand-in against what the server takes (CI runs mypy over this file)
+STANDS_IN_FOR: type[ServedPipeline] = FakePipeline
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -222,7 +234,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(pipeline, api_key: str | None = None, **settings) -> Iterator[tuple[str, FastAPI]]:
+def serving(pipeline: ServedPipeline, api_key: str | None = None, **settings: Any) -> Iterator[tuple[str, FastAPI]]:
     """The app on 127.0.0.1 in a background thread; yields its base URL and the app (its worker, its metrics)."""
     serve = ServeConfig(**settings)
     app = create_app(pipeline, serve, "fake-model", api_key)
@@ -241,7 +253,7 @@ def serving(pipeline, api_key: str | None = None, **settings) -> Iterator[tuple[
 
 
 @contextmanager
-def running_server(pipeline, api_key: str | None = None, **settings) -> Iterator[str]:
+def running_server(pipeline: ServedPipeline, api_key: str | None = None, **settings: Any) -> Iterator[str]:
     """The app on 127.0.0.1 in a background thread; yields its base URL."""
     with serving(pipeline, api_key, **settings) as (url, _):
         yield url

@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from neuron_ssp.config import Config, SamplingConfig, ServeConfig
 from neuron_ssp.drafters.registry import drafter_kind
 from neuron_ssp.errors import NeuronSSPError, Problem
-from neuron_ssp.pipeline.pipeline import Pipeline, logprobs_problem
+from neuron_ssp.pipeline.pipeline import logprobs_problem
 from neuron_ssp.pipeline.prompts import ChatTurn
 from neuron_ssp.serve import openapi
 from neuron_ssp.serve.errors import ApiError, error_response
@@ -47,6 +47,7 @@ from neuron_ssp.serve.schemas import (
     completion_request,
     invocation_request,
 )
+from neuron_ssp.serve.served_pipeline import ServedPipeline
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
 from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary
 from neuron_ssp.serve.tool_calls import conversation
@@ -58,7 +59,7 @@ log = logging.getLogger("neuron_ssp.serve")
 WORKER_JOIN_S = 60.0  # at shutdown, how long to wait for a prefill that cannot be interrupted
 
 
-def create_app(pipeline: Pipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
+def create_app(pipeline: ServedPipeline, settings: ServeConfig, model_name: str, api_key: str | None) -> FastAPI:
     metrics = ServerMetrics(model_name, pipeline.target.n_positions, draft_positions(pipeline.config))
     worker = GenerationWorker(pipeline, metrics, settings.max_queue)
     encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prompt-encoder")
@@ -285,7 +286,7 @@ async def _read_json(request: Request) -> dict[str, Any]:
     return parse_json(b"".join(chunks))
 
 
-def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
+def _encode(pipeline: ServedPipeline, spec: GenerationRequest) -> torch.Tensor:
     """The prompt's ids (run on the encoder thread), or a 400 naming the field the client sent."""
     if spec.prompt_ids is not None:
         return within_vocabulary(pipeline, spec.prompt_ids, spec.prompt_ids_field)
@@ -301,7 +302,7 @@ def _encode(pipeline: Pipeline, spec: GenerationRequest) -> torch.Tensor:
         raise ApiError(400, [replace(p, field=field.get(p.field, p.field)) for p in exc.problems]) from None
 
 
-def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
+def _sampling(pipeline: ServedPipeline, spec: GenerationRequest) -> SamplingConfig:
     """The request's sampling over the server's, or a 400 for what this engine cannot do per request."""
     try:
         sampling = pipeline.request_sampling(spec.temperature, spec.top_p, spec.top_k, spec.seed)
@@ -314,7 +315,7 @@ def _sampling(pipeline: Pipeline, spec: GenerationRequest) -> SamplingConfig:
     return sampling
 
 
-def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int, capacity: int) -> None:
+def _refuse_asked(pipeline: ServedPipeline, spec: GenerationRequest, max_tokens: int, capacity: int) -> None:
     """Everything the request asks that this server refuses, in one 400 before its prompt is encoded: the fields
     the body's parsing refused, the pipeline's refusals of its controls (values no model honours, what this engine
     cannot run) and vLLM's rule between min_tokens and the budget."""
@@ -352,7 +353,7 @@ def _refuse_asked(pipeline: Pipeline, spec: GenerationRequest, max_tokens: int, 
         raise ApiError(400, problems)
 
 
-def _check_room(pipeline: Pipeline, prompt_ids: torch.Tensor, max_tokens: int, spec: GenerationRequest) -> None:
+def _check_room(pipeline: ServedPipeline, prompt_ids: torch.Tensor, max_tokens: int, spec: GenerationRequest) -> None:
     """The CLI's n_positions rule, phrased for a client (who cannot resize the cache): it names the field the
     client can change and quotes only what the client sent, never the server's default as if it were sent."""
     try:

@@ -24,7 +24,7 @@ from neuron_ssp.serve.tokens import DetokenizeBody, TokenizeChatBody, TokenizeCo
 from neuron_ssp.speculation.controls import Grammar, RequestControls
 
 if TYPE_CHECKING:
-    from neuron_ssp.pipeline.pipeline import Pipeline
+    from neuron_ssp.serve.served_pipeline import ServedPipeline
 
 VERSION = "1"
 DESCRIPTION = (
@@ -328,7 +328,7 @@ CONTROL_FIELDS: dict[str, tuple[RequestControls, dict[str, list[Any]]]] = {
 }
 
 
-def refused_controls(pipeline: Pipeline) -> dict[str, list[Any]]:
+def refused_controls(pipeline: ServedPipeline) -> dict[str, list[Any]]:
     """The API fields of the controls `pipeline` refuses -> the values that still pass (those that ask for nothing)."""
     refused: dict[str, list[Any]] = {}
     for asks, fields in CONTROL_FIELDS.values():

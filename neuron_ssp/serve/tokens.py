@@ -17,11 +17,11 @@ import torch
 from pydantic import ConfigDict, Field
 
 from neuron_ssp.errors import NeuronSSPError, Problem
-from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.pipeline.prompts import ChatTurn
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.fields import Body, refused
 from neuron_ssp.serve.schemas import ChatMessage, Prompt, TokenId, any_text, chat_turns, refusals, state_rules
+from neuron_ssp.serve.served_pipeline import ServedPipeline
 from neuron_ssp.serve.tool_calls import ToolDef, conversation, tool_use
 from neuron_ssp.serve.validation import validate
 
@@ -57,7 +57,7 @@ class DetokenizeBody(Body):
     tokens: list[TokenId] = Field(description="token ids of this model's vocabulary")
 
 
-def tokenize(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, Any]:
+def tokenize(pipeline: ServedPipeline, data: dict[str, Any]) -> dict[str, Any]:
     """The answer to a /tokenize body (run on the encoder thread), or a 400 naming every problem."""
     if "messages" in data:
         chat = validate(TokenizeChatBody, data)
@@ -93,14 +93,14 @@ def tokenize(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def detokenize(pipeline: Pipeline, data: dict[str, Any]) -> dict[str, Any]:
+def detokenize(pipeline: ServedPipeline, data: dict[str, Any]) -> dict[str, Any]:
     """The answer to a /detokenize body: the ids' text, special tokens kept."""
     body = validate(DetokenizeBody, data)
     ids = within_vocabulary(pipeline, body.tokens, "tokens")
     return {"prompt": pipeline.tokenizer.decode(ids.tolist(), skip_special_tokens=False)}
 
 
-def within_vocabulary(pipeline: Pipeline, ids: list[int], field: str) -> torch.Tensor:
+def within_vocabulary(pipeline: ServedPipeline, ids: list[int], field: str) -> torch.Tensor:
     """Token ids a client sent, each checked against the vocabulary: the model has no embedding for an id past it
     (vLLM: "Token id ... is out of vocabulary"); a 400 names the first index outside it."""
     vocab = pipeline.target.vocab_size

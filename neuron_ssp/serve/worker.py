@@ -39,9 +39,9 @@ from neuron_ssp.config import SamplingConfig
 from neuron_ssp.engines.base import GenerationResult
 from neuron_ssp.engines.rows import Row, RowCallbacks, RowLoop
 from neuron_ssp.errors import NeuronSSPError, Problem, UsageError
-from neuron_ssp.pipeline.pipeline import Pipeline
 from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.metrics import ServerMetrics
+from neuron_ssp.serve.served_pipeline import ServedPipeline
 from neuron_ssp.serve.text import TextPiece, TokenLogprob, TokenText
 from neuron_ssp.speculation.controls import RequestControls
 from neuron_ssp.speculation.stats import GenerationStats
@@ -171,7 +171,7 @@ class PrefillCost:
 
 
 class GenerationWorker:
-    def __init__(self, pipeline: Pipeline, metrics: ServerMetrics, max_queue: int, retry_after_s: int = 1):
+    def __init__(self, pipeline: ServedPipeline, metrics: ServerMetrics, max_queue: int, retry_after_s: int = 1):
         self.pipeline = pipeline
         self.metrics = metrics
         self.queue: queue.Queue[Job | None] = queue.Queue()
