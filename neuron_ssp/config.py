@@ -61,6 +61,10 @@ class PlatformConfig(_Strict):
     # (a batch reads every sequence's cache each step); attention still computes in fp32 (docs/benchmarks.md,
     # "The KV cache's dtype": agreement with a float32 cache over the dev prompts)
     kv_dtype: Literal["float32", "bfloat16"] = "float32"
+    # torch backend, row kernel: the weights a call reads. auto: a model that comes from a GGUF with Q4_0, Q4_1 or Q8_0
+    # tensors (the embedded default) keeps them in their blocks, de-quantised in registers (the same numbers from
+    # ~0.75 bytes a weight instead of 4); fp32: the de-quantised fp32 copy, as before (for comparison)
+    weights: Literal["auto", "fp32"] = "auto"
     # prefix caching across the requests of one loop (the server's): a request starts from the longest prefix of its
     # prompt that a free slot's cache or the prefix pool holds (engines/slot_caches.py). None: on where the backend
     # supports it (the torch backend's compact forward), off elsewhere; true refuses a backend without it

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -25,6 +26,9 @@ from transformers.utils import logging as transformers_logging
 from neuron_ssp.embedded.cache import first_use_status, write_manifest
 from neuron_ssp.embedded.known_answer import KnownAnswer, failure_rule, greedy_answer
 from neuron_ssp.errors import Problem, RuntimeProblem
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 SPECIAL_TOKENS = {
     "bos_token": "bos_token_id",
@@ -108,9 +112,7 @@ def _tied_plain_copy(quantised: PreTrainedModel, missing: set[str]) -> PreTraine
 
 def _match_gguf_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -> None:
     """Special tokens and BOS as the GGUF declares them (4.46 maps SmolLM2's EOS to <|im_start|>, adds a BOS)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf_path)).fields
+    fields = gguf_reader(str(gguf_path)).fields
 
     def value(key: str) -> int | None:
         field = fields.get(f"tokenizer.ggml.{key}")
@@ -127,6 +129,15 @@ def _match_gguf_tokenizer(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -
     tokenizer.clean_up_tokenization_spaces = False
 
 
+@functools.lru_cache(maxsize=2)
+def gguf_reader(path: str) -> GGUFReader:
+    """One read-only reader per GGUF file for the process: the conversion and the row kernel's block panels
+    (backends/torch/block_panels.py) share the seconds its metadata takes to parse."""
+    from gguf.gguf_reader import GGUFReader  # the class itself: _gguf_parsed_once swaps the package's name for this
+
+    return GGUFReader(path, "r")
+
+
 @contextmanager
 def _gguf_parsed_once() -> Iterator[None]:
     """transformers opens the GGUF three times (tokenizer, config, weights) and we once more; parsing its
@@ -135,14 +146,9 @@ def _gguf_parsed_once() -> Iterator[None]:
     import gguf
 
     original = gguf.GGUFReader
-    readers: dict[str, gguf.GGUFReader] = {}
 
     def parsed_once(path: str | Path, mode: str = "r") -> gguf.GGUFReader:
-        if mode != "r":
-            return original(path, mode)
-        if str(path) not in readers:
-            readers[str(path)] = original(path, mode)
-        return readers[str(path)]
+        return gguf_reader(str(path)) if mode == "r" else original(path, mode)
 
     gguf.GGUFReader = parsed_once
     try:

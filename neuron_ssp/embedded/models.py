@@ -88,6 +88,14 @@ def check_embedded_answer(model: PreTrainedModel, tokenizer: PreTrainedTokenizer
         )
 
 
+def embedded_gguf(path: str) -> Path | None:
+    """The GGUF file an `embedded:` model path comes from (None for any other path)."""
+    if not path.startswith(EMBEDDED_PREFIX):
+        return None
+    name = path[len(EMBEDDED_PREFIX) :]
+    return _gguf_path(_embedded(name, "target.path"), name, "target.path")
+
+
 def _embedded(name: str, field: str) -> EmbeddedModel:
     if name not in EMBEDDED_MODELS:
         raise UsageError(

@@ -1,7 +1,7 @@
 /* Llama decoder layers for a few rows, in one call: what the compact forward does with ~25 torch ops per layer
  * (RMS norms, rotary, KV-cache writes, attention, SiLU, residuals) costs ~0.5 ms of dispatch per layer at one row;
  * here it is arithmetic only. The same order of operations as Hugging Face's LlamaDecoderLayer, in fp32 (the
- * KV cache in fp32 or bf16); the four matrix products go through panel_linear.
+ * KV cache in fp32 or bf16); the four matrix products go through matrix_linear (fp32 panels or a GGUF's blocks).
  *
  * Every row is computed on its own (its attention reads its own sequence's positions 0..its position), so a
  * row's result does not depend on how many rows came with it, nor on which other sequences share the call.
@@ -48,12 +48,17 @@ typedef float vec __attribute__((vector_size(4 * LANES), aligned(4)));
 typedef int ivec __attribute__((vector_size(4 * LANES), aligned(4)));
 typedef unsigned short half_vec __attribute__((vector_size(2 * LANES), aligned(2)));
 
-void panel_linear(const float *x, const float *panels, float *y, int rows, int n, int k, int threads);
+void matrix_linear(const float *x, const void *weights, int format, float *y, int rows, int n, int k, int threads);
 
-/* One decoder layer's weights (panel_linear's panels) and cache. keys: per slot (kv_heads, tiles, head_dim, TILE),
+/* One decoder layer's weights (row_kernel.c's fp32 panels or block panels, each matrix in its `formats` entry: q/k/v,
+ * o, gate/up, down) and cache. keys: per slot (kv_heads, tiles, head_dim, TILE),
  * tiles = ceil(n_positions / TILE); values: per slot (kv_heads, n_positions, head_dim); fp32 or bf16 elements. */
 struct layer_weights {
-    const float *attn_norm, *qkv, *o, *mlp_norm, *gate_up, *down;
+    const float *attn_norm;
+    const void *qkv, *o;
+    const float *mlp_norm;
+    const void *gate_up, *down;
+    int formats[4];
     void *keys, *values;
 };
 
@@ -505,7 +510,7 @@ void llama_layers(const struct layer_call *call, int first, int last) {
     for (int layer = first; layer < last; layer++) {
         const struct layer_weights *w = &m->layers[layer];
         rms_norm(x, w->attn_norm, normed, rows, hidden, m->eps);
-        panel_linear(normed, w->qkv, fused, rows, qkv_width, hidden, threads);
+        matrix_linear(normed, w->qkv, w->formats[0], fused, rows, qkv_width, hidden, threads);
         for (int s = 0, r0 = 0; s < segments; r0 += spans[3 * s + 2], s++)
             write_cache(m, fused + (ptrdiff_t)r0 * qkv_width, spans[3 * s + 2], spans[3 * s + 1],
                         slot_of(w->keys, spans[3 * s], key_head, m), slot_of(w->values, spans[3 * s], value_head, m),
@@ -524,16 +529,16 @@ void llama_layers(const struct layer_call *call, int first, int last) {
             (m->kv_bf16 ? attend_head_bf16 : attend_head_f32)(m, fused + (ptrdiff_t)r0 * qkv_width, count, start, h,
                                                               keys, values, own, mixed + (ptrdiff_t)r0 * q_width);
         }
-        panel_linear(mixed, w->o, projected, rows, hidden, q_width, threads);
+        matrix_linear(mixed, w->o, w->formats[1], projected, rows, hidden, q_width, threads);
         for (ptrdiff_t i = 0; i < (ptrdiff_t)rows * hidden; i++) x[i] += projected[i];
 
         rms_norm(x, w->mlp_norm, normed, rows, hidden, m->eps);
-        panel_linear(normed, w->gate_up, fused, rows, 2 * inter, hidden, threads);
+        matrix_linear(normed, w->gate_up, w->formats[2], fused, rows, 2 * inter, hidden, threads);
         for (int r = 0; r < rows; r++) {
             const float *gate = fused + (ptrdiff_t)r * 2 * inter, *up = gate + inter;
             silu_times(gate, up, mixed + (ptrdiff_t)r * inter, inter);
         }
-        panel_linear(mixed, w->down, projected, rows, hidden, inter, threads);
+        matrix_linear(mixed, w->down, w->formats[3], projected, rows, hidden, inter, threads);
         for (ptrdiff_t i = 0; i < (ptrdiff_t)rows * hidden; i++) x[i] += projected[i];
     }
 }

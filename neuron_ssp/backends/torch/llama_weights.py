@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,10 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 PACK_ROWS_HINT = 8  # the row count oneDNN tunes the packed layout for; measured flat from 1 to 16 rows
 STORED_ROWS = 2  # up to this many rows F.linear on the weights as stored beats oneDNN's packed kernel (gemm_rows.py)
 
-_LAYOUTS: weakref.WeakKeyDictionary[PreTrainedModel, dict[bool, LlamaWeights]] = weakref.WeakKeyDictionary()
+# per model: (pack, from its GGUF's blocks) -> its layout
+_LAYOUTS: weakref.WeakKeyDictionary[PreTrainedModel, dict[tuple[bool, bool], LlamaWeights]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -58,12 +62,16 @@ class Linears:
     `weights` are the model's own tensors (no copy); with `pack`, also their fused copy for the row kernel
     (every call of up to MAX_ROWS rows), or where it is unavailable for oneDNN (more than STORED_ROWS rows)."""
 
-    def __init__(self, weights: list[torch.Tensor], pack: bool):
+    def __init__(self, weights: list[torch.Tensor], pack: bool, blocks: Panels | None = None):
+        """`blocks`: the same matrices fused, as their GGUF's quantised blocks packed for the row kernel
+        (block_panels.py): it reads those instead of an fp32 copy (the same numbers)."""
         self.sizes = [int(w.shape[0]) for w in weights]
         self.weights = weights
         self.kernel = row_kernel() if pack else None
-        fused = torch.cat(weights).contiguous() if pack else None
-        self.panels = self.kernel.pack(fused) if self.kernel is not None else None
+        fused = torch.cat(weights).contiguous() if pack and (blocks is None or self.kernel is None) else None
+        self.panels: Panels | None = None
+        if self.kernel is not None:
+            self.panels = blocks if blocks is not None else self.kernel.pack(fused)
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(fused, PACK_ROWS_HINT) if pack and self.kernel is None else None
         )
@@ -107,6 +115,7 @@ class LlamaWeights:
     head_dim: int
     eps: float
     layout: str  # what the few-row calls run on: "row kernel", "oneDNN packed" or "as stored"
+    from_blocks: bool = False  # the row kernel reads the GGUF's quantised blocks (platform.weights auto)
 
     @property
     def packed(self) -> bool:
@@ -127,16 +136,19 @@ def can_pack(model: PreTrainedModel) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
 
 
-def llama_weights(model: PreTrainedModel, pack: bool) -> LlamaWeights:
-    """The model's weights in the layout `pack` asks for; built once per model and layout."""
+def llama_weights(model: PreTrainedModel, pack: bool, blocks: Mapping[str, Panels] | None = None) -> LlamaWeights:
+    """The model's weights in the layout `pack` asks for, its matrices from `blocks` (its GGUF's own quantised
+    blocks, block_panels.py: "<layer>.<qkv|o|gate_up|down>" and "head") where given and the row kernel is built;
+    built once per model and layout."""
     per_model = _LAYOUTS.setdefault(model, {})
-    if pack not in per_model:
-        per_model[pack] = _build(model, pack)
-    return per_model[pack]
+    key = (pack, blocks is not None and pack and row_kernel() is not None)
+    if key not in per_model:
+        per_model[key] = _build(model, pack, blocks if key[1] else None)
+    return per_model[key]
 
 
 @torch.no_grad()
-def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
+def _build(model: PreTrainedModel, pack: bool, blocks: Mapping[str, Panels] | None = None) -> LlamaWeights:
     config = model.config
     heads = int(config.num_attention_heads)
     if pack and row_kernel() is None:
@@ -146,28 +158,33 @@ def _build(model: PreTrainedModel, pack: bool) -> LlamaWeights:
             stacklevel=3,
         )
     layers = []
-    for layer in model.model.layers:
+    for index, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
+
+        def fused(name: str, index: int = index) -> Panels | None:
+            return blocks.get(f"{index}.{name}") if blocks is not None else None
+
         layers.append(
             LlamaLayer(
                 attn_norm=layer.input_layernorm.weight,
-                qkv=Linears([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], pack),
-                o=Linears([attn.o_proj.weight], pack),
+                qkv=Linears([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], pack, fused("qkv")),
+                o=Linears([attn.o_proj.weight], pack, fused("o")),
                 mlp_norm=layer.post_attention_layernorm.weight,
-                gate_up=Linears([mlp.gate_proj.weight, mlp.up_proj.weight], pack),
-                down=Linears([mlp.down_proj.weight], pack),
+                gate_up=Linears([mlp.gate_proj.weight, mlp.up_proj.weight], pack, fused("gate_up")),
+                down=Linears([mlp.down_proj.weight], pack, fused("down")),
             )
         )
     return LlamaWeights(
         layers=layers,
         embed=model.model.embed_tokens.weight,
         norm=model.model.norm.weight,
-        head=Linears([model.get_output_embeddings().weight], pack),
+        head=Linears([model.get_output_embeddings().weight], pack, blocks.get("head") if blocks is not None else None),
         heads=heads,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
         eps=float(config.rms_norm_eps),
         layout=_layout_name(pack),
+        from_blocks=bool(blocks),
     )
 
 

@@ -16,9 +16,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from neuron_ssp.backends.neuron.env import host_memory_available
 from neuron_ssp.backends.resolve import ModelDirs, resolve_models
+from neuron_ssp.backends.torch.block_panels import block_panels
+from neuron_ssp.backends.torch.row_kernel import Panels, row_kernel
 from neuron_ssp.backends.torch.scoring import ForwardName, TorchBackend, cache_dtype, kv_cache_bytes
 from neuron_ssp.config import EMBEDDED_PREFIX, Config, ModelConfig
-from neuron_ssp.embedded.models import check_embedded_answer
+from neuron_ssp.embedded.models import check_embedded_answer, embedded_gguf
 from neuron_ssp.errors import Problem, UsageError
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,6 +64,7 @@ def load_torch_backends(
     platform = config.platform
     kv_dtype = KV_DTYPES[platform.kv_dtype]
     check_caches_fit(caches, slots, device, platform.forward, kv_dtype)
+    blocks = gguf_blocks(config, config.target, target_model, device)
     target = TorchBackend(
         target_model,
         config.target.n_positions,
@@ -71,13 +74,39 @@ def load_torch_backends(
         slots=slots,
         prompt_chunk=platform.prefill_chunk,
         kv_dtype=kv_dtype,
+        blocks=blocks,
     )
     draft = (
-        TorchBackend(*caches[1], "draft", platform.forward, platform.compile, slots=slots, kv_dtype=kv_dtype)
+        TorchBackend(
+            *caches[1],
+            "draft",
+            platform.forward,
+            platform.compile,
+            slots=slots,
+            kv_dtype=kv_dtype,
+            blocks=gguf_blocks(config, config.draft, caches[1][0], device) if config.draft is not None else None,
+        )
         if len(caches) > 1
         else None
     )
     return target, draft, tokenizer
+
+
+def gguf_blocks(
+    config: Config, model_config: ModelConfig, model: PreTrainedModel, device: torch.device
+) -> dict[str, Panels] | None:
+    """platform.weights auto: the matrices of the GGUF an embedded model comes from, in their quantised blocks
+    packed for the row kernel (its fp32 weights are that GGUF's values de-quantised), on a CPU in fp32 where the
+    kernel is built; None elsewhere: the fp32 weights serve."""
+    if config.platform.weights != "auto" or device.type != "cpu" or model_config.dtype != "fp32":
+        return None
+    gguf_path, kernel = embedded_gguf(model_config.path), row_kernel()
+    if gguf_path is None or kernel is None:
+        return None
+    text = model.config
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return block_panels(gguf_path, heads, kv_heads, int(text.num_hidden_layers), kernel)
 
 
 def check_caches_fit(

@@ -29,8 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from neuron_ssp.backends.torch.gguf_blocks import FORMAT_Q4, GROUP, BlockMatrix
 from neuron_ssp.embedded.cache import cache_root, first_use_status
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("row_kernel.c", "llama_layer.c"))
@@ -40,15 +42,18 @@ MAX_ROWS = 64  # beyond (a long prefill), MKL's GEMM on the weights as stored is
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-march=native"))
 DEFINES = (f"-DMAX_ROWS={MAX_ROWS}",)  # panel_linear's buffers: sized by the bound the checks below enforce
 KV_DTYPES = (torch.float32, torch.bfloat16)  # what the layer kernel's cache may hold
+FORMAT_F32 = 0  # row_kernel.c's weight formats: fp32 panels, or gguf_blocks.FORMAT_Q4 / FORMAT_Q8 block panels
 
 
 @dataclass(frozen=True)
 class Panels:
-    """An (out, in) matrix repacked for the kernel: column panels, each streamed once per call."""
+    """An (out, in) matrix repacked for the kernel: column panels, each streamed once per call; `format` FORMAT_F32
+    (fp32 values) or a GGUF block format (gguf_blocks.py: quants with their scales, de-quantised in registers)."""
 
     data: torch.Tensor
     out_features: int
     in_features: int
+    format: int = FORMAT_F32
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,7 @@ def allocate_caches(
 
 class _LayerWeights(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")] + [
+        ("formats", ctypes.c_int * 4),
         ("keys", ctypes.c_void_p),
         ("values", ctypes.c_void_p),
     ]
@@ -167,6 +173,7 @@ class KernelModel:
             qkv, o, gate_up, down = matrices
             entry.attn_norm, entry.mlp_norm = norms[0].data_ptr(), norms[1].data_ptr()
             entry.qkv, entry.o, entry.gate_up, entry.down = (m.data.data_ptr() for m in (qkv, o, gate_up, down))
+            entry.formats[:] = [m.format for m in (qkv, o, gate_up, down)]
             entry.keys, entry.values = cache.keys.data_ptr(), cache.values.data_ptr()
         self._weights = weights
         self.struct = _Model(
@@ -225,10 +232,13 @@ class RowKernel:
         self._pack = library.pack_panels
         self._pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         self._pack.restype = None
-        self._linear = library.panel_linear
-        self._linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+        self._linear = library.matrix_linear
+        self._linear.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 4
         self._linear.restype = None
         self.panel_cols = int(library.panel_cols())
+        self.lanes = int(library.kernel_lanes())
+        self._group_bytes = library.block_group_bytes
+        self._group_bytes.argtypes = [ctypes.c_int]
         self._layers = library.llama_layers
         self._layers.argtypes = [ctypes.POINTER(_Call), ctypes.c_int, ctypes.c_int]
         self._layers.restype = None
@@ -247,6 +257,35 @@ class RowKernel:
         data = torch.empty(panels * self.panel_cols * in_features, dtype=torch.float32)
         self._pack(weight.data_ptr(), data.data_ptr(), out_features, in_features)
         return Panels(data, out_features, in_features)
+
+    def pack_blocks(self, matrix: BlockMatrix) -> Panels:
+        """A GGUF block matrix as row_kernel.c's block panels: per panel of panel_cols outputs, per group of GROUP
+        inputs, the outputs' scales (fp32), their offsets (Q4), then the group's quants step by step (Q4: two a
+        byte, per vector of `lanes` outputs byte j holding output j low and output j + lanes / 2 high)."""
+        rows, inputs = matrix.shape
+        cols, groups = self.panel_cols, inputs // GROUP
+        panels = -(-rows // cols)
+
+        def by_panel(per_row: np.ndarray) -> np.ndarray:
+            """(rows, groups, ...) -> (panels, groups, cols, ...), zero past the last row."""
+            padded = np.zeros((panels * cols, *per_row.shape[1:]), dtype=per_row.dtype)
+            padded[:rows] = per_row
+            return padded.reshape(panels, cols, *per_row.shape[1:]).swapaxes(1, 2)
+
+        parts = [np.ascontiguousarray(by_panel(matrix.scales)).view(np.uint8)]
+        if matrix.offsets is not None:
+            parts.append(np.ascontiguousarray(by_panel(matrix.offsets)).view(np.uint8))
+        steps = by_panel(matrix.quants.reshape(rows, groups, GROUP)).swapaxes(2, 3)  # (panels, groups, GROUP, cols)
+        if matrix.format == FORMAT_Q4:
+            halves = steps.reshape(panels, groups, GROUP, cols // self.lanes, 2, self.lanes // 2)
+            steps = halves[..., 0, :] | (halves[..., 1, :] << 4)
+        parts.append(np.ascontiguousarray(steps).reshape(panels, groups, -1).view(np.uint8))
+        packed = np.concatenate(parts, axis=-1)
+        if packed.shape[-1] != int(self._group_bytes(matrix.format)):
+            raise RuntimeError(
+                f"{packed.shape[-1]} bytes a group packed, row_kernel.c reads {self._group_bytes(matrix.format)}"
+            )
+        return Panels(torch.from_numpy(packed.reshape(-1).copy()), rows, inputs, matrix.format)
 
     def model(
         self, layers: Sequence[KernelLayer], rotary: tuple[torch.Tensor, torch.Tensor], shape: LayerShape
@@ -270,6 +309,7 @@ class RowKernel:
         self._linear(
             x.data_ptr(),
             panels.data.data_ptr(),
+            panels.format,
             y.data_ptr(),
             x.shape[0],
             panels.out_features,

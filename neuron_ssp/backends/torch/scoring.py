@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -29,7 +29,7 @@ from neuron_ssp.backends.base import PrefixBlocks, Segment, check_slots
 from neuron_ssp.backends.torch.hf_forward import HfForward
 from neuron_ssp.backends.torch.llama_forward import CompactLlama
 from neuron_ssp.backends.torch.llama_weights import can_pack, llama_weights, unsupported_reason
-from neuron_ssp.backends.torch.row_kernel import KEY_TILE, key_tiles
+from neuron_ssp.backends.torch.row_kernel import KEY_TILE, Panels, key_tiles
 from neuron_ssp.errors import Problem, UsageError
 
 ForwardName = Literal["auto", "compact", "hf"]
@@ -51,11 +51,13 @@ class TorchBackend:
         slots: int = 1,
         prompt_chunk: int = 0,
         kv_dtype: torch.dtype = torch.float32,
+        blocks: Mapping[str, Panels] | None = None,
     ):
         """`pack`: oneDNN-packed weights for the compact forward; None packs where it pays (CPU, fp32).
         `prompt_chunk`: chunked prefill in the batching loop (platform.prefill_chunk; 0: whole prompts).
         `kv_dtype`: what the compact forward's KV cache holds (platform.kv_dtype); Hugging Face's cache holds the
-        model's dtype."""
+        model's dtype. `blocks`: the model's GGUF's matrices as block panels (platform.weights auto, block_panels.py):
+        the row kernel reads those instead of the fp32 weights, the same numbers."""
         self.model = model
         self.name = name
         self.slots = slots
@@ -67,7 +69,7 @@ class TorchBackend:
         if self.forward_name == "hf":
             self._forward = HfForward(model, name, slots)
         else:
-            weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack)
+            weights = llama_weights(model, can_pack(model) and not compile if pack is None else pack, blocks)
             self._forward = CompactLlama(weights, model.model.rotary_emb, self.n_positions, compile, slots, kv_dtype)
         # chunked prefill needs a cache addressed by position from a fresh slot: ours, not a DynamicCache's
         self.prompt_chunk = prompt_chunk if prompt_chunk and self.forward_name == "compact" else None
@@ -89,6 +91,11 @@ class TorchBackend:
         within rounding (llama_forward.py, hf_forward.py say why)."""
         check_slots([segment.slot for segment in segments], self.slots)
         return self._forward.score(segments)[0].float()
+
+    @property
+    def weights_from_blocks(self) -> bool:
+        """Whether the row kernel reads the model's GGUF blocks (platform.weights auto) rather than fp32 weights."""
+        return isinstance(self._forward, CompactLlama) and self._forward.w.from_blocks
 
     @property
     def prefix_blocks(self) -> PrefixBlocks | None:
