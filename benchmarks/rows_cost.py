@@ -24,7 +24,7 @@ import time
 import torch
 
 from neuron_ssp.backends.base import Segment
-from neuron_ssp.backends.torch.load import KV_DTYPES, load_torch_backends
+from neuron_ssp.backends.torch.load import KV_DTYPES, gguf_blocks, load_torch_backends
 from neuron_ssp.backends.torch.scoring import TorchBackend
 from neuron_ssp.config import load_config
 from neuron_ssp.tools.prompt_set import DEFAULT_PROMPTS, load_prompts
@@ -97,7 +97,10 @@ def main() -> None:
     if prompt.shape[0] < args.context:
         raise SystemExit(f"the prompts give {prompt.shape[0]} tokens, fewer than --context {args.context}")
     kv_dtype = KV_DTYPES[config.platform.kv_dtype]
-    backend = TorchBackend(target.model, args.context + max(ROWS), pack=None, slots=max(SEGMENTS), kv_dtype=kv_dtype)
+    blocks = gguf_blocks(config, config.target, target.model, torch.device("cpu"))  # platform.weights auto
+    backend = TorchBackend(
+        target.model, args.context + max(ROWS), pack=None, slots=max(SEGMENTS), kv_dtype=kv_dtype, blocks=blocks
+    )
     for slot in range(backend.slots):
         backend.prefill_slot(slot, prompt)
     load_before = os.getloadavg()[0]
@@ -105,7 +108,8 @@ def main() -> None:
     layout = getattr(backend._forward, "w", None)
     print(
         f"one call of R rows over S segments after {args.context} tokens of context in each slot, "
-        f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}), {config.platform.kv_dtype} cache, "
+        f"{backend.forward_name} forward ({layout.layout if layout else 'hf'}"
+        f"{', GGUF blocks' if backend.weights_from_blocks else ''}), {config.platform.kv_dtype} cache, "
         f"median of {args.rounds} rounds, "
         f"{torch.get_num_threads()} thread(s); x = ÷ the 1-row call; load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"
