@@ -37,6 +37,16 @@ def test_the_configs_sampling_uses_the_loaded_generator_and_others_get_their_own
     assert pipeline.generator.sampling == pipeline.config.sampling  # the loaded generator is untouched
 
 
+def test_the_generators_own_requests_are_built_as_the_servers_are():
+    """`generate` (the CLI's tools set the generator's sampling per sample) builds each request with the one
+    builder the server's requests use: a temperature set on the generator is honoured, not only its seed."""
+    pipeline = tiny_pipeline(**{"speculation.drafter": "suffix"})
+    hot = SamplingConfig(temperature=1.5, seed=7)
+    pipeline.generator.sampling = hot
+    assert pipeline.generator.generate(PROMPT, 20).tokens == pipeline.generate_ids(PROMPT, 20, hot).tokens
+    assert pipeline.generator.generate(PROMPT, 20).tokens != pipeline.generate_ids(PROMPT, 20).tokens
+
+
 def test_a_request_with_its_own_sampling_drafts_from_the_shared_suffix_history():
     """A request sending temperature/seed must feed and use the one history, not a fresh empty one."""
     pipeline = tiny_pipeline(**{"speculation.drafter": "suffix"})

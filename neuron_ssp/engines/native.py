@@ -10,7 +10,7 @@ with many, and both choose windows alike (the target's call cost goes to the loo
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -43,10 +43,13 @@ class SpeculativeGenerator(Generator):
         rng: torch.Generator | None = None,
         cost: WidthCost | None = None,
         prefix_pool_bytes: int | None = None,
+        settings_for: Callable[[SamplingConfig], RowSettings] | None = None,
     ):
         """`cost`: the target's call cost per row count, for a batch's goodput windows (`row_loop`);
         `prefix_pool_bytes`: prefix caching across a loop's requests with a pool of that many bytes (0: warm slots
-        only), where the target's cache allows it (slot_caches.py); None: off."""
+        only), where the target's cache allows it (slot_caches.py); None: off. `settings_for`: the builder of a
+        request's settings for a sampling config (a loaded pipeline's `request_settings`, so `generate` runs a
+        request exactly as the server does); None: every request runs on this generator's own pieces."""
         if target.max_score_width is not None and k > target.max_score_width:
             raise UsageError(
                 Problem(
@@ -65,14 +68,18 @@ class SpeculativeGenerator(Generator):
         self.k = k
         self.cost = cost
         self.prefix_pool_bytes = prefix_pool_bytes
+        self.settings_for = settings_for
         # for acceptors and drafters that draw from a generator rather than the per-position noise
         self.rng = rng or torch.Generator(device=getattr(target, "device", "cpu"))
 
     def row_settings(self) -> RowSettings:
-        """Every request of `generate`: the generator's own drafter (whatever the slot), acceptor and policy."""
+        """A request of `generate` with the generator's `sampling`: the builder's settings where it was given one,
+        else the generator's own drafter (whatever the slot), acceptor and policy."""
+        if self.settings_for is not None:
+            return self.settings_for(self.sampling)
         drafter = self.drafter
         return RowSettings(
-            self.params,
+            sampling_params(self.sampling),
             self.sampling.seed,
             None if drafter is None else (lambda slot: drafter),
             self.acceptor,

@@ -74,7 +74,8 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
     """The engine for `config`: our loop by default; transformers-neuronx's own loop with `engine: library`, its
     on-device FusedSpeculativeDecoder with `engine: fused` (Neuron only), or NxD Inference's fused speculation with
     `engine: fused` and `neuron.library: nxdi`. Its own requests (`generate`) get the settings a request with the
-    config's sampling gets (`request_settings`); our loop drafts with `shared.drafter` (built with `build_drafter`).
+    config's sampling gets (`request_settings`, also for a sampling set on it later); our loop drafts with
+    `shared.drafter` (built with `build_drafter` where `shared` has none).
     """
     spec = config.speculation
     settings = request_settings(config, config.sampling, draft, shared)
@@ -93,13 +94,16 @@ def build_generator(config: Config, target: ModelBackend, draft: ModelBackend | 
         from neuron_ssp.engines.fused import FusedEngine
 
         return FusedEngine.build(config, cast("OnDeviceBackend", target), cast("OnDeviceBackend", draft))
-    drafter = (
-        shared.drafter
-        if shared.drafter is not None or not drafter_kind(spec.drafter).drafts
-        else build_drafter(config, target, draft, rng)
-    )
+    if shared.drafter is None and drafter_kind(spec.drafter).drafts:
+        shared = replace(shared, drafter=build_drafter(config, target, draft, rng))
+    pool_bytes = prefix_pool_bytes(config, target)
+
+    def settings_for(sampling: SamplingConfig) -> RowSettings:
+        """`generate`'s requests are built as the pipeline builds the server's."""
+        return request_settings(config, sampling, draft, shared)
+
     return SpeculativeGenerator(
-        target, drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost, prefix_pool_bytes(config, target)
+        target, shared.drafter, acceptor, policy, config.sampling, spec.k, rng, shared.cost, pool_bytes, settings_for
     )
 
 

@@ -40,13 +40,8 @@ from neuron_ssp.serve import openapi
 from neuron_ssp.serve.errors import ApiError, error_response
 from neuron_ssp.serve.gate import CLIENT_CLOSED, MAX_BODY_BYTES, Gate, body_too_large
 from neuron_ssp.serve.metrics import ServerMetrics
+from neuron_ssp.serve.requests import GenerationRequest, chat_request, completion_request, invocation_request
 from neuron_ssp.serve.responses import OpenAIFormat
-from neuron_ssp.serve.schemas import (
-    GenerationRequest,
-    chat_request,
-    completion_request,
-    invocation_request,
-)
 from neuron_ssp.serve.served_pipeline import ServedPipeline
 from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
 from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary

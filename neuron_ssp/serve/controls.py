@@ -14,19 +14,17 @@ honour (a token id outside the vocabulary) are the pipeline's to refuse: it know
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from neuron_ssp.errors import Problem
+from neuron_ssp.serve.schemas import LmiParameters, Sampling
 from neuron_ssp.speculation.controls import Grammar, RequestControls
-
-if TYPE_CHECKING:
-    from neuron_ssp.serve.schemas import LmiParameters, _Sampling
 
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's StructuredOutputsParams
 LEGACY = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
-def request_controls(body: _Sampling) -> tuple[RequestControls, list[Problem]]:
+def request_controls(body: Sampling) -> tuple[RequestControls, list[Problem]]:
     """The body's controls, and the problems of the fields that ask for them (all at once)."""
     grammars, problems = _grammars(body)
     if len(grammars) > 1:
@@ -73,7 +71,7 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else float(value)
 
 
-def _grammars(body: _Sampling) -> tuple[list[Grammar], list[Problem]]:
+def _grammars(body: Sampling) -> tuple[list[Grammar], list[Problem]]:
     """Every structured-output constraint the body asks for, wherever it asks."""
     found: list[Grammar | Problem] = []
     response_format = body.response_format

@@ -1,4 +1,4 @@
-"""Request bodies -> one `GenerationRequest`: OpenAI chat/completions (vLLM's field set) and LMI/TGI.
+"""The request bodies and their rules: OpenAI chat/completions (vLLM's field set) and LMI/TGI.
 
 Every rule a single field obeys is a constraint on its pydantic model (types strict: JSON integers, numbers,
 booleans, no "3" or true for an integer; finite numbers; 64-bit seeds; valid Unicode; ranges and lengths), so
@@ -8,23 +8,19 @@ and stated there as `if`/`then`. Unknown fields are accepted and ignored, as Ope
 except those that would change the answer and that this server cannot honour (declared with `refused`): those
 are refused, unless they carry the value that asks for nothing (what OpenAI clients send as defaults). The fields
 that change a request's tokens (vLLM's sampling extras, structured output) become one `RequestControls`
-(serve/controls.py), which the pipeline runs or refuses (`Pipeline.controls_problems`).
+(serve/controls.py), which the pipeline runs or refuses (`Pipeline.controls_problems`); serve/requests.py turns a
+body into the request the worker runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from neuron_ssp.errors import Problem
-from neuron_ssp.serve.controls import lmi_controls, one_constraint, request_controls
-from neuron_ssp.serve.errors import ApiError
 from neuron_ssp.serve.fields import Body, Text, refused, refused_fields, unicode_text
-from neuron_ssp.serve.tool_calls import CallIn, NamedToolChoice, ToolDef, ToolUse, Turn, tool_use
-from neuron_ssp.serve.validation import validate
-from neuron_ssp.speculation.controls import RequestControls
+from neuron_ssp.serve.tool_calls import CallIn, NamedToolChoice, ToolDef, Turn
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 MAX_CHOICES = 128  # OpenAI's limit on n (the server's capacity may be less: /openapi.json states it)
@@ -179,7 +175,7 @@ Bias = Annotated[float, Field(ge=-100, le=100)]
 BiasKey = Annotated[str, Field(pattern="^[0-9]+$")]
 
 
-class _Sampling(Body):
+class Sampling(Body):
     model_config = ConfigDict(json_schema_extra=state_rules)
 
     model: Text | None = Field(None, description="the served model (GET /v1/models)")
@@ -244,7 +240,7 @@ def any_text(schema: dict[str, Any]) -> None:
     }
 
 
-class ChatCompletionBody(_Sampling):
+class ChatCompletionBody(Sampling):
     messages: list[ChatMessage] = Field(
         min_length=1, json_schema_extra=any_text, description="the conversation; some message must hold some text"
     )
@@ -278,7 +274,7 @@ def _prompt_shape(value: Any) -> str:
     return "id-lists" if value and isinstance(value[0], list) else "token-ids"
 
 
-class CompletionBody(_Sampling):
+class CompletionBody(Sampling):
     prompt: Annotated[
         Annotated[Prompt, Tag("one-text")]
         | Annotated[list[Prompt], Field(min_length=1, max_length=1), Tag("text-list")]
@@ -332,83 +328,6 @@ class LmiBody(Body):
     stream: bool = False
 
 
-PROMPT_FIELDS = {"chat": "messages", "completion": "prompt", "lmi": "inputs"}
-BUDGET_FIELDS = {"chat": "max_tokens", "completion": "max_tokens", "lmi": "parameters.max_new_tokens"}
-
-
-@dataclass
-class GenerationRequest:
-    """What the worker needs from any body style; None means the server config's default."""
-
-    kind: Literal["chat", "completion", "lmi"]
-    prompt: str = ""
-    prompt_ids: list[int] | None = None  # completions: a prompt sent as token ids
-    prompt_ids_field: str = "prompt"  # where those ids are: `prompt`, or `prompt.0` for a list of one list
-    turns: list[Turn] = field(default_factory=list)  # chat: the conversation
-    tools: ToolUse | None = None  # chat: the tools and what the model may do with them
-    add_generation_prompt: bool = True  # chat: open the assistant's turn
-    continue_final_message: bool = False  # chat: leave the last message open, to be continued
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    include_stop_str: bool = False  # vLLM's include_stop_str_in_output
-    controls: RequestControls = field(default_factory=RequestControls)
-    stream: bool = False
-    include_usage: bool = False
-    details: bool = False  # LMI: add `details` to the answer
-    logprobs: bool = False
-    top_logprobs: int = 0  # alternatives per position, with logprobs
-    max_tokens_field: str | None = None  # chat: max_completion_tokens when that one set max_tokens
-    n: int = 1  # choices
-    problems: list[Problem] = field(default_factory=list)  # refused fields, reported with the pipeline's refusals
-
-    @property
-    def prompt_field(self) -> str:
-        """The field that holds the prompt, as the client named it."""
-        return PROMPT_FIELDS[self.kind]
-
-    @property
-    def budget_field(self) -> str:
-        """The field that sets max_tokens, as the client named it (or would)."""
-        return self.max_tokens_field or BUDGET_FIELDS[self.kind]
-
-
-def chat_request(data: dict[str, Any]) -> GenerationRequest:
-    """The chat body's request; what it asks and this server refuses is in `problems` (app.py answers them with the
-    pipeline's refusals of its controls, in one 400)."""
-    body = validate(ChatCompletionBody, data)
-    request = _common("chat", body)
-    request.turns, message_problems = chat_turns(body.messages)
-    request.tools, tool_problems = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls)
-    request.problems += message_problems + tool_problems
-    asked = request.tools.grammar() if request.tools and not tool_problems else None
-    if asked is not None and request.controls.grammar is not None:
-        request.problems.append(one_constraint([request.controls.grammar, asked]))
-    elif asked is not None:
-        request.controls = replace(request.controls, grammar=asked)
-    request.continue_final_message = body.continue_final_message
-    if body.continue_final_message and body.add_generation_prompt:
-        request.problems.append(
-            Problem(
-                "add_generation_prompt",
-                True,
-                "cannot be true with continue_final_message: true (vLLM's rule): the last message is continued, "
-                "not answered",
-                "leave add_generation_prompt out (it defaults to false with continue_final_message)",
-            )
-        )
-    default = not body.continue_final_message
-    request.add_generation_prompt = default if body.add_generation_prompt is None else body.add_generation_prompt
-    if body.max_completion_tokens is not None:
-        request.max_tokens, request.max_tokens_field = body.max_completion_tokens, "max_completion_tokens"
-    request.logprobs, request.top_logprobs = body.logprobs, body.top_logprobs or 0
-    return request
-
-
 def chat_turns(messages: list[ChatMessage]) -> tuple[list[Turn], list[Problem]]:
     """The conversation as messages for the chat template (`developer` as `system`), and the messages without text
     or calls."""
@@ -434,41 +353,6 @@ def chat_turns(messages: list[ChatMessage]) -> tuple[list[Turn], list[Problem]]:
     return turns, problems
 
 
-def completion_request(data: dict[str, Any]) -> GenerationRequest:
-    body = validate(CompletionBody, data)
-    request = _common("completion", body)
-    prompt = body.prompt
-    if isinstance(prompt, str) or isinstance(prompt[0], str):
-        request.prompt = prompt if isinstance(prompt, str) else prompt[0]
-    elif isinstance(prompt[0], int):
-        request.prompt_ids = list(prompt)
-    else:
-        request.prompt_ids, request.prompt_ids_field = list(prompt[0]), "prompt.0"
-    request.logprobs, request.top_logprobs = body.logprobs is not None, body.logprobs or 0
-    return request
-
-
-def lmi_request(data: dict[str, Any]) -> GenerationRequest:
-    body = validate(LmiBody, data)
-    p = body.parameters
-    sample = p.do_sample if p.do_sample is not None else bool(p.temperature)  # LMI 0.32 infers it
-    controls, problems = lmi_controls(p)
-    return GenerationRequest(
-        "lmi",
-        prompt=body.inputs,
-        max_tokens=p.max_new_tokens,
-        temperature=(p.temperature if p.temperature is not None else 1.0) if sample else 0.0,
-        top_p=p.top_p,
-        top_k=_top_k(p.top_k),
-        seed=p.seed,
-        stop=(p.stop_sequences or p.stop or []),
-        stream=body.stream,
-        details=p.details,
-        controls=controls,
-        problems=refusals(p, "parameters.") + problems,
-    )
-
-
 INVOCATION_BODIES: dict[str, type[BaseModel]] = {
     "inputs": LmiBody,
     "messages": ChatCompletionBody,
@@ -476,53 +360,7 @@ INVOCATION_BODIES: dict[str, type[BaseModel]] = {
 }  # in this order
 
 
-def invocation_request(data: dict[str, Any]) -> GenerationRequest:
-    """SageMaker's /invocations takes any of the three bodies: the first key of INVOCATION_BODIES that the
-    body holds decides which (/openapi.json states the same precedence)."""
-    build = {LmiBody: lmi_request, ChatCompletionBody: chat_request, CompletionBody: completion_request}
-    for key, model in INVOCATION_BODIES.items():
-        if key in data:
-            return build[model](data)
-    raise ApiError(
-        400,
-        Problem(
-            "body",
-            sorted(data),
-            "not a known body: expected `inputs` (LMI/TGI), `messages` (OpenAI chat) or `prompt` (OpenAI completions)",
-            'send {"inputs": "...", "parameters": {...}} or an OpenAI body',
-        ),
-    )
-
-
-def _common(kind: Literal["chat", "completion"], body: _Sampling) -> GenerationRequest:
-    """The fields chat and completions share, and their problems: the rules between fields, the fields this server
-    refuses rather than ignores, and the controls' own."""
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    controls, control_problems = request_controls(body)
-    nested = refusals(body.structured_outputs, "structured_outputs.") if body.structured_outputs else []
-    return GenerationRequest(
-        kind,
-        model=body.model,
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=_top_k(body.top_k),
-        seed=body.seed,
-        stop=stop,
-        include_stop_str=body.include_stop_str_in_output,
-        controls=controls,
-        n=body.n,
-        stream=body.stream,
-        include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        problems=_dependency_problems(body) + refusals(body) + nested + control_problems,
-    )
-
-
-def _top_k(value: int | None) -> int | None:
-    return 0 if value == -1 else value  # -1 is vLLM's "off", and many clients send it
-
-
-def _dependency_problems(body: _Sampling) -> list[Problem]:
+def dependency_problems(body: Sampling) -> list[Problem]:
     """The rules between fields (DEPENDS_ON)."""
     return [
         Problem(

@@ -18,8 +18,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from neuron_ssp.serve import sagemaker
+from neuron_ssp.serve.requests import GenerationRequest
 from neuron_ssp.serve.responses import OpenAIFormat
-from neuron_ssp.serve.schemas import GenerationRequest
 from neuron_ssp.serve.text import TextPiece
 from neuron_ssp.serve.worker import Delta, Done, Event, Failed, JobGroup, timeout_error
 
