@@ -1,5 +1,6 @@
 """What a server takes at once: its free batch slots plus its queue (serve.max_batch + serve.max_queue), whatever
-the worker is doing when the requests arrive; one more is refused at once with 503 and Retry-After.
+the worker is doing when the requests arrive; one more is refused with 503 and Retry-After (after waiting
+FULL_WAIT_S for places that clients who left still hold).
 
 The first request's prefill is held (the stand-in loop waits for an event) until the whole burst has arrived,
 so the burst always meets the worker inside a prefill, the moment no job can move from the queue into a slot.
@@ -52,3 +53,24 @@ def test_an_idle_server_takes_a_burst_of_its_slots_plus_its_queue_and_refuses_on
     assert statuses == [200] * burst, f"{statuses.count(200)} x 200 of {burst}: {statuses}"
     assert extra.status_code == 503 and extra.headers["retry-after"] == "1", extra.text
     assert "serve.max_queue" in extra.json()["error"]["message"]
+
+
+def test_a_request_that_fills_the_server_is_not_refused_for_places_its_client_has_just_left():
+    """A client whose request held every place leaves and sends the next one at once: the route notices the
+    departure within DISCONNECT_POLL_S, so the next request waits for those places instead of a 503 (schemathesis,
+    sending one request after another, got one). Before: 503 'the queue is full'."""
+    pipeline = FakePipeline(reply="ok", max_batch=2)
+    pipeline.hold = threading.Event()
+    every_place = {**BODY, "n": 3}  # max_batch 2 + max_queue 1
+    with running_server(pipeline, max_queue=1) as url:
+        with pytest.raises(httpx.ReadTimeout):  # held in prefill, the client leaves between two of the route's polls
+            httpx.post(f"{url}/v1/completions", json=every_place, timeout=0.62)
+        answer: list[httpx.Response] = []
+        client = threading.Thread(
+            target=lambda: answer.append(httpx.post(f"{url}/v1/completions", json=every_place, timeout=30))
+        )
+        client.start()
+        time.sleep(1.5)  # the next request has been queued or refused by now
+        pipeline.hold.set()
+        client.join(30)
+    assert answer[0].status_code == 200, answer[0].text

@@ -217,7 +217,7 @@ def test_a_wrong_key_of_the_right_length_is_refused_and_the_key_guards_invocatio
 
 
 def test_full_queue_answers_503_with_retry_after_and_nothing_hangs():
-    pipeline = FakePipeline(reply="a" * 40, step_s=0.05, max_batch=1)
+    pipeline = FakePipeline(reply="a" * 40, step_s=0.15, max_batch=1)  # a place frees after > FULL_WAIT_S
     results: list[httpx.Response] = []
     with running_server(pipeline, max_queue=1) as url:
 

@@ -43,7 +43,7 @@ from neuron_ssp.serve.metrics import ServerMetrics
 from neuron_ssp.serve.requests import GenerationRequest, chat_request, completion_request, invocation_request
 from neuron_ssp.serve.responses import OpenAIFormat
 from neuron_ssp.serve.served_pipeline import ServedPipeline
-from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream
+from neuron_ssp.serve.streams import ClientGone, collect, lmi_answer, next_event, sse_stream, submit
 from neuron_ssp.serve.tokens import detokenize, tokenize, within_vocabulary
 from neuron_ssp.serve.tool_calls import conversation
 from neuron_ssp.serve.validation import parse_json
@@ -130,7 +130,7 @@ def create_app(pipeline: ServedPipeline, settings: ServeConfig, model_name: str,
             ],
             worker,
         )
-        worker.submit(group.jobs)
+        await submit(group)
         log.info(
             "request %s queued: %s, n %d, %d prompt tokens, max_tokens %d, stream %s, client's X-Request-Id %s",
             request_id,
@@ -144,6 +144,7 @@ def create_app(pipeline: ServedPipeline, settings: ServeConfig, model_name: str,
         try:
             first = await next_event(group, request)
             if isinstance(first, Failed):
+                group.cancel()  # the other choices' places go back now, not when the worker reaches them
                 raise first.error
             if spec.kind == "lmi":
                 return await lmi_answer(group, request, spec, first)

@@ -25,10 +25,23 @@ from neuron_ssp.serve.worker import Delta, Done, Event, Failed, JobGroup, timeou
 
 log = logging.getLogger("neuron_ssp.serve")
 DISCONNECT_POLL_S = 0.25
+# a client that leaves keeps its places until its route notices (within DISCONNECT_POLL_S, later on a loaded
+# loop): a request that finds the server full waits this long for them before its 503
+FULL_WAIT_S = 4 * DISCONNECT_POLL_S
 
 
 class ClientGone(Exception):
     """The client closed the connection before its answer was ready."""
+
+
+async def submit(group: JobGroup) -> None:
+    """Queue the request's jobs; where the server is full, first wait up to FULL_WAIT_S for the places of clients
+    that have left (a client that sends its requests one after another is not refused for the one it just left),
+    then refuse with the worker's 503."""
+    deadline = time.monotonic() + FULL_WAIT_S
+    while not group.worker.has_room(len(group.jobs)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    group.worker.submit(group.jobs)
 
 
 async def next_event(group: JobGroup, request: Request) -> Event:

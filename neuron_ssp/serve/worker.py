@@ -199,6 +199,11 @@ class GenerationWorker:
         """Jobs the server holds at most: its rows plus its queue (a request with n choices takes n)."""
         return self.max_rows + self.max_queue
 
+    def has_room(self, jobs: int) -> bool:
+        """Whether `jobs` more fit beside what the server holds (its slots plus its queue)."""
+        with self.held_lock:
+            return self.held + jobs <= self.capacity
+
     def submit(self, jobs: list[Job]) -> None:
         """Queue a request's jobs, or refuse them all at once when the server cannot hold them beside what it holds
         (its slots plus its queue)."""
