@@ -109,7 +109,6 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     client_gone: threading.Event = field(default_factory=threading.Event)  # cancelled because the client left
     arrived: float = field(default_factory=time.perf_counter)
-    client_seen: float = field(default_factory=time.monotonic)  # when the route last found the client connected
 
     def emit(self, event: Event) -> None:
         event.choice = self.choice
@@ -202,7 +201,11 @@ class GenerationWorker:
     def has_room(self, jobs: int) -> bool:
         """Whether `jobs` more fit beside what the server holds (its slots plus its queue)."""
         with self.held_lock:
-            return self.held + jobs <= self.capacity
+            return self._fits(jobs)
+
+    def _fits(self, jobs: int) -> bool:
+        """The capacity rule, for a caller that holds held_lock."""
+        return self.held + jobs <= self.capacity
 
     def submit(self, jobs: list[Job]) -> None:
         """Queue a request's jobs, or refuse them all at once when the server cannot hold them beside what it holds
@@ -212,7 +215,7 @@ class GenerationWorker:
                 "the server is shutting down (SIGTERM)", "send the request to another instance", self.retry_after_s
             )
         with self.held_lock:
-            if self.held + len(jobs) > self.capacity:
+            if not self._fits(len(jobs)):
                 raise _unavailable(
                     f"the queue is full: {self.max_rows} requests run at once and {self.max_queue} wait behind "
                     "them (serve.max_batch, serve.max_queue)",

@@ -12,7 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from neuron_ssp.backends.torch.gguf_blocks import GGUF_NAMES, GgufBlocks
 from neuron_ssp.backends.torch.row_kernel import Panels, RowKernel
@@ -56,13 +57,10 @@ def _write(entry: Path, panels: dict[str, Panels]) -> None:
 
 
 def _read(entry: Path) -> dict[str, Panels]:
-    from safetensors import safe_open
-
-    with safe_open(str(entry), framework="pt") as handle:
-        shapes = handle.metadata() or {}
-    tensors = load_file(str(entry))
+    """The panels and their shapes (the file's metadata), in one pass over the file."""
     panels = {}
-    for name, data in tensors.items():
-        out_features, in_features, form = (int(part) for part in shapes[name].split(","))
-        panels[name] = Panels(data, out_features, in_features, form)
+    with safe_open(str(entry), framework="pt") as handle:
+        for name, shape in (handle.metadata() or {}).items():  # one entry per tensor, written by _write
+            out_features, in_features, form = (int(part) for part in shape.split(","))
+            panels[name] = Panels(handle.get_tensor(name), out_features, in_features, form)
     return panels
