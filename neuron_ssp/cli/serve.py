@@ -34,6 +34,18 @@ SERVE_OVERRIDES = (
 )
 
 
+def missing_serve_packages(command: str, exc: ImportError) -> RuntimeProblem:
+    """A server command (serve, bench-serve) without the serve extra: what to install, not a traceback."""
+    return RuntimeProblem(
+        Problem(
+            command,
+            exc.name,
+            "the server's packages are not installed",
+            "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client, and httpx for bench-serve)",
+        )
+    )
+
+
 @click.command()
 @click.option(
     "--config",
@@ -84,14 +96,7 @@ def serve(config_path: Path | None, threads: int | None, **flags: object) -> Non
     try:
         from neuron_ssp.serve.server import run_server, serving
     except ImportError as exc:
-        raise RuntimeProblem(
-            Problem(
-                "serve",
-                exc.name,
-                "the server's packages are not installed",
-                "pip install 'neuron-ssp[serve]' (fastapi, uvicorn, prometheus-client)",
-            )
-        ) from None
+        raise missing_serve_packages("serve", exc) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = serving(config)  # a missing key is refused before the models load
     set_threads(threads)
@@ -173,7 +178,10 @@ def bench_serve(
 
     from rich.progress import Progress
 
-    from neuron_ssp.tools.serve_load import run_repeated_through_server, run_serve_bench, total_steps
+    try:
+        from neuron_ssp.tools.serve_load import run_repeated_through_server, run_serve_bench, total_steps
+    except ImportError as exc:
+        raise missing_serve_packages("bench-serve", exc) from None
 
     config = load_config(config_path)
     prompts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines() if line.strip()]
